@@ -1,0 +1,52 @@
+# Two commands matter: `make run` and `make test`. Both bootstrap .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CONFIG ?=
+
+.PHONY: run test lint typecheck contracts proto proto-check unit component integration bench-core clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/luftpause up $(if $(CONFIG),--config $(CONFIG),)
+
+test: $(STAMP) lint typecheck contracts proto-check
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests tools
+	$(VENV)/bin/ruff format --check src tests tools
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+contracts: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+# Generated gRPC code is committed; proto-check fails when it no longer matches the .proto.
+proto: $(STAMP)
+	$(PY) tools/gen_proto.py
+
+proto-check: $(STAMP)
+	$(PY) tools/gen_proto.py --check
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+component: $(STAMP)
+	$(PY) -m pytest -q tests/component
+
+integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration
+
+bench-core: $(STAMP)
+	$(PY) tools/bench/core.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

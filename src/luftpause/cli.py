@@ -1,0 +1,92 @@
+"""The ``luftpause`` command: one subcommand per service, plus ``up`` for the whole stack.
+
+Each service lives in a module that exposes ``add_arguments(parser)`` and
+``main(args) -> int``; modules are imported only when their subcommand runs,
+so ``luftpause --help`` stays fast and a missing optional piece never breaks
+the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+
+class _ServiceModule(Protocol):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def main(self, args: argparse.Namespace) -> int: ...
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    module: str
+    help: str
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("up", "luftpause.up", "start the whole stack on loopback in the foreground"),
+    Command("scheduler", "luftpause.scheduler.service.main", "run the scheduler (gRPC + status HTTP)"),
+    Command("dataplane", "luftpause.dataplane.main", "run the OpenAI-compatible proxy"),
+    Command("runtime", "luftpause.runtime.main", "run the MCP sub-agent runtime"),
+    Command("fake-engine", "luftpause.fakes.engine.server", "run a simulated inference engine"),
+    Command("fake-mcp", "luftpause.fakes.mcp_tools", "run the fake MCP tool server"),
+    Command("loadgen", "luftpause.loadgen.main", "generate agent load and report run times"),
+)
+
+
+def available(command: Command) -> bool:
+    """True when the command's module is part of this installation."""
+    try:
+        return importlib.util.find_spec(command.module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, _ServiceModule]]:
+    parser = argparse.ArgumentParser(
+        prog="luftpause",
+        description=(
+            "Run-aware admission control for agent workloads. `luftpause up` starts "
+            "everything on fake engines; each service can also run on its own."
+        ),
+    )
+    from luftpause import __version__
+
+    parser.add_argument("--version", action="version", version=f"luftpause {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules: dict[str, _ServiceModule] = {}
+    wanted = sys.argv[1] if len(sys.argv) > 1 else None
+    for command in COMMANDS:
+        if not available(command):
+            continue
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        # Import only the module whose subcommand runs; others just list their help line.
+        if command.name == wanted:
+            module = cast(_ServiceModule, importlib.import_module(command.module))
+            module.add_arguments(p)
+            modules[command.name] = module
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    parser, modules = build_parser()
+    args = parser.parse_args()
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return modules[args.command].main(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

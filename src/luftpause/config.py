@@ -1,0 +1,280 @@
+"""One frozen settings tree for the whole stack, read once at start.
+
+The stack is described by one TOML file (the default, for the fake stack, ships
+as ``luftpause/data/stack.toml``). Secrets and tracing come from the environment
+only: ``LUFTPAUSE_TOKEN``, each endpoint's ``api_key_env`` and the standard
+``OTEL_*`` variables. Every service parses the file in its entry point and passes
+the parts it needs down; library code never reads ``os.environ``.
+
+A bad file is reported as ``ConfigError`` whose message names the file, the
+field (as a dotted path, e.g. ``endpoints[1].kind``) and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from enum import StrEnum
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Self
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+DEFAULT_CONFIG_NAME = "stack.toml"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says where and why."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class EndpointKind(StrEnum):
+    GENERATIVE = "generative"
+    SINGLE_PASS = "single_pass"
+
+
+class MetricsFlavour(StrEnum):
+    SGLANG = "sglang"
+    VLLM = "vllm"
+    AUTO = "auto"  # accept either family of names
+    NONE = "none"  # the endpoint reports no load: it is never capped
+
+
+def _check_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"must be an http:// or https:// URL with a host, got {value!r}")
+    return value.rstrip("/")
+
+
+class Endpoint(_Frozen):
+    """A replica: an engine, a router in front of engines, or a hosted API."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    url: str
+    kind: EndpointKind = EndpointKind.GENERATIVE
+    models: Annotated[tuple[str, ...], Field(min_length=1)]
+    api_key_env: str | None = None
+    health_path: str = "/health"  # "" disables the health probe (always healthy)
+    metrics: MetricsFlavour = MetricsFlavour.AUTO
+    metrics_path: str = "/metrics"
+    load_from: tuple[str, ...] = ()  # base URLs whose /metrics describe this replica's load
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _check_url(value)
+
+    @field_validator("load_from")
+    @classmethod
+    def _load_from(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_url(v) for v in value)
+
+    @field_validator("health_path", "metrics_path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise ValueError(f"must start with '/', got {value!r}")
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not m for m in value):
+            raise ValueError("model names must not be empty")
+        return value
+
+
+class SchedulerSettings(_Frozen):
+    host: str = "127.0.0.1"
+    grpc_port: Port = 5000
+    http_port: Port = 5001
+    probe_period_s: Seconds = 2.0  # also the probe timeout (S9)
+    clock_tick_s: Seconds = 1.0  # S10
+    turn_timeout_s: Seconds = 600.0  # a turn never reported finished is dropped (S10)
+    run_idle_expiry_s: Seconds = 1800.0  # a run with no turn is forgotten (S10)
+    cap_raise_step: Annotated[int, Field(ge=1)] = 1  # S2: slots added per quiet probe at the cap
+
+
+class DataplaneSettings(_Frozen):
+    host: str = "127.0.0.1"
+    port: Port = 8080
+    scheduler: str = "127.0.0.1:5000"  # host:port of the scheduler's gRPC server
+    engine_connect_timeout_s: Seconds = 2.0
+    report_reconnect_s: Seconds = 1.0
+    tool_call_id_memory_s: Seconds = 1800.0
+    tool_call_id_sweep_s: Seconds = 60.0
+    run_idle_prune_s: Seconds = 1800.0
+    caller_max_bytes: Annotated[int, Field(ge=1)] = 128
+
+
+class ToolServer(_Frozen):
+    """An upstream MCP server the runtime's sub-agents may call."""
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]
+    url: str | None = None  # Streamable HTTP
+    command: tuple[str, ...] = ()  # stdio: argv
+    env: Mapping[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> Self:
+        if (self.url is None) == (not self.command):
+            raise ValueError("set exactly one of 'url' (HTTP) or 'command' (stdio)")
+        if self.url is not None:
+            object.__setattr__(self, "url", _check_url(self.url))
+        return self
+
+
+class RuntimeSettings(_Frozen):
+    host: str = "127.0.0.1"
+    port: Port = 7000
+    state_dir: str = "./state"
+    dataplane_url: str = "http://127.0.0.1:8080"
+    turn_timeout_s: Seconds = 600.0
+    default_max_tokens: Annotated[int, Field(ge=0)] = 256
+    default_max_tool_calls: Annotated[int, Field(ge=0)] = 8
+    await_timeout_s: Seconds = 60.0
+    await_max_s: Seconds = 600.0
+    retry_after_default_s: Seconds = 1.0
+    default_model: str | None = None
+    tool_servers: tuple[ToolServer, ...] = ()
+
+    @field_validator("dataplane_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _check_url(value)
+
+
+class FakeEngine(_Frozen):
+    """A fake engine `luftpause up` starts (see luftpause.fakes)."""
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]
+    port: Port
+    model: str = "llama-3.2-1b"
+    args: tuple[str, ...] = ()  # extra command-line flags for `luftpause fake-engine`
+
+
+class FakeMcp(_Frozen):
+    port: Port = 9000
+    args: tuple[str, ...] = ()
+
+
+class Fakes(_Frozen):
+    engines: tuple[FakeEngine, ...] = ()
+    mcp: FakeMcp | None = None
+
+
+class StackConfig(_Frozen):
+    endpoints: tuple[Endpoint, ...] = ()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    dataplane: DataplaneSettings = DataplaneSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    fakes: Fakes = Fakes()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Self:
+        seen: set[str] = set()
+        for i, e in enumerate(self.endpoints):
+            if e.name in seen:
+                raise ValueError(f"endpoints[{i}].name: duplicate endpoint name {e.name!r}")
+            seen.add(e.name)
+        names = [e.name for e in self.fakes.engines]
+        if len(set(names)) != len(names):
+            raise ValueError("fakes.engines: fake engine names must be unique")
+        return self
+
+    def endpoint(self, name: str) -> Endpoint | None:
+        return next((e for e in self.endpoints if e.name == name), None)
+
+
+class Secrets(_Frozen):
+    """What the environment supplies; never read from the TOML file."""
+
+    token: str | None = None  # LUFTPAUSE_TOKEN
+    api_keys: Mapping[str, str] = Field(default_factory=dict)  # endpoint name -> key
+    otel_endpoint: str | None = None  # OTEL_EXPORTER_OTLP_ENDPOINT
+
+
+def default_config_path() -> Path:
+    return Path(str(resources.files("luftpause") / "data" / DEFAULT_CONFIG_NAME))
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def parse_config(data: Mapping[str, Any], source: str) -> StackConfig:
+    """Validate parsed TOML; errors name ``source``, the field and the problem."""
+    try:
+        return StackConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            lines.append(f"{source}: {_format_loc(tuple(err['loc']))}: {msg}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_config(path: str | Path | None = None) -> tuple[StackConfig, Path]:
+    """Read and validate the stack file (the packaged default when ``path`` is None)."""
+    file = Path(path) if path is not None else default_config_path()
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: no such configuration file") from None
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    return parse_config(data, str(file)), file
+
+
+def load_secrets(config: StackConfig, environ: Mapping[str, str] | None = None) -> Secrets:
+    """Read secrets from the environment; a named but missing key is an error."""
+    env = os.environ if environ is None else environ
+    keys: dict[str, str] = {}
+    missing = []
+    for e in config.endpoints:
+        if e.api_key_env:
+            value = env.get(e.api_key_env)
+            if value:
+                keys[e.name] = value
+            else:
+                missing.append(f"endpoint {e.name!r} names api_key_env={e.api_key_env!r}")
+    if missing:
+        raise ConfigError(
+            "environment variables not set: " + "; ".join(missing) + " (export them or remove "
+            "api_key_env from the endpoint)"
+        )
+    return Secrets(
+        token=env.get("LUFTPAUSE_TOKEN") or None,
+        api_keys=keys,
+        otel_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+    )

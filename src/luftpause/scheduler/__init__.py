@@ -1,0 +1,1 @@
+"""The scheduler: a pure decision core and the service that hosts it."""
