@@ -31,7 +31,9 @@ class Command:
 
 COMMANDS: tuple[Command, ...] = (
     Command("up", "luftpause.up", "start the whole stack on loopback in the foreground"),
-    Command("scheduler", "luftpause.scheduler.service.main", "run the scheduler (gRPC + status HTTP)"),
+    Command(
+        "scheduler", "luftpause.scheduler.service.main", "run the scheduler (gRPC + status HTTP)"
+    ),
     Command("dataplane", "luftpause.dataplane.main", "run the OpenAI-compatible proxy"),
     Command("runtime", "luftpause.runtime.main", "run the MCP sub-agent runtime"),
     Command("fake-engine", "luftpause.fakes.engine.server", "run a simulated inference engine"),

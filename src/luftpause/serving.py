@@ -10,13 +10,14 @@ Tests and ``luftpause up`` wait for that file instead of sleeping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ def setup_logging(service: str, level: str = "INFO") -> None:
         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Per-request client logs drown the service's own; keep them for debugging only.
+    for noisy in ("httpx", "httpcore", "mcp", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -52,7 +56,9 @@ def bound_port(sock: socket.socket) -> int:
     return int(sock.getsockname()[1])
 
 
-def write_ready_file(path: str | Path | None, service: str, ports: dict[str, int], host: str) -> None:
+def write_ready_file(
+    path: str | Path | None, service: str, ports: dict[str, int], host: str
+) -> None:
     """Atomically write the ready file (no-op when ``path`` is None)."""
     if path is None:
         return
@@ -76,9 +82,15 @@ def uvicorn_server(app: Any, *, log_level: str = "warning") -> uvicorn.Server:
         loop="none",
         http="httptools",
     )
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    return server
+    return _Server(config)
+
+
+class _Server(uvicorn.Server):
+    """Leaves signals to ``run_async``: one process may host several servers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 async def wait_started(server: uvicorn.Server, task: asyncio.Task[None]) -> None:

@@ -1,1 +1,4 @@
-"""Test-bench instruments: a simulated engine and fake MCP tools. Only tests, benchmarks and the CLI import this."""
+"""Test-bench instruments: a simulated engine and fake MCP tools.
+
+Only tests, benchmarks and the CLI import this package.
+"""

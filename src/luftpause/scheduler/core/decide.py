@@ -1,0 +1,787 @@
+"""``decide(state, event) -> (state, actions)``: every scheduling policy, in one place.
+
+Theory of operation
+-------------------
+A turn asks to enter an engine (``TurnRequested``). It is either admitted at
+once or *held* in a lane (see ``state.py``) until a slot frees. The invariant
+kept after every event is: **no held turn could be admitted now**. So only two
+things ever admit:
+
+1. a new turn, tried on its own the moment it arrives (if it fits, nothing held
+   competes for that slot, else that held turn would already have been admitted);
+2. ``_fill(replica)`` for every replica whose room may have grown during the
+   event (a slot freed, a cap rose, a reservation ended, it became healthy).
+
+Room on a replica (S2, S4): an unhealthy replica has none. A replica with no cap
+(it reports no load, or its engine never queued) has unlimited room. Otherwise
+an interactive turn fits while ``in_flight < cap``; a batch turn fits while
+``in_flight + reserved < cap``, where ``reserved`` counts interactive runs paused
+on a tool there: they will come back and find a slot.
+
+Which held turn goes first when a replica has room (S4, S5): interactive before
+batch; within a class, the caller with the fewest in-flight turns; ties by
+arrival order. The candidates are the heads of the caller FIFOs in the lanes
+that replica can serve: its own pin lane and the free lanes of its models.
+
+Affinity (S3): a run that is generating or paused on a tool, on a healthy
+replica, is pinned: its turns wait in that replica's pin lane even if another
+replica is idle. Idle runs and runs whose replica is unhealthy are free; a free
+turn prefers its run's last replica (its prefix may still be cached), else the
+least loaded replica, ties by name.
+
+The cap (S2): a probe showing a waiting queue sets ``cap = max(1, running)``.
+A probe with an empty queue never lowers the cap; it raises it by
+``Params.cap_raise_step`` when the replica is running at the cap (``running`` or
+luftpause's own in-flight count ≥ cap), so capacity is found step by step
+instead of letting the next burst straight back into the engine's queue. A
+probe without load numbers removes the cap.
+
+Expiry (S10) uses deadline buckets keyed by whole seconds and checked lazily:
+an entry whose turn ended, or whose run was active since, is skipped.
+
+Determinism: every choice uses a total order (counts, arrival sequence, names);
+nothing depends on map iteration order, so replaying an event log yields the
+same actions in any process.
+
+``decide`` never raises on a peer's input: malformed requests are rejected,
+events about unknown turns or runs are ignored.
+"""
+
+from __future__ import annotations
+
+from immutables import Map
+
+from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject
+from luftpause.scheduler.core.events import (
+    ClockTicked,
+    DataplaneResynced,
+    Event,
+    FirstTokenReceived,
+    ReplicaProbed,
+    RunEnded,
+    TurnAbandoned,
+    TurnFailed,
+    TurnFinished,
+    TurnRequested,
+    TurnSnapshot,
+    TurnStarted,
+)
+from luftpause.scheduler.core.state import (
+    Fifo,
+    HeldTurn,
+    Lane,
+    ReplicaState,
+    RunState,
+    State,
+    TurnState,
+    free_lane,
+    pin_lane,
+)
+from luftpause.scheduler.core.types import (
+    DropReason,
+    EndpointKind,
+    RejectCode,
+    RunPhase,
+    ServiceClass,
+)
+
+_CLASS_ORDER = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
+_KIND_LABEL = {EndpointKind.GENERATIVE: "Generative", EndpointKind.SINGLE_PASS: "SinglePass"}
+_MAX_ID = 256  # longest turn/run ID accepted from a peer
+
+
+def decide(state: State, event: Event) -> tuple[State, tuple[Action, ...]]:
+    """Apply one event; return the new state and what the host must do."""
+    tx = _Tx(state, max(state.now, event.at))
+    match event:
+        case TurnRequested():
+            tx.on_requested(event)
+        case TurnAbandoned():
+            tx.on_abandoned(event)
+        case TurnStarted():
+            tx.on_started(event)
+        case FirstTokenReceived():
+            tx.on_first_token(event)
+        case TurnFinished():
+            tx.on_finished(event)
+        case TurnFailed():
+            tx.end_turn(event.turn_id, paused_on_tool=False)
+        case RunEnded():
+            tx.forget_run(event.run_id)
+        case ReplicaProbed():
+            tx.on_probed(event)
+        case ClockTicked():
+            tx.on_tick()
+        case DataplaneResynced():
+            tx.on_resynced(event)
+    tx.fill_dirty()
+    return tx.freeze(), tuple(tx.actions)
+
+
+class _Tx:
+    """One event's work: the state's fields as locals, rebound as maps change."""
+
+    __slots__ = (
+        "actions",
+        "caller_in_flight",
+        "dirty",
+        "held",
+        "now",
+        "params",
+        "queues",
+        "replicas",
+        "run_deadlines",
+        "runs",
+        "seq",
+        "serving",
+        "swept_until",
+        "turn_deadlines",
+        "turns",
+        "waiting_callers",
+    )
+
+    def __init__(self, s: State, now: float) -> None:
+        self.params = s.params
+        self.now = now
+        self.seq = s.seq
+        self.replicas = s.replicas
+        self.serving = s.serving
+        self.runs = s.runs
+        self.turns = s.turns
+        self.held = s.held
+        self.queues = s.queues
+        self.waiting_callers = s.waiting_callers
+        self.caller_in_flight = s.caller_in_flight
+        self.turn_deadlines = s.turn_deadlines
+        self.run_deadlines = s.run_deadlines
+        self.swept_until = s.swept_until
+        self.actions: list[Action] = []
+        self.dirty: set[str] = set()
+
+    def freeze(self) -> State:
+        return State(
+            params=self.params,
+            now=self.now,
+            seq=self.seq,
+            replicas=self.replicas,
+            serving=self.serving,
+            runs=self.runs,
+            turns=self.turns,
+            held=self.held,
+            queues=self.queues,
+            waiting_callers=self.waiting_callers,
+            caller_in_flight=self.caller_in_flight,
+            turn_deadlines=self.turn_deadlines,
+            run_deadlines=self.run_deadlines,
+            swept_until=self.swept_until,
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    def on_requested(self, ev: TurnRequested) -> None:
+        problem = _invalid(ev)
+        if problem is not None:
+            self.actions.append(Reject(ev.turn_id, RejectCode.INVALID_REQUEST, problem))
+            return
+        admitted = self.turns.get(ev.turn_id)
+        if admitted is not None:  # a re-sent Admit: same answer again
+            self.actions.append(Admit(ev.turn_id, admitted.replica, 0.0))
+            return
+        if ev.turn_id in self.held:  # a re-sent Admit while held: keep its place
+            return
+        if (ev.kind, ev.model) not in self.serving:  # S6: never queued
+            label = _KIND_LABEL[ev.kind]
+            msg = f"no {label} replica serves model '{ev.model}'"
+            self.actions.append(Reject(ev.turn_id, RejectCode.UNKNOWN_MODEL, msg))
+            return
+        lane = self._lane_for(ev.run_id, ev.kind, ev.model)
+        self.seq += 1
+        held = HeldTurn(
+            turn_id=ev.turn_id,
+            run_id=ev.run_id,
+            model=ev.model,
+            service_class=ev.service_class,
+            caller=ev.caller,
+            kind=ev.kind,
+            dataplane_id=ev.dataplane_id,
+            requested_at=self.now,
+            seq=self.seq,
+            lane=lane,
+            slot=-1,
+        )
+        if ev.kind is EndpointKind.GENERATIVE:
+            self._touch_run(ev.run_id, ev.service_class, ev.caller)
+        target = self._place(held)
+        if target is not None:
+            self._admit(held, target)
+        else:
+            self._hold(held)
+
+    def _lane_for(self, run_id: str, kind: EndpointKind, model: str) -> Lane:
+        if kind is EndpointKind.GENERATIVE:
+            run = self.runs.get(run_id)
+            if run is not None and run.replica is not None and run.phase is not RunPhase.IDLE:
+                rep = self.replicas.get(run.replica)
+                if rep is not None and rep.healthy and model in rep.spec.models:
+                    return pin_lane(run.replica)  # S3: strict affinity
+        return free_lane(kind, model)
+
+    def _place(self, held: HeldTurn) -> str | None:
+        """The replica a turn can be admitted to right now, if any."""
+        if held.lane[0] == "pin":
+            name = held.lane[1]
+            return name if _has_room(self.replicas[name], held.service_class) else None
+        run = self.runs.get(held.run_id) if held.kind is EndpointKind.GENERATIVE else None
+        best: tuple[int, str] | None = None
+        for name in self.serving[(held.kind, held.model)]:
+            rep = self.replicas[name]
+            if not _has_room(rep, held.service_class):
+                continue
+            if run is not None and run.replica == name:
+                return name  # its prefix may still be cached there
+            key = (rep.in_flight + rep.reserved, name)
+            if best is None or key < best:
+                best = key
+        return None if best is None else best[1]
+
+    def _hold(self, held: HeldTurn) -> None:
+        qkey = (held.lane, held.service_class, held.caller)
+        fifo, slot = self.queues.get(qkey, _EMPTY_FIFO).push(held.turn_id)
+        self.queues = self.queues.set(qkey, fifo)
+        wkey = (held.lane, held.service_class)
+        callers = self.waiting_callers.get(wkey, _EMPTY_SET)
+        if held.caller not in callers:
+            self.waiting_callers = self.waiting_callers.set(wkey, callers.set(held.caller, None))
+        self.held = self.held.set(held.turn_id, _with_slot(held, slot))
+
+    def _unhold(self, held: HeldTurn) -> None:
+        qkey = (held.lane, held.service_class, held.caller)
+        fifo = self.queues[qkey].remove(held.slot)
+        if len(fifo) == 0:
+            self.queues = self.queues.delete(qkey)
+            wkey = (held.lane, held.service_class)
+            callers = self.waiting_callers[wkey].delete(held.caller)
+            self.waiting_callers = (
+                self.waiting_callers.set(wkey, callers)
+                if len(callers)
+                else self.waiting_callers.delete(wkey)
+            )
+        else:
+            self.queues = self.queues.set(qkey, fifo)
+        self.held = self.held.delete(held.turn_id)
+
+    def _admit(self, held: HeldTurn, replica: str) -> None:
+        now = self.now
+        deadline = now + self.params.turn_timeout_s
+        self.turns = self.turns.set(
+            held.turn_id,
+            TurnState(
+                turn_id=held.turn_id,
+                run_id=held.run_id,
+                replica=replica,
+                model=held.model,
+                service_class=held.service_class,
+                caller=held.caller,
+                kind=held.kind,
+                dataplane_id=held.dataplane_id,
+                admitted_at=now,
+                deadline=deadline,
+            ),
+        )
+        self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, held.turn_id)
+        self._bump_replica(replica, in_flight=1)
+        if held.kind is EndpointKind.GENERATIVE:
+            self._count_caller(held.caller, 1)
+            run = self.runs.get(held.run_id)
+            if run is not None:
+                self._release_reservation(run)
+                run = self.runs[held.run_id]
+                self.runs = self.runs.set(
+                    run.run_id,
+                    RunState(
+                        run_id=run.run_id,
+                        phase=RunPhase.GENERATING,
+                        replica=replica,
+                        service_class=held.service_class,
+                        caller=held.caller,
+                        last_active=now,
+                        in_flight=run.in_flight + 1,
+                        reserved_on=None,
+                    ),
+                )
+        self.actions.append(Admit(held.turn_id, replica, now - held.requested_at))
+
+    # ------------------------------------------------------------ turn reports
+
+    def on_abandoned(self, ev: TurnAbandoned) -> None:
+        held = self.held.get(ev.turn_id)
+        if held is not None:
+            self._unhold(held)
+            return
+        turn = self.turns.get(ev.turn_id)
+        if turn is not None and not turn.started:
+            # Admitted but its client left before the engine request: free the slot.
+            self.end_turn(ev.turn_id, paused_on_tool=False)
+
+    def on_started(self, ev: TurnStarted) -> None:
+        turn = self.turns.get(ev.turn_id)
+        if turn is not None and not turn.started:
+            self.turns = self.turns.set(ev.turn_id, _turn_with(turn, started=True))
+
+    def on_first_token(self, ev: FirstTokenReceived) -> None:
+        turn = self.turns.get(ev.turn_id)
+        if turn is not None and turn.first_token_at is None:
+            self.turns = self.turns.set(
+                ev.turn_id, _turn_with(turn, started=True, first_token_at=self.now)
+            )
+
+    def on_finished(self, ev: TurnFinished) -> None:
+        self.end_turn(ev.turn_id, paused_on_tool=ev.paused_on_tool)
+
+    def end_turn(self, turn_id: str, *, paused_on_tool: bool) -> TurnState | None:
+        """Free an admitted turn's slot and move its run on (D5)."""
+        turn = self.turns.get(turn_id)
+        if turn is None:
+            return None
+        self.turns = self.turns.delete(turn_id)
+        if turn.replica in self.replicas:
+            self._bump_replica(turn.replica, in_flight=-1)
+        if turn.kind is not EndpointKind.GENERATIVE:
+            return turn
+        self._count_caller(turn.caller, -1)
+        run = self.runs.get(turn.run_id)
+        if run is None:
+            return turn  # the run ended meanwhile
+        in_flight = max(0, run.in_flight - 1)
+        if in_flight > 0:
+            phase = RunPhase.GENERATING
+        elif paused_on_tool:
+            phase = RunPhase.PAUSED_ON_TOOL
+        else:
+            phase = RunPhase.IDLE
+        self._release_reservation(run)
+        run = self.runs[turn.run_id]
+        reserved_on = None
+        if (
+            phase is RunPhase.PAUSED_ON_TOOL
+            and run.service_class is ServiceClass.INTERACTIVE
+            and turn.replica in self.replicas
+        ):
+            reserved_on = turn.replica  # S4: keep a slot for its return
+            self._bump_replica(turn.replica, reserved=1)
+        self.runs = self.runs.set(
+            run.run_id,
+            RunState(
+                run_id=run.run_id,
+                phase=phase,
+                replica=turn.replica,
+                service_class=run.service_class,
+                caller=run.caller,
+                last_active=self.now,
+                in_flight=in_flight,
+                reserved_on=reserved_on,
+            ),
+        )
+        self._schedule_run_expiry(run.run_id)
+        return turn
+
+    # ------------------------------------------------------------------ runs
+
+    def _touch_run(self, run_id: str, service_class: ServiceClass, caller: str) -> None:
+        run = self.runs.get(run_id)
+        if run is None:
+            run = RunState(
+                run_id=run_id,
+                phase=RunPhase.IDLE,
+                replica=None,
+                service_class=service_class,
+                caller=caller,
+                last_active=self.now,
+            )
+        else:
+            run = RunState(
+                run_id=run.run_id,
+                phase=run.phase,
+                replica=run.replica,
+                service_class=run.service_class,
+                caller=caller,
+                last_active=self.now,
+                in_flight=run.in_flight,
+                reserved_on=run.reserved_on,
+            )
+        self.runs = self.runs.set(run_id, run)
+        self._schedule_run_expiry(run_id)
+
+    def forget_run(self, run_id: str) -> None:
+        run = self.runs.get(run_id)
+        if run is None:
+            return
+        self._release_reservation(run)
+        self.runs = self.runs.delete(run_id)
+
+    def _release_reservation(self, run: RunState) -> None:
+        if run.reserved_on is None:
+            return
+        if run.reserved_on in self.replicas:
+            self._bump_replica(run.reserved_on, reserved=-1)
+        self.runs = self.runs.set(
+            run.run_id,
+            RunState(
+                run_id=run.run_id,
+                phase=run.phase,
+                replica=run.replica,
+                service_class=run.service_class,
+                caller=run.caller,
+                last_active=run.last_active,
+                in_flight=run.in_flight,
+                reserved_on=None,
+            ),
+        )
+
+    def _schedule_run_expiry(self, run_id: str) -> None:
+        due = self.now + self.params.run_idle_expiry_s
+        self.run_deadlines = _bucket_add(self.run_deadlines, due, run_id)
+
+    # --------------------------------------------------------------- replicas
+
+    def on_probed(self, ev: ReplicaProbed) -> None:
+        rep = self.replicas.get(ev.replica)
+        if rep is None:
+            return
+        cap = rep.cap
+        if ev.running is None or ev.waiting is None:
+            cap = None  # S2: a replica that reports no load is not limited
+        elif ev.waiting > 0:
+            cap = max(1, ev.running)  # the engine queues: hold the rest ourselves
+        elif cap is not None and (ev.running >= cap or rep.in_flight >= cap):
+            cap += self.params.cap_raise_step  # quiet at the cap: probe for more
+        health_changed = rep.healthy != ev.healthy
+        self.replicas = self.replicas.set(
+            ev.replica,
+            ReplicaState(
+                spec=rep.spec,
+                healthy=ev.healthy,
+                cap=cap,
+                in_flight=rep.in_flight,
+                reserved=rep.reserved,
+                running=ev.running,
+                waiting=ev.waiting,
+                kv_usage=ev.kv_usage,
+                probed_at=self.now,
+            ),
+        )
+        if health_changed and not ev.healthy:
+            self._unpin(ev.replica)  # S3: runs of an unhealthy replica may move
+            self.dirty.update(self.replicas.keys())
+        elif health_changed or cap != rep.cap:
+            self.dirty.add(ev.replica)
+
+    def _unpin(self, replica: str) -> None:
+        """Move turns held for ``replica`` to the free lanes of their models."""
+        lane = pin_lane(replica)
+        for cls in _CLASS_ORDER:
+            callers = self.waiting_callers.get((lane, cls))
+            if callers is None:
+                continue
+            moving = []
+            for caller in callers:
+                fifo: Fifo | None = self.queues[(lane, cls, caller)]
+                while fifo is not None:
+                    first = fifo.first()
+                    if first is None:
+                        break
+                    fifo, slot, turn_id = first
+                    moving.append(self.held[turn_id])
+                    fifo = fifo.remove(slot)
+            for held in sorted(moving, key=lambda h: h.seq):
+                self._unhold(held)
+                self._hold(_with_lane(held, free_lane(held.kind, held.model)))
+
+    def _bump_replica(self, name: str, *, in_flight: int = 0, reserved: int = 0) -> None:
+        rep = self.replicas[name]
+        self.replicas = self.replicas.set(
+            name,
+            ReplicaState(
+                spec=rep.spec,
+                healthy=rep.healthy,
+                cap=rep.cap,
+                in_flight=max(0, rep.in_flight + in_flight),
+                reserved=max(0, rep.reserved + reserved),
+                running=rep.running,
+                waiting=rep.waiting,
+                kv_usage=rep.kv_usage,
+                probed_at=rep.probed_at,
+            ),
+        )
+        if in_flight < 0 or reserved < 0:
+            self.dirty.add(name)
+
+    def _count_caller(self, caller: str, delta: int) -> None:
+        n = self.caller_in_flight.get(caller, 0) + delta
+        if n > 0:
+            self.caller_in_flight = self.caller_in_flight.set(caller, n)
+        elif caller in self.caller_in_flight:
+            self.caller_in_flight = self.caller_in_flight.delete(caller)
+
+    # ---------------------------------------------------------------- admission
+
+    def fill_dirty(self) -> None:
+        # Admitting may end a reservation elsewhere and so dirty another replica:
+        # loop until none is left. Each pass admits or leaves, so this terminates.
+        while self.dirty:
+            name = min(self.dirty)
+            self.dirty.discard(name)
+            self._fill(name)
+
+    def _fill(self, name: str) -> None:
+        """Admit held turns to ``name`` while it has room (S4 order, then S5)."""
+        while True:
+            rep = self.replicas[name]
+            for cls in _CLASS_ORDER:
+                if not _has_room(rep, cls):
+                    continue
+                held = self._best_held(rep, cls)
+                if held is not None:
+                    self._unhold(held)
+                    self._admit(held, name)
+                    break
+            else:
+                return
+
+    def _best_held(self, rep: ReplicaState, cls: ServiceClass) -> HeldTurn | None:
+        """Of the turns ``rep`` may serve in class ``cls``: fewest caller in-flight, then oldest."""
+        best: tuple[int, int] | None = None
+        best_turn: str | None = None
+        lanes = [pin_lane(rep.spec.name)]
+        lanes.extend(free_lane(rep.spec.kind, m) for m in rep.spec.models)
+        for lane in lanes:
+            callers = self.waiting_callers.get((lane, cls))
+            if callers is None:
+                continue
+            for caller in callers:
+                qkey = (lane, cls, caller)
+                first = self.queues[qkey].first()
+                if first is None:  # pragma: no cover - empty FIFOs are removed
+                    continue
+                fifo, _, turn_id = first
+                if fifo is not self.queues[qkey]:
+                    self.queues = self.queues.set(qkey, fifo)  # keep the hole-skipping
+                key = (self.caller_in_flight.get(caller, 0), self.held[turn_id].seq)
+                if best is None or key < best:
+                    best, best_turn = key, turn_id
+        return None if best_turn is None else self.held[best_turn]
+
+    # ------------------------------------------------------------------ expiry
+
+    def on_tick(self) -> None:
+        until = int(self.now)
+        if until <= self.swept_until:
+            return
+        for second in _due(self.turn_deadlines, self.swept_until, until):
+            for turn_id in sorted(self.turn_deadlines[second]):
+                turn = self.turns.get(turn_id)
+                if turn is not None and turn.deadline <= self.now:
+                    self.end_turn(turn_id, paused_on_tool=False)
+                    self.actions.append(DropTurn(turn_id, turn.replica, DropReason.EXPIRED))
+            self.turn_deadlines = self.turn_deadlines.delete(second)
+        for second in _due(self.run_deadlines, self.swept_until, until):
+            for run_id in sorted(self.run_deadlines[second]):
+                run = self.runs.get(run_id)
+                expiry = self.params.run_idle_expiry_s
+                if run is not None and run.in_flight == 0 and run.last_active + expiry <= self.now:
+                    self.forget_run(run_id)
+                    self.actions.append(ForgetRun(run_id))
+            self.run_deadlines = self.run_deadlines.delete(second)
+        self.swept_until = until
+
+    # ------------------------------------------------------------------ resync
+
+    def on_resynced(self, ev: DataplaneResynced) -> None:
+        """S11: adopt a dataplane's view of its runs and admitted turns."""
+        listed = {t.turn_id for t in ev.in_flight}
+        stale = sorted(
+            t.turn_id
+            for t in self.turns.values()
+            if t.dataplane_id == ev.dataplane_id and t.turn_id not in listed
+        )
+        for turn_id in stale:
+            turn = self.end_turn(turn_id, paused_on_tool=False)
+            if turn is not None:
+                self.actions.append(DropTurn(turn_id, turn.replica, DropReason.RELEASED))
+        per_run: dict[str, int] = {}
+        for turn in self.turns.values():
+            per_run[turn.run_id] = per_run.get(turn.run_id, 0) + 1
+        for snap in ev.runs:
+            if not snap.run_id or len(snap.run_id) > _MAX_ID:
+                continue
+            old = self.runs.get(snap.run_id)
+            if old is not None:
+                self._release_reservation(old)
+            replica = snap.replica if snap.replica in self.replicas else None
+            phase = snap.phase if replica is not None else RunPhase.IDLE
+            reserved_on = None
+            if (
+                replica is not None
+                and phase is RunPhase.PAUSED_ON_TOOL
+                and snap.service_class is ServiceClass.INTERACTIVE
+            ):
+                reserved_on = replica
+                self._bump_replica(replica, reserved=1)
+            in_flight = per_run.get(snap.run_id, 0)
+            self.runs = self.runs.set(
+                snap.run_id,
+                RunState(
+                    run_id=snap.run_id,
+                    phase=phase,
+                    replica=replica,
+                    service_class=snap.service_class,
+                    caller=snap.caller,
+                    last_active=self.now,
+                    in_flight=in_flight,
+                    reserved_on=reserved_on,
+                ),
+            )
+            self._schedule_run_expiry(snap.run_id)
+        for t in ev.in_flight:
+            if t.turn_id in self.turns or t.replica not in self.replicas:
+                continue
+            rep = self.replicas[t.replica]
+            if t.model not in rep.spec.models or not t.turn_id or len(t.turn_id) > _MAX_ID:
+                continue
+            stale_held = self.held.get(t.turn_id)
+            if stale_held is not None:
+                self._unhold(stale_held)
+            self._adopt_turn(t, ev.dataplane_id, rep)
+        self.dirty.update(self.replicas.keys())
+
+    def _adopt_turn(self, t: TurnSnapshot, dataplane_id: str, rep: ReplicaState) -> None:
+        deadline = self.now + self.params.turn_timeout_s
+        self.turns = self.turns.set(
+            t.turn_id,
+            TurnState(
+                turn_id=t.turn_id,
+                run_id=t.run_id,
+                replica=t.replica,
+                model=t.model,
+                service_class=t.service_class,
+                caller=t.caller,
+                kind=rep.spec.kind,
+                dataplane_id=dataplane_id,
+                admitted_at=self.now,
+                deadline=deadline,
+                started=t.started,
+            ),
+        )
+        self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, t.turn_id)
+        self._bump_replica(t.replica, in_flight=1)
+        if rep.spec.kind is not EndpointKind.GENERATIVE:
+            return
+        self._count_caller(t.caller, 1)
+        run = self.runs.get(t.run_id)
+        if run is not None:
+            self._release_reservation(run)
+            run = self.runs[t.run_id]
+        self.runs = self.runs.set(
+            t.run_id,
+            RunState(
+                run_id=t.run_id,
+                phase=RunPhase.GENERATING,
+                replica=t.replica,
+                service_class=t.service_class,
+                caller=t.caller,
+                last_active=self.now,
+                in_flight=(run.in_flight if run is not None else 0) + 1,
+                reserved_on=None,
+            ),
+        )
+        self._schedule_run_expiry(t.run_id)
+
+
+# -------------------------------------------------------------------- helpers
+
+_EMPTY_FIFO = Fifo()
+_EMPTY_SET: Map[str, None] = Map()
+
+
+def _invalid(ev: TurnRequested) -> str | None:
+    if not ev.turn_id or len(ev.turn_id) > _MAX_ID:
+        return f"turn_id must be 1..{_MAX_ID} characters"
+    if not ev.run_id or len(ev.run_id) > _MAX_ID:
+        return f"run_id must be 1..{_MAX_ID} characters"
+    if not ev.model:
+        return "model is required"
+    return None
+
+
+def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
+    if not rep.healthy:
+        return False
+    if rep.cap is None:
+        return True
+    if cls is ServiceClass.INTERACTIVE:
+        return rep.in_flight < rep.cap
+    return rep.in_flight + rep.reserved < rep.cap
+
+
+Buckets = Map[int, Map[str, None]]
+
+
+def _bucket_add(buckets: Buckets, due: float, key: str) -> Buckets:
+    second = int(due) + (0 if due == int(due) else 1)  # ceil: never before it is due
+    return buckets.set(second, buckets.get(second, _EMPTY_SET).set(key, None))
+
+
+def _due(buckets: Buckets, after: int, until: int) -> list[int]:
+    """Bucket seconds in (after, until], cheaply whether the gap is small or huge."""
+    if until - after <= len(buckets):
+        return [s for s in range(after + 1, until + 1) if s in buckets]
+    return sorted(s for s in buckets if after < s <= until)
+
+
+def _with_slot(h: HeldTurn, slot: int) -> HeldTurn:
+    return HeldTurn(
+        h.turn_id,
+        h.run_id,
+        h.model,
+        h.service_class,
+        h.caller,
+        h.kind,
+        h.dataplane_id,
+        h.requested_at,
+        h.seq,
+        h.lane,
+        slot,
+    )
+
+
+def _with_lane(h: HeldTurn, lane: Lane) -> HeldTurn:
+    return HeldTurn(
+        h.turn_id,
+        h.run_id,
+        h.model,
+        h.service_class,
+        h.caller,
+        h.kind,
+        h.dataplane_id,
+        h.requested_at,
+        h.seq,
+        lane,
+        -1,
+    )
+
+
+def _turn_with(t: TurnState, *, started: bool, first_token_at: float | None = None) -> TurnState:
+    return TurnState(
+        turn_id=t.turn_id,
+        run_id=t.run_id,
+        replica=t.replica,
+        model=t.model,
+        service_class=t.service_class,
+        caller=t.caller,
+        kind=t.kind,
+        dataplane_id=t.dataplane_id,
+        admitted_at=t.admitted_at,
+        deadline=t.deadline,
+        started=started,
+        first_token_at=first_token_at if first_token_at is not None else t.first_token_at,
+    )

@@ -1,0 +1,148 @@
+"""Events: past-tense facts the host feeds to ``decide``. Each carries its time ``at``.
+
+Times are seconds on the host's monotonic clock; the core never reads a clock.
+Events about unknown turns or runs are legal (a peer may be confused or late):
+``decide`` ignores or rejects them, it never raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from luftpause.scheduler.core.types import EndpointKind, RunPhase, ServiceClass
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequested:
+    """A dataplane asks to admit a turn (the Admit call). Re-sent after a reconnect
+    with the same ``turn_id``: an admitted turn is admitted again to the same
+    replica, a held one stays where it is."""
+
+    at: float
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass = ServiceClass.BATCH
+    caller: str = ""
+    kind: EndpointKind = EndpointKind.GENERATIVE
+    dataplane_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnAbandoned:
+    """The Admit call was cancelled: the client left. Held: it leaves the queue.
+    Admitted but never started: its slot is freed."""
+
+    at: float
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    at: float
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class FirstTokenReceived:
+    at: float
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFinished:
+    """The engine's reply ended. ``paused_on_tool``: it ended in tool calls (D5)."""
+
+    at: float
+    turn_id: str
+    paused_on_tool: bool = False
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailed:
+    """The turn failed after admission; its slot is freed and its run left idle (D5)."""
+
+    at: float
+    turn_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """D8/R15: the run is over; forget its affinity and reservation."""
+
+    at: float
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaProbed:
+    """S9: a probe of a replica's health path and metrics.
+
+    ``running``/``waiting`` are None when the replica reports no load (then it is
+    not limited, S2).
+    """
+
+    at: float
+    replica: str
+    healthy: bool
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClockTicked:
+    """S10: the host's 1 s tick drives expiry."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    run_id: str
+    phase: RunPhase
+    replica: str | None
+    service_class: ServiceClass
+    caller: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSnapshot:
+    turn_id: str
+    run_id: str
+    replica: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    started: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DataplaneResynced:
+    """S11: everything one dataplane knows, sent on each connect. The dataplane is
+    the source of truth for its runs and admitted turns; admitted turns of this
+    dataplane missing from the list are released."""
+
+    at: float
+    dataplane_id: str
+    runs: tuple[RunSnapshot, ...] = ()
+    in_flight: tuple[TurnSnapshot, ...] = ()
+
+
+Event = (
+    TurnRequested
+    | TurnAbandoned
+    | TurnStarted
+    | FirstTokenReceived
+    | TurnFinished
+    | TurnFailed
+    | RunEnded
+    | ReplicaProbed
+    | ClockTicked
+    | DataplaneResynced
+)

@@ -1,0 +1,65 @@
+"""Recompute every derived counter from scratch and compare (for tests).
+
+``decide`` maintains counters incrementally for speed; this module is the slow,
+obviously-correct definition they must always agree with.
+"""
+
+from __future__ import annotations
+
+from luftpause.scheduler.core.state import State
+from luftpause.scheduler.core.types import EndpointKind, RunPhase, ServiceClass
+
+
+def violations(state: State) -> list[str]:
+    """Every way ``state`` disagrees with its own definition; empty when sound."""
+    problems: list[str] = []
+    in_flight: dict[str, int] = {}
+    callers: dict[str, int] = {}
+    run_turns: dict[str, int] = {}
+    for t in state.turns.values():
+        in_flight[t.replica] = in_flight.get(t.replica, 0) + 1
+        if t.kind is EndpointKind.GENERATIVE:
+            callers[t.caller] = callers.get(t.caller, 0) + 1
+            run_turns[t.run_id] = run_turns.get(t.run_id, 0) + 1
+    reserved: dict[str, int] = {}
+    for r in state.runs.values():
+        if r.reserved_on is not None:
+            reserved[r.reserved_on] = reserved.get(r.reserved_on, 0) + 1
+            if r.phase is not RunPhase.PAUSED_ON_TOOL:
+                problems.append(f"run {r.run_id} holds a reservation while {r.phase.value}")
+            if r.service_class is not ServiceClass.INTERACTIVE:
+                problems.append(f"batch run {r.run_id} holds a reservation")
+        if r.in_flight != run_turns.get(r.run_id, 0):
+            problems.append(
+                f"run {r.run_id} counts {r.in_flight} turns, has {run_turns.get(r.run_id, 0)}"
+            )
+        if r.in_flight > 0 and r.phase is not RunPhase.GENERATING:
+            problems.append(f"run {r.run_id} has turns in flight but is {r.phase.value}")
+    for name, rep in state.replicas.items():
+        if rep.in_flight != in_flight.get(name, 0):
+            problems.append(
+                f"replica {name} counts {rep.in_flight} in flight, has {in_flight.get(name, 0)}"
+            )
+        if rep.reserved != reserved.get(name, 0):
+            problems.append(
+                f"replica {name} counts {rep.reserved} reserved, has {reserved.get(name, 0)}"
+            )
+    if dict(state.caller_in_flight.items()) != callers:
+        problems.append(f"caller counts {dict(state.caller_in_flight.items())} != {callers}")
+    queued = 0
+    for (lane, cls, caller), fifo in state.queues.items():
+        for slot, turn_id in fifo.items.items():
+            held = state.held.get(turn_id)
+            if held is None or held.slot != slot or held.lane != lane:
+                problems.append(f"queue {lane}/{cls.value}/{caller} slot {slot} is stale")
+            elif held.caller != caller or held.service_class is not cls:
+                problems.append(f"held turn {turn_id} is in the wrong queue")
+            queued += 1
+        if caller not in state.waiting_callers.get((lane, cls), {}):
+            problems.append(f"caller {caller} missing from waiting set of {lane}/{cls.value}")
+    if queued != len(state.held):
+        problems.append(f"{len(state.held)} held turns but {queued} queued")
+    for turn_id in state.held:
+        if turn_id in state.turns:
+            problems.append(f"turn {turn_id} is both held and admitted")
+    return problems

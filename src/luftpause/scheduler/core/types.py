@@ -1,0 +1,58 @@
+"""Small value types shared by the core's events, actions and state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ServiceClass(Enum):
+    """S4. Held turns of interactive runs go before batch."""
+
+    BATCH = "batch"
+    INTERACTIVE = "interactive"
+
+
+class EndpointKind(Enum):
+    """S13. Single-pass replicas never take or wait for a generative slot."""
+
+    GENERATIVE = "generative"
+    SINGLE_PASS = "single_pass"
+
+
+class RunPhase(Enum):
+    """Where a run is between turns (S3): only idle runs may move replica."""
+
+    IDLE = "idle"
+    GENERATING = "generating"
+    PAUSED_ON_TOOL = "paused_on_tool"
+
+
+class RejectCode(Enum):
+    UNKNOWN_MODEL = "unknown_model"
+    INVALID_REQUEST = "invalid_request"
+
+
+class DropReason(Enum):
+    """Why an admitted turn was dropped without a report (doubles as a metric label)."""
+
+    EXPIRED = "expired"  # S10: never reported finished within the turn timeout
+    RELEASED = "released"  # its dataplane resynced without it
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """A configured endpoint as the core sees it: a name, a kind, the models it serves."""
+
+    name: str
+    kind: EndpointKind
+    models: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Policy constants (SPEC constants table); all times in seconds."""
+
+    turn_timeout_s: float = 600.0  # S10
+    run_idle_expiry_s: float = 1800.0  # S10
+    cap_raise_step: int = 1  # S2: slots added per quiet probe while running at the cap

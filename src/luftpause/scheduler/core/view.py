@@ -1,0 +1,54 @@
+"""The status snapshot (S12) as plain JSON-ready data. A read, not an event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from luftpause.scheduler.core.state import State
+from luftpause.scheduler.core.types import EndpointKind
+
+
+def status(state: State, now: float) -> dict[str, Any]:
+    """Per replica in-flight and capacity; held turns by class and caller with the
+    oldest wait; runs by phase and class."""
+    replicas = []
+    for name in sorted(state.replicas):
+        rep = state.replicas[name]
+        replicas.append(
+            {
+                "name": name,
+                "kind": rep.spec.kind.value,
+                "models": sorted(rep.spec.models),
+                "healthy": rep.healthy,
+                "in_flight": rep.in_flight,
+                "capacity": rep.cap,  # null: not limited
+                "reserved_for_interactive": rep.reserved,
+                "engine_running": rep.running,
+                "engine_waiting": rep.waiting,
+                "kv_usage": rep.kv_usage,
+                "probed_s_ago": None if rep.probed_at is None else round(now - rep.probed_at, 3),
+            }
+        )
+    held: dict[str, dict[str, dict[str, Any]]] = {}
+    for h in state.held.values():
+        by_caller = held.setdefault(h.service_class.value, {})
+        entry = by_caller.setdefault(h.caller, {"held": 0, "oldest_wait_s": 0.0})
+        entry["held"] += 1
+        entry["oldest_wait_s"] = round(max(entry["oldest_wait_s"], now - h.requested_at), 3)
+    runs: dict[str, dict[str, int]] = {}
+    for r in state.runs.values():
+        by_class = runs.setdefault(r.phase.value, {})
+        by_class[r.service_class.value] = by_class.get(r.service_class.value, 0) + 1
+    return {
+        "replicas": replicas,
+        "held": {
+            cls: {caller: held[cls][caller] for caller in sorted(held[cls])} for cls in sorted(held)
+        },
+        "held_total": len(state.held),
+        "in_flight_total": sum(
+            1 for t in state.turns.values() if t.kind is EndpointKind.GENERATIVE
+        ),
+        "runs": {phase: dict(sorted(v.items())) for phase, v in sorted(runs.items())},
+        "runs_total": len(state.runs),
+        "callers_in_flight": dict(sorted(state.caller_in_flight.items())),
+    }

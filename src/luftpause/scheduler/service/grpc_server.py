@@ -1,0 +1,95 @@
+"""The gRPC face of the scheduler: Admit, Report, RunEnded, Resync, plus grpc.health.v1."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from luftpause.scheduler.core import Event, RunEnded
+from luftpause.scheduler.service import convert
+from luftpause.scheduler.service.host import Host, Stamp
+
+log = logging.getLogger("luftpause.scheduler.grpc")
+
+SERVICE_NAME = "luftpause.scheduler.v1.Scheduler"
+
+
+class SchedulerServicer(pb_grpc.SchedulerServicer):
+    def __init__(self, host: Host, urls: Mapping[str, str]) -> None:
+        self.host = host
+        self.urls = urls
+
+    async def Admit(self, request: pb.AdmitRequest, context: Any) -> pb.AdmitResponse:
+        outcome = await self.host.admit(
+            request.turn_id, lambda at: convert.turn_requested(request, at)
+        )
+        url = self.urls.get(getattr(outcome, "replica", ""), "")
+        return convert.admit_response(outcome, url)
+
+    async def Report(
+        self, request_iterator: AsyncIterator[pb.TurnEvent], context: Any
+    ) -> pb.ReportSummary:
+        accepted = 0
+        async for msg in request_iterator:
+            stamp = _report_stamp(msg)
+            if stamp is not None:
+                self.host.post(stamp)
+                accepted += 1
+        return pb.ReportSummary(accepted=accepted)
+
+    async def RunEnded(self, request: pb.RunEndedRequest, context: Any) -> pb.RunEndedResponse:
+        run_id = request.run_id
+        await self.host.apply(lambda at: RunEnded(at=at, run_id=run_id))
+        return pb.RunEndedResponse()
+
+    async def Resync(self, request: pb.ResyncRequest, context: Any) -> pb.ResyncResponse:
+        await self.host.apply(lambda at: convert.resynced(request, at))
+        log.info(
+            "dataplane %s resynced: %d runs, %d in-flight turns",
+            request.dataplane_id or "(unnamed)",
+            len(request.runs),
+            len(request.in_flight),
+        )
+        return pb.ResyncResponse(runs=len(request.runs), turns=len(request.in_flight))
+
+
+def _report_stamp(msg: pb.TurnEvent) -> Stamp | None:
+    """A report as a stamp for the writer; None for an empty or unknown message."""
+    if convert.turn_event(msg, 0.0) is None:
+        return None
+
+    def stamp(at: float) -> Event:
+        event = convert.turn_event(msg, at)
+        assert event is not None
+        return event
+
+    return stamp
+
+
+async def start_grpc(
+    host: Host, urls: Mapping[str, str], address: str
+) -> tuple[grpc.aio.Server, int]:
+    """Start the gRPC server on ``address`` (port 0 picks one); return it and its port."""
+    server = grpc.aio.server()
+    pb_grpc.add_SchedulerServicer_to_server(  # type: ignore[no-untyped-call]
+        SchedulerServicer(host, urls), server
+    )
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise SystemExit(f"cannot listen on {address}: {exc}") from None
+    if port == 0:
+        raise SystemExit(f"cannot listen on {address}: address in use or unavailable")
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    return server, port

@@ -1,0 +1,135 @@
+"""The single writer: one asyncio task owns the scheduler state.
+
+Everything that changes state is an event put on one queue; the writer stamps
+it with the clock, calls ``decide`` and carries out the actions (answering
+held Admit calls, logging drops). Readers (status HTTP) look at the latest
+state object, which is immutable, so they need no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from luftpause.scheduler.core import (
+    Admit,
+    ClockTicked,
+    DataplaneResynced,
+    DropTurn,
+    Event,
+    ForgetRun,
+    Reject,
+    RunEnded,
+    State,
+    TurnAbandoned,
+    TurnRequested,
+    decide,
+)
+
+log = logging.getLogger("luftpause.scheduler")
+
+Stamp = Callable[[float], Event]  # builds an event once the writer knows the time
+
+
+@dataclass
+class _Waiters:
+    futures: list[asyncio.Future[Admit | Reject]] = field(default_factory=list)
+
+
+class Host:
+    def __init__(self, state: State, clock: Callable[[], float]) -> None:
+        self.state = state
+        self.clock = clock
+        self._queue: asyncio.Queue[tuple[Stamp, asyncio.Future[None] | None]] = asyncio.Queue()
+        self._waiters: dict[str, _Waiters] = {}
+        self.counters: dict[str, int] = {}
+
+    # ----------------------------------------------------------------- inputs
+
+    def post(self, stamp: Stamp) -> None:
+        """Queue an event; it is stamped and applied by the writer in order."""
+        self._queue.put_nowait((stamp, None))
+
+    async def apply(self, stamp: Stamp) -> None:
+        """Queue an event and wait until the writer has applied it."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((stamp, done))
+        await done
+
+    async def admit(self, turn_id: str, make: Callable[[float], TurnRequested]) -> Admit | Reject:
+        """Request a turn and wait (no deadline) until it is admitted or rejected.
+
+        If the caller is cancelled (its client left) and no other call waits for
+        the same turn, the turn is abandoned: a held turn leaves the queue, an
+        admitted one whose answer never arrived frees its slot.
+        """
+        fut: asyncio.Future[Admit | Reject] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(turn_id, _Waiters()).futures.append(fut)
+        self.post(make)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._forget_waiter(turn_id, fut)
+            if turn_id not in self._waiters:
+                self.post(lambda at: TurnAbandoned(at=at, turn_id=turn_id))
+            raise
+
+    def _forget_waiter(self, turn_id: str, fut: asyncio.Future[Admit | Reject]) -> None:
+        waiters = self._waiters.get(turn_id)
+        if waiters is None:
+            return
+        if fut in waiters.futures:
+            waiters.futures.remove(fut)
+        if not waiters.futures:
+            del self._waiters[turn_id]
+
+    # ----------------------------------------------------------------- writer
+
+    async def run(self) -> None:
+        while True:
+            stamp, done = await self._queue.get()
+            event = stamp(self.clock())
+            try:
+                self.state, actions = decide(self.state, event)
+            except Exception:  # decide must never raise; if it does, keep serving
+                log.exception("decide raised on %r; event dropped", event)
+                actions = ()
+            for action in actions:
+                self._execute(action)
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    def _execute(self, action: Admit | Reject | DropTurn | ForgetRun) -> None:
+        match action:
+            case Admit() | Reject():
+                label = "admitted" if isinstance(action, Admit) else "rejected"
+                self.counters[label] = self.counters.get(label, 0) + 1
+                waiters = self._waiters.pop(action.turn_id, None)
+                for fut in waiters.futures if waiters else []:
+                    if not fut.done():
+                        fut.set_result(action)
+            case DropTurn():
+                self.counters[f"dropped_{action.reason.value}"] = (
+                    self.counters.get(f"dropped_{action.reason.value}", 0) + 1
+                )
+                log.warning(
+                    "turn %s on %s dropped: %s", action.turn_id, action.replica, action.reason.value
+                )
+            case ForgetRun():
+                self.counters["runs_forgotten"] = self.counters.get("runs_forgotten", 0) + 1
+                log.info("run %s forgotten after its idle expiry", action.run_id)
+
+    # ----------------------------------------------------------------- helpers
+
+    async def tick_forever(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            self.post(lambda at: ClockTicked(at=at))
+
+    async def run_ended(self, run_id: str) -> None:
+        await self.apply(lambda at: RunEnded(at=at, run_id=run_id))
+
+    async def resync(self, make: Callable[[float], DataplaneResynced]) -> None:
+        await self.apply(make)

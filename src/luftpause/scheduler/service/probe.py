@@ -1,0 +1,177 @@
+"""S7–S9: read each replica's health and load every probe period.
+
+A probe GETs the endpoint's health path (none configured: healthy) and its
+Prometheus metrics, or those of the engines named in ``load_from`` when the
+replica is a router. SGLang and vLLM names both parse, including vLLM's old
+and new KV-usage gauges. Hosted endpoints get ``Authorization: Bearer <key>``.
+The probe timeout equals the period.
+
+If the metrics read fails while the health check passes, the last good load is
+reported again (the cap stays sticky) and a warning is logged; a replica
+configured with ``metrics = "none"`` reports no load and is never capped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from luftpause.config import Endpoint, MetricsFlavour
+from luftpause.scheduler.core import ReplicaProbed
+
+log = logging.getLogger("luftpause.scheduler.probe")
+
+RUNNING = {
+    MetricsFlavour.SGLANG: ("sglang:num_running_reqs",),
+    MetricsFlavour.VLLM: ("vllm:num_requests_running",),
+}
+WAITING = {
+    MetricsFlavour.SGLANG: ("sglang:num_queue_reqs",),
+    MetricsFlavour.VLLM: ("vllm:num_requests_waiting",),
+}
+KV = {
+    MetricsFlavour.SGLANG: ("sglang:token_usage",),
+    MetricsFlavour.VLLM: ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+
+
+@dataclass(frozen=True)
+class Load:
+    running: int
+    waiting: int
+    kv_usage: float | None
+
+
+class MetricsError(Exception):
+    """The metrics text lacks the running/waiting gauges of the expected flavour."""
+
+
+def parse_load(text: str, flavour: MetricsFlavour) -> Load:
+    """Sum running/waiting over all samples (one per model or DP rank); KV usage is the max."""
+    samples: dict[str, float] = {}
+    seen: set[str] = set()
+    kv: float | None = None
+    flavours = (
+        (MetricsFlavour.SGLANG, MetricsFlavour.VLLM)
+        if flavour is MetricsFlavour.AUTO
+        else (flavour,)
+    )
+    wanted = {n for f in flavours for n in (*RUNNING[f], *WAITING[f])}
+    kv_names = {n for f in flavours for n in KV[f]}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+                seen.add(sample.name)
+            elif sample.name in kv_names:
+                kv = sample.value if kv is None else max(kv, sample.value)
+    for f in flavours:
+        r = next((n for n in RUNNING[f] if n in seen), None)
+        w = next((n for n in WAITING[f] if n in seen), None)
+        if r is not None and w is not None:
+            return Load(int(samples[r]), int(samples[w]), kv)
+    names = ", ".join(sorted({n for f in flavours for n in (*RUNNING[f], *WAITING[f])}))
+    raise MetricsError(f"no running/waiting gauges found (looked for {names})")
+
+
+class Prober:
+    def __init__(
+        self,
+        endpoints: tuple[Endpoint, ...],
+        api_keys: Mapping[str, str],
+        period_s: float,
+        post: Callable[[Callable[[float], ReplicaProbed]], None],
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.endpoints = endpoints
+        self.api_keys = api_keys
+        self.period_s = period_s
+        self.post = post
+        self.client = client or httpx.AsyncClient(timeout=period_s)
+        self._last_load: dict[str, Load] = {}
+        self._last_healthy: dict[str, bool] = {}
+
+    async def run_forever(self) -> None:
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(self.period_s)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(e) for e in self.endpoints))
+
+    async def probe(self, endpoint: Endpoint) -> None:
+        headers = {}
+        key = self.api_keys.get(endpoint.name)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        healthy, why = await self._health(endpoint, headers)
+        load: Load | None = None
+        if healthy and endpoint.metrics is not MetricsFlavour.NONE:
+            load = await self._load(endpoint, headers)
+        if self._last_healthy.get(endpoint.name) != healthy:
+            if healthy:
+                log.info("replica %s is healthy", endpoint.name)
+            else:
+                log.warning("replica %s is unhealthy: %s", endpoint.name, why)
+            self._last_healthy[endpoint.name] = healthy
+        name = endpoint.name
+        self.post(
+            lambda at: ReplicaProbed(
+                at=at,
+                replica=name,
+                healthy=healthy,
+                running=load.running if load else None,
+                waiting=load.waiting if load else None,
+                kv_usage=load.kv_usage if load else None,
+            )
+        )
+
+    async def _health(self, endpoint: Endpoint, headers: dict[str, str]) -> tuple[bool, str]:
+        if not endpoint.health_path:
+            return True, ""
+        try:
+            resp = await self.client.get(
+                endpoint.url + endpoint.health_path, headers=headers, timeout=self.period_s
+            )
+        except httpx.HTTPError as exc:
+            return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if resp.is_success:
+            return True, ""
+        return False, f"{endpoint.health_path} answered {resp.status_code}"
+
+    async def _load(self, endpoint: Endpoint, headers: dict[str, str]) -> Load | None:
+        sources = endpoint.load_from or (endpoint.url,)
+        try:
+            loads = await asyncio.gather(
+                *(
+                    self._read_metrics(url + endpoint.metrics_path, endpoint, headers)
+                    for url in sources
+                )
+            )
+        except (httpx.HTTPError, MetricsError, ValueError) as exc:
+            last = self._last_load.get(endpoint.name)
+            log.warning(
+                "replica %s: metrics unreadable (%s); %s",
+                endpoint.name,
+                exc,
+                "keeping the last load" if last else "treating it as not limited",
+            )
+            return last
+        kvs = [x.kv_usage for x in loads if x.kv_usage is not None]
+        load = Load(
+            running=sum(x.running for x in loads),
+            waiting=sum(x.waiting for x in loads),
+            kv_usage=max(kvs) if kvs else None,
+        )
+        self._last_load[endpoint.name] = load
+        return load
+
+    async def _read_metrics(self, url: str, endpoint: Endpoint, headers: dict[str, str]) -> Load:
+        resp = await self.client.get(url, headers=headers, timeout=self.period_s)
+        resp.raise_for_status()
+        return parse_load(resp.text, endpoint.metrics)
