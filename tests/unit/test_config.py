@@ -1,0 +1,132 @@
+"""The stack configuration: defaults, validation messages that name file and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from luftpause.config import (
+    ConfigError,
+    EndpointKind,
+    load_config,
+    load_secrets,
+    parse_config,
+)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "stack.toml"
+    path.write_text(text)
+    return path
+
+
+def test_packaged_default_describes_the_fake_stack() -> None:
+    """X3: the default config runs the whole stack on fake engines."""
+    config, path = load_config()
+    assert path.name == "stack.toml"
+    names = {e.name for e in config.endpoints}
+    assert {"engine-a", "engine-b", "classifier"} <= names
+    assert config.endpoint("classifier") is not None
+    assert config.endpoint("classifier").kind is EndpointKind.SINGLE_PASS  # type: ignore[union-attr]
+    assert config.scheduler.grpc_port == 5000 and config.scheduler.http_port == 5001
+    assert config.dataplane.port == 8080 and config.runtime.port == 7000
+    assert {e.port for e in config.fakes.engines} == {8001, 8002, 8003}
+
+
+def test_constants_default_to_the_spec() -> None:
+    """Constants table: probe 2 s, tick 1 s, turn timeout 10 min, idle expiry 30 min."""
+    config = parse_config({}, "x.toml")
+    s = config.scheduler
+    assert (s.probe_period_s, s.clock_tick_s, s.turn_timeout_s, s.run_idle_expiry_s) == (
+        2.0,
+        1.0,
+        600.0,
+        1800.0,
+    )
+    d = config.dataplane
+    assert (d.engine_connect_timeout_s, d.tool_call_id_memory_s, d.caller_max_bytes) == (
+        2.0,
+        1800.0,
+        128,
+    )
+    r = config.runtime
+    assert (
+        r.default_max_tokens,
+        r.default_max_tool_calls,
+        r.await_timeout_s,
+        r.await_max_s,
+        r.turn_timeout_s,
+        r.state_dir,
+    ) == (256, 8, 60.0, 600.0, 600.0, "./state")
+
+
+def test_bad_kind_names_file_field_and_problem(tmp_path: Path) -> None:
+    """Config errors name the file, the dotted field path and the problem."""
+    path = write(
+        tmp_path,
+        """
+[[endpoints]]
+name = "a"
+url = "http://x:1"
+models = ["m"]
+
+[[endpoints]]
+name = "b"
+url = "http://x:2"
+models = ["m"]
+kind = "generator"
+""",
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    msg = str(exc.value)
+    assert str(path) in msg and "endpoints[1].kind" in msg and "generative" in msg
+
+
+@pytest.mark.parametrize(
+    ("toml", "field", "problem"),
+    [
+        ('[[endpoints]]\nname="a"\nurl="ftp://x"\nmodels=["m"]', "endpoints[0].url", "http"),
+        ('[[endpoints]]\nname="a"\nurl="http://x"\nmodels=[]', "endpoints[0].models", "at least 1"),
+        ("[scheduler]\ngrpc_port=70000", "scheduler.grpc_port", "65535"),
+        ("[scheduler]\nprobe_period_s=0", "scheduler.probe_period_s", "greater than 0"),
+        ("[dataplane]\nprot=1", "dataplane.prot", "unknown field"),
+        ('[[runtime.tool_servers]]\nname="t"', "runtime.tool_servers[0]", "exactly one"),
+        ('[[endpoints]]\nname="a b"\nurl="http://x"\nmodels=["m"]', "endpoints[0].name", "match"),
+    ],
+)
+def test_field_errors(tmp_path: Path, toml: str, field: str, problem: str) -> None:
+    """Every field is validated once at start; the message says which and why."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, toml))
+    assert field in str(exc.value) and problem in str(exc.value)
+
+
+def test_duplicate_endpoint_names_are_refused(tmp_path: Path) -> None:
+    toml = '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\n' * 2
+    with pytest.raises(ConfigError, match="duplicate endpoint name 'a'"):
+        load_config(write(tmp_path, toml))
+
+
+def test_not_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[[endpoints"))
+    with pytest.raises(ConfigError, match="no such configuration file"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_secrets_come_from_the_environment_only() -> None:
+    """S8, D9: api keys by named variable; a named but unset variable is an error."""
+    config = parse_config(
+        {"endpoints": [{"name": "h", "url": "https://h", "models": ["m"], "api_key_env": "HK"}]},
+        "x.toml",
+    )
+    secrets = load_secrets(
+        config,
+        {"HK": "sk", "LUFTPAUSE_TOKEN": "t", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317"},
+    )
+    assert secrets.api_keys == {"h": "sk"} and secrets.token == "t"
+    assert secrets.otel_endpoint == "http://otel:4317"
+    with pytest.raises(ConfigError, match="'HK'"):
+        load_secrets(config, {})
