@@ -1,0 +1,114 @@
+"""``luftpause dataplane``: the OpenAI-compatible proxy on :8080."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+import time
+
+import httpx
+
+from luftpause.config import ConfigError, StackConfig, load_secrets
+from luftpause.dataplane.app import Dataplane, create_app
+from luftpause.dataplane.identity import ToolCallMemory
+from luftpause.dataplane.metrics import Metrics
+from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.scheduler_link import SchedulerLink
+from luftpause.serving import (
+    add_service_arguments,
+    bind_socket,
+    bound_port,
+    load_config_or_exit,
+    run_async,
+    setup_logging,
+    uvicorn_server,
+    wait_started,
+    write_ready_file,
+)
+
+log = logging.getLogger("luftpause.dataplane")
+
+
+class _IntentionalAbort(logging.Filter):
+    """uvicorn logs an error when a response is left incomplete; for a relay whose
+    engine failed mid-stream that is the documented behaviour (D6), already logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "returned without completing response" not in record.getMessage()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_service_arguments(parser, port_help="HTTP port (default: dataplane.port, 8080)")
+    parser.add_argument(
+        "--scheduler",
+        metavar="HOST:PORT",
+        help="the scheduler's gRPC address (default: dataplane.scheduler)",
+    )
+    parser.add_argument(
+        "--dataplane-id",
+        help="stable name of this dataplane for resync (default: hostname:port)",
+    )
+
+
+def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane:
+    settings = config.dataplane
+    secrets = load_secrets(config)
+    clock = time.monotonic
+    runs = RunTable(clock, settings.run_idle_prune_s)
+    dataplane_id = args.dataplane_id or f"{socket.gethostname()}:{port}"
+    link = SchedulerLink(
+        args.scheduler or settings.scheduler, dataplane_id, runs, settings.report_reconnect_s
+    )
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(None, connect=settings.engine_connect_timeout_s),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+    )
+    return Dataplane(
+        settings=settings,
+        endpoints={e.name: e for e in config.endpoints},
+        secrets=secrets,
+        link=link,
+        runs=runs,
+        memory=ToolCallMemory(clock, settings.tool_call_id_memory_s),
+        http=http,
+        metrics=Metrics(),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    setup_logging("dataplane", args.log_level)
+    logging.getLogger("uvicorn.error").addFilter(_IntentionalAbort())
+    config: StackConfig = load_config_or_exit(args.config)
+    host = args.host or config.dataplane.host
+    port = config.dataplane.port if args.port is None else args.port
+
+    async def serve(stop: asyncio.Event) -> int:
+        sock = bind_socket(host, port)
+        try:
+            dp = build(config, args, bound_port(sock))
+        except ConfigError as exc:
+            print(f"luftpause dataplane: {exc}")
+            return 2
+        if dp.secrets.token is None:
+            log.warning("LUFTPAUSE_TOKEN is not set: every request is accepted without auth")
+        server = uvicorn_server(create_app(dp))
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        await wait_started(server, task)
+        write_ready_file(args.ready_file, "dataplane", {"http": bound_port(sock)}, host)
+        log.info(
+            "dataplane listening on http://%s:%d/v1 (scheduler %s)",
+            host,
+            bound_port(sock),
+            dp.link.address,
+        )
+        stop_task = asyncio.create_task(stop.wait())
+        await asyncio.wait([stop_task, task], return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        await task
+        await dp.link.close()
+        await dp.http.aclose()
+        return 0
+
+    return run_async(serve)

@@ -1,0 +1,63 @@
+"""D10: the dataplane's own Prometheus metrics. Outcomes double as labels."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+
+class Outcome(Enum):
+    FINISHED = "finished"
+    PAUSED_ON_TOOL = "paused_on_tool"
+    REJECTED = "rejected"  # unknown model or bad request: never queued
+    ABANDONED = "abandoned"  # client left while held
+    CLIENT_LEFT = "client_left"  # client left after admission
+    ENGINE_UNREACHABLE = "engine_unreachable"
+    ENGINE_REJECTED = "engine_rejected"  # 429 / 5xx
+    ENGINE_BROKE = "engine_broke"  # failed mid-stream
+
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # the *_created series only add noise here
+        self.registry = CollectorRegistry()
+        self.turns = Counter(
+            "luftpause_dataplane_turns",
+            "Turns by service class and outcome.",
+            ["service_class", "outcome"],
+            registry=self.registry,
+        )
+        self.held = Histogram(
+            "luftpause_dataplane_held_seconds",
+            "Time a turn waited for admission.",
+            ["service_class"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "luftpause_dataplane_time_to_first_token_seconds",
+            "From forwarding to the engine until the first token.",
+            ["service_class"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "luftpause_dataplane_turns_in_flight",
+            "Turns admitted and not yet ended.",
+            ["service_class"],
+            registry=self.registry,
+        )
+        self.holding = Gauge(
+            "luftpause_dataplane_turns_held",
+            "Turns waiting for admission.",
+            ["service_class"],
+            registry=self.registry,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

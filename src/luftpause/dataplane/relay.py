@@ -1,0 +1,239 @@
+"""Passing an engine's reply through unchanged while reading what happened.
+
+``SseTap`` watches a server-sent event stream as it passes: complete events are
+released byte for byte as they arrive, and each ``data:`` payload is read for
+the first token, tool call IDs, the finish reason and usage. The one change it
+may make: when the dataplane itself asked the engine for usage
+(``stream_options.include_usage``) and the client did not, the usage-only chunk
+is withheld so the client gets exactly the stream it asked for.
+
+``RelayStream`` is the ASGI response that streams those bytes, stops the engine
+request when the client leaves, and closes the client connection without
+``[DONE]`` when the engine fails mid-stream (D6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from starlette.responses import Response
+
+log = logging.getLogger("luftpause.dataplane.relay")
+
+
+@dataclass
+class TurnOutcome:
+    """What the reply said, accumulated as it passes."""
+
+    first_token: bool = False
+    tool_call_ids: list[str] = field(default_factory=list)
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    done: bool = False  # [DONE] seen
+
+    @property
+    def paused_on_tool(self) -> bool:
+        return self.finish_reason == "tool_calls" or bool(self.tool_call_ids)
+
+    def read_usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        self.prompt_tokens = _int(usage.get("prompt_tokens"))
+        self.completion_tokens = _int(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            self.cached_tokens = _int(details.get("cached_tokens"))
+
+    def read_completion(self, body: Any) -> None:
+        """Read a non-streamed ``chat.completion`` body."""
+        if not isinstance(body, dict):
+            return
+        self.read_usage(body.get("usage"))
+        for choice in body.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            self.finish_reason = str(choice.get("finish_reason") or self.finish_reason)
+            message = choice.get("message")
+            if isinstance(message, dict):
+                if message.get("content") or message.get("tool_calls"):
+                    self.first_token = True
+                self._read_calls(message.get("tool_calls"))
+
+    def read_chunk(self, chunk: Any) -> None:
+        """Read one streamed ``chat.completion.chunk``."""
+        if not isinstance(chunk, dict):
+            return
+        if chunk.get("usage"):
+            self.read_usage(chunk["usage"])
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                if delta.get("content") or delta.get("tool_calls"):
+                    self.first_token = True
+                self._read_calls(delta.get("tool_calls"))
+
+    def _read_calls(self, calls: Any) -> None:
+        if not isinstance(calls, list):
+            return
+        for call in calls:
+            if isinstance(call, dict) and isinstance(call.get("id"), str) and call["id"]:
+                self.tool_call_ids.append(call["id"])
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+class SseTap:
+    def __init__(self, outcome: TurnOutcome, hide_usage_chunk: bool) -> None:
+        self.outcome = outcome
+        self.hide_usage_chunk = hide_usage_chunk
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """Take raw bytes from the engine; return the complete events to pass on."""
+        self._buffer += data
+        out = []
+        while True:
+            end, sep = _event_end(self._buffer)
+            if end < 0:
+                break
+            event = self._buffer[: end + sep]
+            self._buffer = self._buffer[end + sep :]
+            if self._read_event(event[:end]):
+                out.append(event)
+        return b"".join(out)
+
+    def rest(self) -> bytes:
+        """Bytes after the last complete event (passed on when the stream ends)."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    def _read_event(self, event: bytes) -> bool:
+        """Account for one event; False if it must be withheld from the client."""
+        for line in event.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.outcome.done = True
+                continue
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                continue
+            if not isinstance(chunk, dict):
+                continue
+            self.outcome.read_chunk(chunk)
+            if self.hide_usage_chunk and chunk.get("usage") and not chunk.get("choices"):
+                return False
+        return True
+
+
+def _event_end(buffer: bytes) -> tuple[int, int]:
+    """Index where the first complete SSE event ends, and the separator's length."""
+    lf = buffer.find(b"\n\n")
+    crlf = buffer.find(b"\r\n\r\n")
+    if crlf >= 0 and (lf < 0 or crlf < lf):
+        return crlf, 4
+    return lf, (2 if lf >= 0 else 0)
+
+
+class ClientLeft(Exception):
+    pass
+
+
+class EngineBroke(Exception):
+    pass
+
+
+Finish = Callable[[TurnOutcome, str | None], Awaitable[None]]  # (outcome, failure or None)
+
+
+class RelayStream(Response):
+    """An ASGI response relaying an engine's event stream (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: httpx.Response,
+        tap: SseTap,
+        headers: list[tuple[bytes, bytes]],
+        replica: str,
+        on_first_token: Callable[[], None],
+        finish: Finish,
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self.engine = engine
+        self.tap = tap
+        self.raw_headers = headers
+        self.replica = replica
+        self.on_first_token = on_first_token
+        self.finish = finish
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        failure: str | None = None
+        relay = asyncio.create_task(self._relay(send))
+        watcher = asyncio.create_task(_wait_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if relay in done:
+                failure = relay.result()
+            else:
+                relay.cancel()
+                await asyncio.gather(relay, return_exceptions=True)
+                failure = "client left mid-stream"
+        except asyncio.CancelledError:
+            relay.cancel()
+            failure = "client left mid-stream"
+            raise
+        finally:
+            watcher.cancel()
+            await self.engine.aclose()  # stops the generation if it is still running
+            await self.finish(self.tap.outcome, failure)
+
+    async def _relay(self, send: Any) -> str | None:
+        """Stream until the engine ends. Returns a failure description, or None."""
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        outcome = self.tap.outcome
+        try:
+            async for data in self.engine.aiter_raw():
+                had_first = outcome.first_token
+                out = self.tap.feed(data)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if outcome.first_token and not had_first:
+                    self.on_first_token()
+        except (httpx.HTTPError, OSError) as exc:
+            # Leave the response incomplete: the connection closes without [DONE].
+            log.warning("engine %s failed mid-stream: %s", self.replica, _describe(exc))
+            return f"engine {self.replica} failed mid-stream: {_describe(exc)}"
+        rest = self.tap.rest()
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
+        if not outcome.done:
+            return f"engine {self.replica} ended the stream without [DONE]"
+        return None
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
