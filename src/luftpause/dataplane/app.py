@@ -90,9 +90,11 @@ class Dataplane:
         return seen
 
 
-def error(status: int, message: str, run_id: str | None = None, **headers: str) -> JSONResponse:
+def error(
+    status: int, message: str, run_id: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """The one error shape (D6): ``{"error": {"message": ...}}``."""
-    hdrs = dict(headers)
+    hdrs = dict(headers or {})
     if run_id:
         hdrs[identity.RUN_HEADER] = run_id
     return JSONResponse({"error": {"message": message}}, status_code=status, headers=hdrs)
@@ -360,7 +362,11 @@ async def _forward_chat(
             pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, first_token=pb.FirstToken())
         )
 
-    run_header = {identity.RUN_HEADER: turn.run_id}
+    run_header = {
+        identity.RUN_HEADER: turn.run_id,
+        identity.REPLICA_HEADER: turn.replica,
+        identity.HELD_HEADER: str(round(admitted.held_s * 1000)),
+    }
     try:
         engine_request = dp.http.build_request(
             "POST", url, content=raw, headers=_engine_headers(dp, request, turn.replica)
@@ -369,7 +375,7 @@ async def _forward_chat(
     except httpx.HTTPError as exc:
         reason = f"engine {turn.replica}: {_describe(exc)}"
         await finish(TurnOutcome(), reason)
-        return error(502, reason, turn.run_id)
+        return error(502, reason, turn.run_id, {identity.REPLICA_HEADER: turn.replica})
     if response is None:
         await finish(TurnOutcome(), "client left before the engine answered")
         return Response(status_code=499)
@@ -390,7 +396,7 @@ async def _forward_chat(
             (b"content-type", content_type.encode()),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
-            (identity.RUN_HEADER.encode(), turn.run_id.encode()),
+            *((k.encode(), v.encode()) for k, v in run_header.items()),
         ]
         tap = SseTap(TurnOutcome(), hide_usage)
         return RelayStream(response, tap, stream_headers, turn.replica, first_token, finish)
@@ -401,7 +407,7 @@ async def _forward_chat(
         await response.aclose()
         reason = f"engine {turn.replica} failed: {_describe(exc)}"
         await finish(TurnOutcome(), reason)
-        return error(502, reason, turn.run_id)
+        return error(502, reason, turn.run_id, {identity.REPLICA_HEADER: turn.replica})
     finally:
         await response.aclose()
     if whole is None:

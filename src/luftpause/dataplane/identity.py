@@ -15,6 +15,9 @@ from typing import Any
 RUN_HEADER = "x-luftpause-run-id"
 CLASS_HEADER = "x-luftpause-class"
 CALLER_HEADER = "x-luftpause-caller"
+# Response headers: where the turn went and how long luftpause held it.
+REPLICA_HEADER = "x-luftpause-replica"
+HELD_HEADER = "x-luftpause-held-ms"
 CLASSES = ("interactive", "batch")
 
 
@@ -88,9 +91,10 @@ def service_class(headers: Mapping[str, str]) -> str:
 
 
 def caller(headers: Mapping[str, str], max_bytes: int) -> str:
-    """The caller header truncated to ``max_bytes`` bytes without splitting a character."""
-    raw = headers.get(CALLER_HEADER, "").strip()
-    encoded = raw.encode("utf-8")
-    if len(encoded) <= max_bytes:
-        return raw
-    return encoded[:max_bytes].decode("utf-8", errors="ignore")
+    """The caller header cut to ``max_bytes`` bytes, never inside a UTF-8 character.
+
+    ASGI servers hand header values over as latin-1 text; the bytes on the wire
+    are recovered, cut, and read as UTF-8 (what clients send in practice).
+    """
+    wire = headers.get(CALLER_HEADER, "").strip().encode("latin-1", errors="replace")
+    return wire[:max_bytes].decode("utf-8", errors="ignore")

@@ -1,0 +1,426 @@
+"""The dataplane app in process: a real in-process scheduler over gRPC, mock engines.
+
+Covers D1–D10 and S6 rows that need no real engine process; streaming,
+disconnects and mid-stream failures are covered in tests/integration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+import httpx
+import pytest
+
+from luftpause.config import (
+    DataplaneSettings,
+    Endpoint,
+    EndpointKind,
+    MetricsFlavour,
+    Secrets,
+)
+from luftpause.dataplane.app import Dataplane, create_app
+from luftpause.dataplane.identity import ToolCallMemory
+from luftpause.dataplane.metrics import Metrics
+from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.scheduler_link import SchedulerLink
+from luftpause.scheduler.core import EndpointKind as CoreKind
+from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, RunPhase, initial_state
+from luftpause.scheduler.service.grpc_server import start_grpc
+from luftpause.scheduler.service.host import Host
+
+MODEL = "m"
+ENDPOINTS = (
+    Endpoint(
+        name="engine-a",
+        url="http://engine-a",
+        models=(MODEL,),
+        metrics=MetricsFlavour.NONE,
+        api_key_env="KEY_A",
+    ),
+    Endpoint(
+        name="classifier",
+        url="http://classifier",
+        models=("clf",),
+        kind=EndpointKind.SINGLE_PASS,
+        metrics=MetricsFlavour.NONE,
+    ),
+)
+COMPLETION = {
+    "id": "cmpl-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": MODEL,
+    "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}
+    ],
+    "usage": {
+        "prompt_tokens": 5,
+        "completion_tokens": 1,
+        "total_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    },
+}
+TOOL_COMPLETION = {
+    **COMPLETION,
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_abc",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": "{}"},
+                    }
+                ],
+            },
+        }
+    ],
+}
+
+
+@dataclass
+class Engine:
+    """Records what reached the engine; answers with ``reply``."""
+
+    seen: list[httpx.Request] = field(default_factory=list)
+    reply: Callable[[httpx.Request], httpx.Response] = lambda r: httpx.Response(
+        200, json=COMPLETION
+    )
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append(request)
+        return self.reply(request)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    host: Host
+    server: grpc.aio.Server
+    writer: asyncio.Task[None]
+    dp: Dataplane
+    client: httpx.AsyncClient
+    engine: Engine
+    grpc_address: str
+
+    async def stop_scheduler(self) -> None:
+        await self.server.stop(grace=0)
+        self.writer.cancel()
+
+    async def start_scheduler(self) -> None:
+        self.host, self.server, self.writer = await start_scheduler(self.grpc_address)
+
+
+async def start_scheduler(address: str) -> tuple[Host, grpc.aio.Server, asyncio.Task[None]]:
+    specs = (
+        ReplicaSpec("engine-a", CoreKind.GENERATIVE, frozenset({MODEL})),
+        ReplicaSpec("classifier", CoreKind.SINGLE_PASS, frozenset({"clf"})),
+    )
+    host = Host(initial_state(specs, Params(), time.monotonic()), time.monotonic)
+    writer = asyncio.create_task(host.run())
+    server, _ = await start_grpc(host, {e.name: e.url for e in ENDPOINTS}, address)
+    for name in ("engine-a", "classifier"):
+        await host.apply(lambda at, n=name: ReplicaProbed(at=at, replica=n, healthy=True))
+    return host, server, writer
+
+
+@pytest.fixture
+async def stack(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
+    token = getattr(request, "param", None)
+    address = f"127.0.0.1:{free_port()}"
+    host, server, writer = await start_scheduler(address)
+    engine = Engine()
+    runs = RunTable(time.monotonic, 1800)
+    dp = Dataplane(
+        settings=DataplaneSettings(report_reconnect_s=0.1),
+        endpoints={e.name: e for e in ENDPOINTS},
+        secrets=Secrets(token=token, api_keys={"engine-a": "engine-key"}),
+        link=SchedulerLink(address, "dp-test", runs, reconnect_s=0.1),
+        runs=runs,
+        memory=ToolCallMemory(time.monotonic, 1800),
+        http=httpx.AsyncClient(transport=httpx.MockTransport(engine.handle)),
+        metrics=Metrics(),
+    )
+    maintain = asyncio.create_task(dp.link.maintain())
+    async with asyncio.timeout(5):
+        await dp.link.ready.wait()
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(dp)), base_url="http://dp")
+    s = Stack(host, server, writer, dp, client, engine, address)
+    yield s
+    maintain.cancel()
+    await client.aclose()
+    await dp.link.close()
+    await s.stop_scheduler()
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+async def settle(host: Host, cond: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not cond():
+            await asyncio.sleep(0.01)
+
+
+async def test_plain_reply_passes_through_unchanged(stack: Stack) -> None:
+    """D1, D5: the engine's bytes reach the client unchanged; headers name run and replica."""
+    stack.engine.reply = lambda r: httpx.Response(
+        200, content=b'{"exact":  "bytes"}', headers={"content-type": "application/json"}
+    )
+    resp = await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"x-luftpause-run-id": "run-1"}
+    )
+    assert resp.status_code == 200 and resp.content == b'{"exact":  "bytes"}'
+    assert resp.headers["x-luftpause-run-id"] == "run-1"
+    assert resp.headers["x-luftpause-replica"] == "engine-a"
+    assert int(resp.headers["x-luftpause-held-ms"]) >= 0
+    await settle(stack.host, lambda: not stack.host.state.turns)
+    assert stack.host.state.runs["run-1"].phase is RunPhase.IDLE
+
+
+async def test_tool_call_pauses_run_and_echoed_id_finds_it(stack: Stack) -> None:
+    """D2, D5: a reply in tool calls pauses the run; the echoed tool_call_id names the run."""
+    stack.engine.reply = lambda r: httpx.Response(200, json=TOOL_COMPLETION)
+    first = await stack.client.post("/v1/chat/completions", json=chat())
+    run_id = first.headers["x-luftpause-run-id"]
+    await settle(
+        stack.host,
+        lambda: (
+            run_id in stack.host.state.runs
+            and stack.host.state.runs[run_id].phase is RunPhase.PAUSED_ON_TOOL
+        ),
+    )
+    messages = [
+        {"role": "user", "content": "hi"},
+        TOOL_COMPLETION["choices"][0]["message"],  # type: ignore[index]
+        {"role": "tool", "tool_call_id": "call_abc", "content": "42"},
+    ]
+    second = await stack.client.post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": messages}
+    )
+    assert second.headers["x-luftpause-run-id"] == run_id
+    third = await stack.client.post("/v1/chat/completions", json=chat())
+    assert third.headers["x-luftpause-run-id"] != run_id  # no header, no echo: a new run
+
+
+async def test_class_and_caller_headers(stack: Stack) -> None:
+    """D3: class is interactive|batch; caller truncated to 128 bytes; bad class is a 400."""
+    long_caller = ("é" * 100).encode()  # 200 bytes of UTF-8
+    resp = await stack.client.post(
+        "/v1/chat/completions",
+        json=chat(),
+        headers={
+            b"x-luftpause-run-id": b"r",
+            b"x-luftpause-class": b"interactive",
+            b"x-luftpause-caller": long_caller,
+        },
+    )
+    assert resp.status_code == 200
+    run = stack.host.state.runs["r"]
+    assert run.caller == "é" * 64 and run.service_class.value == "interactive"
+    bad = await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"x-luftpause-class": "urgent"}
+    )
+    assert bad.status_code == 400
+    assert "x-luftpause-class" in bad.json()["error"]["message"]
+
+
+async def test_unknown_model_is_404_before_queueing(stack: Stack) -> None:
+    """S6, D6: 404 with the exact message and the run header; no engine request."""
+    resp = await stack.client.post("/v1/chat/completions", json=chat(model="other"))
+    assert resp.status_code == 404
+    assert resp.json() == {"error": {"message": "no Generative replica serves model 'other'"}}
+    assert "x-luftpause-run-id" in resp.headers
+    assert not stack.engine.seen and not stack.host.state.held
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1]", "JSON object"),
+        (b'{"messages": []}', "'model' is required"),
+        (b'{"model": "m"}', "'messages'"),
+    ],
+)
+async def test_bad_request_bodies(stack: Stack, body: bytes, problem: str) -> None:
+    """Bad input gets a clear 400 naming the problem."""
+    resp = await stack.client.post("/v1/chat/completions", content=body)
+    assert resp.status_code == 400 and problem in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_engine_rejection_passes_status_body_and_retry_after(
+    stack: Stack, status: int
+) -> None:
+    """D6: engine 429/5xx: status and body unchanged, with Retry-After; turn reported failed."""
+    stack.engine.reply = lambda r: httpx.Response(
+        status, content=b"slow down", headers={"retry-after": "3"}
+    )
+    resp = await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"x-luftpause-run-id": "r"}
+    )
+    assert (resp.status_code, resp.content, resp.headers["retry-after"]) == (
+        status,
+        b"slow down",
+        "3",
+    )
+    assert resp.headers["x-luftpause-run-id"] == "r"
+    await settle(stack.host, lambda: not stack.host.state.turns)
+    assert stack.host.state.runs["r"].phase is RunPhase.IDLE
+    assert stack.host.state.replicas["engine-a"].in_flight == 0
+
+
+async def test_engine_unreachable_is_502_naming_the_replica(stack: Stack) -> None:
+    """D6: connection failure → 502 `engine <replica>: <error>`; slot freed."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    stack.engine.reply = refuse
+    resp = await stack.client.post("/v1/chat/completions", json=chat())
+    assert resp.status_code == 502
+    assert resp.json()["error"]["message"].startswith("engine engine-a: connection failed")
+    assert "x-luftpause-run-id" in resp.headers
+    await settle(stack.host, lambda: stack.host.state.replicas["engine-a"].in_flight == 0)
+
+
+@pytest.mark.parametrize("stack", ["s3cret"], indirect=True)
+async def test_auth_token_and_engine_keys(stack: Stack) -> None:
+    """D9: bearer token required; the client's Authorization never reaches the engine,
+    which gets its own configured key."""
+    missing = await stack.client.post("/v1/chat/completions", json=chat())
+    assert missing.status_code == 401 and "bearer" in missing.json()["error"]["message"]
+    wrong = await stack.client.get("/v1/models", headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    ok = await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"authorization": "Bearer s3cret"}
+    )
+    assert ok.status_code == 200
+    assert [r.headers.get("authorization") for r in stack.engine.seen] == ["Bearer engine-key"]
+    assert (await stack.client.get("/health")).status_code == 200  # not a /v1 route
+
+
+async def test_headers_forwarded_except_hop_by_hop_and_ours(stack: Stack) -> None:
+    """D1, X1: trace context and custom headers reach the engine; luftpause's do not."""
+    await stack.client.post(
+        "/v1/chat/completions",
+        json=chat(),
+        headers={
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "x-custom": "1",
+            "x-luftpause-class": "batch",
+        },
+    )
+    sent = stack.engine.seen[0].headers
+    assert sent["traceparent"].startswith("00-0af7") and sent["x-custom"] == "1"
+    assert "x-luftpause-class" not in sent
+
+
+async def test_streaming_asks_engine_for_usage(stack: Stack) -> None:
+    """D5: a stream without include_usage is sent with it, so usage can be reported."""
+    body = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(body), 7):  # arbitrary splits, as a network would
+            yield body[i : i + 7]
+
+    stack.engine.reply = lambda r: httpx.Response(
+        200, content=chunks(), headers={"content-type": "text/event-stream"}
+    )
+    resp = await stack.client.post("/v1/chat/completions", json=chat(stream=True))
+    assert resp.status_code == 200
+    assert b'"usage"' not in resp.content and resp.content.endswith(b"data: [DONE]\n\n")
+    assert json.loads(stack.engine.seen[0].content)["stream_options"] == {"include_usage": True}
+    asked = await stack.client.post(
+        "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})
+    )
+    assert asked.content == body
+
+
+async def test_models_run_end_and_metrics(stack: Stack) -> None:
+    """D1 /v1/models, D8 DELETE /v1/runs/{id}, D10 /metrics."""
+    models = (await stack.client.get("/v1/models")).json()
+    assert {m["id"] for m in models["data"]} == {MODEL, "clf"}
+    await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"x-luftpause-run-id": "gone"}
+    )
+    await settle(stack.host, lambda: "gone" in stack.host.state.runs)
+    resp = await stack.client.delete("/v1/runs/gone")
+    assert resp.status_code == 200 and resp.json() == {"run_id": "gone", "ended": True}
+    assert "gone" not in stack.host.state.runs
+    text = (await stack.client.get("/metrics")).text
+    assert 'luftpause_dataplane_turns_total{outcome="finished",service_class="batch"} 1.0' in text
+    assert "luftpause_dataplane_held_seconds_bucket" in text
+    assert "luftpause_dataplane_time_to_first_token_seconds" in text
+
+
+async def test_decide_goes_to_the_classifier(stack: Stack) -> None:
+    """D7, S13: /v1/decide forwards to a single-pass replica's /classify, outside run state."""
+    answer = {
+        "object": "list",
+        "data": [{"index": 0, "label": "urgent", "probs": [0.9, 0.1], "num_classes": 2}],
+    }
+    stack.engine.reply = lambda r: httpx.Response(200, json=answer)
+    resp = await stack.client.post("/v1/decide", json={"input": "the pager rang"})
+    assert resp.status_code == 200 and resp.json() == answer
+    sent = stack.engine.seen[0]
+    assert sent.url == httpx.URL("http://classifier/classify")
+    assert json.loads(sent.content)["model"] == "clf"
+    assert not any(r.startswith("decide-") for r in stack.host.state.runs)
+    missing = await stack.client.post("/v1/decide", json={"input": "x", "model": "nope"})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == "no SinglePass replica serves model 'nope'"
+
+
+async def test_turn_waits_while_scheduler_is_down_then_resyncs(stack: Stack) -> None:
+    """D6, S11: with the scheduler gone the turn waits; a restarted scheduler is resynced
+    (runs, affinity) before the waiting turn is admitted."""
+    stack.engine.reply = lambda r: httpx.Response(200, json=TOOL_COMPLETION)
+    await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"x-luftpause-run-id": "keep"}
+    )
+    await settle(
+        stack.host,
+        lambda: (
+            "keep" in stack.host.state.runs
+            and stack.host.state.runs["keep"].phase is RunPhase.PAUSED_ON_TOOL
+        ),
+    )
+    await stack.stop_scheduler()
+    await settle(stack.host, lambda: not stack.dp.link.ready.is_set())
+    stack.engine.reply = lambda r: httpx.Response(200, json=COMPLETION)
+    waiting = asyncio.ensure_future(
+        stack.client.post(
+            "/v1/chat/completions", json=chat(), headers={"x-luftpause-run-id": "keep"}
+        )
+    )
+    await asyncio.sleep(0.5)
+    assert not waiting.done() and len(stack.engine.seen) == 1  # held: no engine request
+    await stack.start_scheduler()  # a fresh, empty scheduler on the same address
+    resp = await asyncio.wait_for(waiting, 10)
+    assert resp.status_code == 200 and resp.headers["x-luftpause-replica"] == "engine-a"
+    await settle(stack.host, lambda: not stack.host.state.turns)
+    run = stack.host.state.runs["keep"]
+    assert run.replica == "engine-a" and stack.dp.link.connects >= 2

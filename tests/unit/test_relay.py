@@ -1,0 +1,91 @@
+"""The SSE tap: bytes pass unchanged, the reply is read on the way (D1, D5)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from luftpause.dataplane.relay import SseTap, TurnOutcome
+
+
+def sse(*chunks: object, done: bool = True, sep: str = "\n\n") -> bytes:
+    out = "".join(f"data: {json.dumps(c)}{sep}" for c in chunks)
+    return (out + (f"data: [DONE]{sep}" if done else "")).encode()
+
+
+CHUNKS = [
+    {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+    {"choices": [{"index": 0, "delta": {"content": "Hel"}}]},
+    {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f"}}]},
+            }
+        ]
+    },
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    {
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 9,
+            "completion_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 6},
+        },
+    },
+]
+
+
+def test_reads_first_token_tool_calls_finish_and_usage() -> None:
+    """D5: first token, tool call IDs, finish reason, usage with cached tokens."""
+    tap = SseTap(TurnOutcome(), hide_usage_chunk=False)
+    body = sse(*CHUNKS)
+    assert tap.feed(body) == body
+    o = tap.outcome
+    assert o.first_token and o.tool_call_ids == ["call_1"] and o.finish_reason == "tool_calls"
+    assert (o.prompt_tokens, o.completion_tokens, o.cached_tokens) == (9, 4, 6)
+    assert o.paused_on_tool and o.done
+
+
+def test_usage_chunk_withheld_only_when_we_asked_for_it() -> None:
+    """D1: the client gets the stream it asked for; our extra usage chunk is withheld."""
+    tap = SseTap(TurnOutcome(), hide_usage_chunk=True)
+    out = tap.feed(sse(*CHUNKS))
+    assert out == sse(*CHUNKS[:4])
+    assert tap.outcome.prompt_tokens == 9
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30),
+    st.sampled_from(["\n\n", "\r\n\r\n"]),
+)
+def test_any_split_passes_the_same_bytes(cuts: list[int], sep: str) -> None:
+    """D1: however the engine's bytes are split, the client receives them unchanged."""
+    body = sse(*CHUNKS, sep=sep)
+    tap = SseTap(TurnOutcome(), hide_usage_chunk=False)
+    out, pos = b"", 0
+    for cut in cuts:
+        out += tap.feed(body[pos : pos + cut])
+        pos += cut
+    out += tap.feed(body[pos:]) + tap.rest()
+    assert out == body
+    assert tap.outcome.tool_call_ids == ["call_1"]
+
+
+def test_stream_without_done_is_noticed() -> None:
+    tap = SseTap(TurnOutcome(), hide_usage_chunk=False)
+    tap.feed(sse(*CHUNKS[:2], done=False))
+    assert not tap.outcome.done and tap.outcome.first_token
+
+
+def test_non_streamed_completion_is_read() -> None:
+    o = TurnOutcome()
+    o.read_completion(
+        {
+            "choices": [{"finish_reason": "stop", "message": {"content": "x"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        }
+    )
+    assert o.finish_reason == "stop" and not o.paused_on_tool and o.prompt_tokens == 3
