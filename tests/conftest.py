@@ -122,3 +122,14 @@ def services(request: pytest.FixtureRequest) -> Iterator[Services]:
                     request.node.add_report_section(
                         "call", f"stderr of {svc.name}", svc.stderr()[-20000:]
                     )
+
+
+@pytest.fixture(scope="module")
+def module_services() -> Iterator[Services]:
+    """Like ``services``, shared by the tests of one module (stopped at its end)."""
+    with tempfile.TemporaryDirectory(prefix="luftpause-test-") as tmp:
+        svcs = Services(Path(tmp))
+        try:
+            yield svcs
+        finally:
+            svcs.stop_all()
