@@ -130,7 +130,8 @@ def add_service_arguments(parser: Any, *, port_help: str, config: bool = True) -
             metavar="FILE",
             help="stack configuration (TOML); default: the packaged fake stack",
         )
-    parser.add_argument("--host", help="address to listen on (default: from the config)")
+    default_host = "from the config" if config else "127.0.0.1"
+    parser.add_argument("--host", help=f"address to listen on (default: {default_host})")
     parser.add_argument("--port", type=int, help=f"{port_help}; 0 picks a free port")
     parser.add_argument(
         "--ready-file",
