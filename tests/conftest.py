@@ -8,62 +8,21 @@ stderr is attached to the report.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from luftpause.procs import ServiceFailed, ServiceProcess, launch, stop_all
+
 READY_TIMEOUT_S = 30.0
-
-
-@dataclass
-class Service:
-    name: str
-    proc: subprocess.Popen[bytes]
-    stderr_path: Path
-    ready: dict[str, Any]
-
-    @property
-    def urls(self) -> dict[str, str]:
-        return dict(self.ready["urls"])
-
-    @property
-    def ports(self) -> dict[str, int]:
-        return dict(self.ready["ports"])
-
-    def stderr(self) -> str:
-        try:
-            return self.stderr_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
 
 
 class Services:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.started: list[Service] = []
+        self.started: list[ServiceProcess] = []
 
     def start(
         self,
@@ -71,34 +30,25 @@ class Services:
         name: str | None = None,
         env: dict[str, str] | None = None,
         timeout: float = READY_TIMEOUT_S,
-    ) -> Service:
+    ) -> ServiceProcess:
         name = name or args[0]
         n = len(self.started)
-        ready = self.tmp / f"{n}-{name}.ready.json"
-        err = self.tmp / f"{n}-{name}.stderr"
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        argv = [sys.executable, "-m", "luftpause", *args, "--ready-file", str(ready)]
-        with err.open("wb") as stderr:
-            proc = subprocess.Popen(
-                argv, stdout=stderr, stderr=stderr, stdin=subprocess.DEVNULL, env=full_env
-            )
-        svc = Service(name, proc, err, {})
+        svc = launch(
+            args,
+            name=name,
+            ready_file=self.tmp / f"{n}-{name}.ready.json",
+            stderr=self.tmp / f"{n}-{name}.stderr",
+            env=env,
+        )
         self.started.append(svc)
-        deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"{name} exited with {proc.returncode} before ready:\n{svc.stderr()}"
-                )
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{name} not ready after {timeout} s:\n{svc.stderr()}")
-            time.sleep(0.02)
-        svc.ready = json.loads(ready.read_text())
+        try:
+            svc.wait_ready(timeout)
+        except ServiceFailed as exc:
+            raise AssertionError(str(exc)) from None
         return svc
 
     def stop_all(self) -> None:
-        for svc in reversed(self.started):
-            svc.stop()
+        stop_all(self.started)
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

@@ -1,0 +1,135 @@
+"""Deterministic token counting and prompt rendering for the fake engine.
+
+The fake engine has no tokenizer. It counts **one token per four characters,
+rounded up** (``ceil(len(text) / 4)``; an empty string is zero tokens), which is
+the usual rule of thumb for English text with Llama-3's 128k vocabulary. A
+token is therefore a four-character slice of the text, and the filler the engine
+"generates" is produced four characters per token, so counting a reply gives
+back exactly the number of tokens generated.
+
+Chat messages are rendered with a Llama-3-style template (header markers, one
+block per message, tools as JSON in the system block) so the prefix cache sees
+a conversation grow the way a real engine does: each turn's prompt extends the
+previous turn's prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+
+_WORDS = [
+    "the",
+    "quick",
+    "lantern",
+    "drifts",
+    "over",
+    "amber",
+    "fields",
+    "while",
+    "patient",
+    "rivers",
+    "gather",
+    "quiet",
+    "stones",
+    "beneath",
+    "silver",
+    "bridges",
+    "and",
+    "careful",
+    "engines",
+    "hum",
+    "along",
+    "narrow",
+    "valleys",
+    "where",
+    "distant",
+    "towers",
+    "keep",
+    "steady",
+    "watch",
+    "over",
+    "green",
+    "terraces",
+]
+
+
+def count_tokens(text: str) -> int:
+    """Tokens in ``text``: ``ceil(len(text) / 4)``."""
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def split_tokens(text: str) -> list[str]:
+    """The four-character pieces ``count_tokens`` counts (the last may be shorter)."""
+    return [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
+
+
+def stable_hash(*parts: str) -> int:
+    """A 64-bit hash of ``parts`` that is the same in every process (unlike ``hash``)."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\x1f")
+    return int.from_bytes(h.digest(), "big")
+
+
+def filler_tokens(n: int, seed: str) -> list[str]:
+    """``n`` deterministic four-character tokens of readable filler text."""
+    if n <= 0:
+        return []
+    start = stable_hash("filler", seed) % len(_WORDS)
+    chars_needed = n * CHARS_PER_TOKEN
+    pieces: list[str] = []
+    length = 0
+    i = start
+    while length < chars_needed:
+        word = _WORDS[i % len(_WORDS)]
+        piece = word if not pieces else " " + word
+        pieces.append(piece)
+        length += len(piece)
+        i += 1
+    text = "".join(pieces)[:chars_needed]
+    return split_tokens(text)
+
+
+def _content_text(content: Any) -> str:
+    """Message content as text: strings as-is, OpenAI content parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                parts.append(str(part["text"]))
+            else:
+                parts.append(json.dumps(part, sort_keys=True))
+        return "".join(parts)
+    return json.dumps(content, sort_keys=True)
+
+
+def render_messages(
+    messages: Sequence[Mapping[str, Any]], tools: Iterable[Mapping[str, Any]] | None = None
+) -> str:
+    """Render a chat conversation into the prompt text the engine prefills."""
+    out: list[str] = ["<|begin_of_text|>"]
+    tool_list = list(tools or [])
+    if tool_list:
+        out.append("<|start_header_id|>system<|end_header_id|>\n\n")
+        out.append("Tools: " + json.dumps(tool_list, sort_keys=True, separators=(",", ":")))
+        out.append("<|eot_id|>")
+    for message in messages:
+        role = str(message.get("role", "user"))
+        out.append(f"<|start_header_id|>{role}<|end_header_id|>\n\n")
+        out.append(_content_text(message.get("content")))
+        calls = message.get("tool_calls")
+        if calls:
+            out.append(json.dumps(calls, sort_keys=True, separators=(",", ":")))
+        out.append("<|eot_id|>")
+    out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    return "".join(out)

@@ -1,0 +1,223 @@
+"""Launch luftpause services as child processes and wait for their ready files.
+
+Used by ``luftpause up``, the integration tests and the benchmarks: one way to
+start ``python -m luftpause <service> ... --ready-file PATH``, wait (bounded)
+until it accepts connections, and stop it (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+
+class ServiceFailed(Exception):
+    """A child exited or did not become ready; the message says which and why."""
+
+
+def exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Ask Linux to SIGTERM this child when its parent dies (prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    proc: subprocess.Popen[bytes]
+    ready_file: Path
+    stderr_path: Path | None = None
+    ready: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return dict(self.ready.get("urls", {}))
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return dict(self.ready.get("ports", {}))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr(self) -> str:
+        if self.stderr_path is None:
+            return ""
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 60.0, stopping: Callable[[], bool] = bool) -> None:
+        """Block until the ready file exists; raise ServiceFailed if the child dies first."""
+        deadline = time.monotonic() + timeout
+        while not self.ready_file.exists():
+            code = self.proc.poll()
+            if code is not None:
+                tail = self.stderr()[-4000:]
+                raise ServiceFailed(
+                    f"{self.name} {exit_text(code)} during start-up"
+                    + (f":\n{tail}" if tail else "")
+                )
+            if stopping():
+                raise ServiceFailed(f"stopped while waiting for {self.name}")
+            if time.monotonic() > deadline:
+                raise ServiceFailed(f"{self.name} not ready after {timeout:.0f} s")
+            time.sleep(0.02)
+        self.ready = json.loads(self.ready_file.read_text())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        """Signal the child and wait; escalate to SIGKILL after ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=timeout)
+        return int(self.proc.returncode)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+
+def launch(
+    args: Sequence[str],
+    *,
+    name: str,
+    ready_file: Path,
+    stderr: Path | None = None,
+    env: dict[str, str] | None = None,
+    die_with_parent: bool = True,
+) -> ServiceProcess:
+    """Start ``python -m luftpause <args> --ready-file <ready_file>``.
+
+    ``stderr``: a file for the child's stdout and stderr (None: inherit ours).
+    """
+    argv = [sys.executable, "-m", "luftpause", *args, "--ready-file", str(ready_file)]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    out: IO[bytes] | None = None
+    try:
+        if stderr is not None:
+            out = stderr.open("wb")
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            preexec_fn=_die_with_parent if die_with_parent else None,
+        )
+    finally:
+        if out is not None:
+            out.close()
+    return ServiceProcess(name, proc, ready_file, stderr)
+
+
+def stop_all(services: Sequence[ServiceProcess], grace: float = 5.0) -> list[str]:
+    """SIGTERM every running child (last started first), SIGKILL stragglers.
+
+    Returns a line for each child that had to be killed.
+    """
+    running = [s for s in reversed(services) if s.proc.poll() is None]
+    for s in running:
+        s.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    killed = []
+    for s in running:
+        try:
+            s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            killed.append(f"{s.name} did not stop in {grace:.0f} s; killed")
+            s.proc.kill()
+            s.proc.wait()
+    return killed
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for programs that cannot take port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RouterProcess:
+    """The real SGLang router (PyPI ``sglang-router``) in front of some engines."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    stderr_path: Path
+
+    def stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def launch_sglang_router(
+    worker_urls: Sequence[str], policy: str, stderr: Path, model: str, timeout: float = 60.0
+) -> RouterProcess:
+    """Start the router on loopback and wait until a completion passes through it."""
+    port, metrics_port = free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "sglang_router.launch_router",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *worker_urls,
+        "--policy", policy,
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+    ]  # fmt: skip
+    with stderr.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+    router = RouterProcess(proc, f"http://127.0.0.1:{port}", stderr)
+    body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceFailed(f"sglang router {exit_text(proc.returncode)}:\n{router.stderr()}")
+        try:
+            r = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=5)
+            if r.status_code == 200:
+                return router
+            last = f"{r.status_code} {r.text[:300]}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.25)
+    router.stop()
+    raise ServiceFailed(f"sglang router not ready in {timeout:.0f} s (last: {last})")

@@ -1,0 +1,623 @@
+"""Unit tests of the fake engine's pure parts (H1): the engine model in virtual time,
+token counting and the reply script. No sockets, no clocks."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from luftpause.fakes.engine.model import (
+    CLIP_MAX_NEW_TOKENS,
+    INIT_NEW_TOKEN_RATIO,
+    EngineModel,
+    EngineParams,
+    EngineRequest,
+    FinishReason,
+    Phase,
+    StepKind,
+    StepResult,
+    SubmitError,
+    block_chain,
+    sglang_max_running,
+)
+from luftpause.fakes.engine.script import (
+    RUNAWAY_TOKENS,
+    ReplyKind,
+    ScriptOptions,
+    classify,
+    extract_labels,
+    fill_schema,
+    label_distribution,
+    plan_reply,
+)
+from luftpause.fakes.engine.tokens import count_tokens, filler_tokens, render_messages
+
+SMALL = EngineParams(kv_tokens=2000, context_length=1024, chunk_tokens=4096, block_chars=32)
+
+
+def text(tag: str, chars: int) -> str:
+    """Distinct prompt text of exactly ``chars`` characters (each tag gives new blocks)."""
+    unit = f"<{tag}>"
+    return (unit * (chars // len(unit) + 1))[:chars]
+
+
+def run(
+    engine: EngineModel, now: float = 0.0, limit: int = 100_000
+) -> tuple[float, list[StepResult]]:
+    """Step until idle; returns the end time and every step."""
+    steps: list[StepResult] = []
+    for _ in range(limit):
+        if not engine.has_work():
+            return now, steps
+        step = engine.step(now)
+        steps.append(step)
+        now = step.end
+    raise AssertionError("engine did not drain")
+
+
+def finished(steps: list[StepResult]) -> dict[str, FinishReason]:
+    return {f.request_id: f.reason for s in steps for f in s.finished}
+
+
+# ----------------------------------------------------------------- tokens
+
+
+def test_token_count_is_ceil_chars_over_four() -> None:
+    """H1: deterministic token count ceil(chars / 4)."""
+    assert count_tokens("") == 0
+    assert count_tokens("abc") == 1
+    assert count_tokens("abcd") == 1
+    assert count_tokens("abcde") == 2
+    pieces = filler_tokens(37, "seed")
+    assert len(pieces) == 37
+    assert count_tokens("".join(pieces)) == 37
+    assert pieces == filler_tokens(37, "seed")
+
+
+def test_rendered_conversation_extends_previous_prompt() -> None:
+    """H1: each turn's prompt extends the previous one, so the prefix cache can hit."""
+    first = [{"role": "user", "content": "hello"}]
+    second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]
+    a = render_messages(first)
+    b = render_messages(second)
+    assert b.startswith(a.removesuffix("<|start_header_id|>assistant<|end_header_id|>\n\n"))
+
+
+# ------------------------------------------------------------ prefix cache
+
+
+def test_cache_hits_and_misses_are_counted_per_token() -> None:
+    """H1: cached prompt tokens skip prefill; hits and queries are accounted in tokens."""
+    engine = EngineModel(SMALL)
+    prompt = text("a", 640)  # 20 blocks of 8 tokens = 160 tokens
+    engine.submit(EngineRequest("r1", prompt, reply_tokens=5, max_new_tokens=16), 0.0)
+    t, steps = run(engine)
+    first = steps[0]
+    assert first.kind is StepKind.PREFILL
+    assert first.prefill_tokens == 160
+    m = engine.metrics()
+    assert (m.cache_queries_tokens, m.cache_hit_tokens) == (160, 0)
+    assert m.cached_tokens == 160 and m.evictable_tokens == 160 and m.used_tokens == 0
+
+    engine.submit(EngineRequest("r2", prompt + text("b", 64), reply_tokens=5, max_new_tokens=16), t)
+    _, steps2 = run(engine, t)
+    done = [f for s in steps2 for f in s.finished]
+    assert done[0].cached_tokens == 160
+    assert steps2[0].prefill_tokens == 16  # only the 64 new characters
+    m = engine.metrics()
+    assert (m.cache_queries_tokens, m.cache_hit_tokens) == (336, 160)
+    assert m.cache_hit_rate == pytest.approx(160 / 336)
+
+
+def test_full_prompt_match_still_computes_one_token() -> None:
+    """H1: a prompt that is entirely cached still prefills at least one token."""
+    engine = EngineModel(SMALL)
+    prompt = text("a", 320)
+    engine.submit(EngineRequest("r1", prompt, reply_tokens=2, max_new_tokens=8), 0.0)
+    t, _ = run(engine)
+    engine.submit(EngineRequest("r2", prompt, reply_tokens=2, max_new_tokens=8), t)
+    _, steps = run(engine, t)
+    assert steps[0].prefill_tokens >= 1
+    assert [f.cached_tokens for s in steps for f in s.finished] == [72]
+
+
+def test_lru_eviction_order_and_running_blocks_are_kept() -> None:
+    """H1: unreferenced blocks are evicted least recently used first; blocks of a
+    running request are never evicted."""
+    params = replace(SMALL, kv_tokens=700, context_length=512)
+    engine = EngineModel(params)
+    t = 0.0
+    for tag in ("a", "b", "c"):  # 160 tokens each, finished one after the other
+        engine.submit(EngineRequest(tag, text(tag, 640), reply_tokens=1, max_new_tokens=4), t)
+        t, _ = run(engine, t)
+    chains = {tag: block_chain(text(tag, 640), 32) for tag in "abc"}
+    assert all(engine.cache.match(chains[tag]) == 20 for tag in "abc")
+    # Touch "a" again: it becomes the most recently used.
+    engine.submit(EngineRequest("a2", text("a", 640) + "zz", reply_tokens=1, max_new_tokens=4), t)
+    t, _ = run(engine, t)
+    # A new 300-token request needs 80 more tokens than are free: "b" (least recently
+    # used) loses 10 blocks from its end; "c" and "a" are untouched.
+    engine.submit(EngineRequest("d", text("d", 1200), reply_tokens=50, max_new_tokens=60), t)
+    step = engine.step(t)
+    assert step.admitted == ("d",)
+    assert [engine.cache.match(chains[tag]) for tag in "abc"] == [20, 10, 20]
+    # While "d" runs, a 200-token request evicts the rest of "b", then "c", never d's blocks.
+    engine.submit(EngineRequest("e", text("e", 800), reply_tokens=5, max_new_tokens=10), step.end)
+    step = engine.step(step.end)
+    assert step.admitted == ("e",)
+    assert engine.cache.match(block_chain(text("d", 1200), 32)) == 37
+    assert [engine.cache.match(chains[tag]) for tag in "abc"] == [20, 0, 5]
+    # Nothing evictable is left for a third large request: it waits.
+    engine.submit(EngineRequest("f", text("f", 1200), reply_tokens=5, max_new_tokens=60), step.end)
+    step = engine.step(step.end)
+    states = {s.request_id: s.phase for s in engine.requests(step.end)}
+    assert states == {"d": Phase.DECODE, "e": Phase.DECODE, "f": Phase.WAITING}
+    run(engine, step.end)
+
+
+def test_lru_evicts_leaf_blocks_before_their_prefix() -> None:
+    """H1: a released chain is evicted from its end, keeping the shared prefix longest."""
+    engine = EngineModel(SMALL)
+    prompt = text("a", 96)  # 3 blocks
+    engine.submit(EngineRequest("r", prompt, reply_tokens=1, max_new_tokens=4), 0.0)
+    run(engine)
+    chain = block_chain(prompt, 32)
+    assert engine.cache.lru_order() == list(reversed(chain))
+
+
+# ------------------------------------------------------------ reservation
+
+
+def admitted_in_first_step(max_new: int | None) -> int:
+    params = replace(SMALL, kv_tokens=6000, context_length=1024, chunk_tokens=100_000)
+    engine = EngineModel(params)
+    for i in range(20):
+        engine.submit(
+            EngineRequest(f"r{i}", text(f"p{i}", 800), reply_tokens=100, max_new_tokens=max_new),
+            0.0,
+        )
+    return len(engine.step(0.0).admitted)
+
+
+def test_uncapped_replies_shrink_the_running_batch() -> None:
+    """H1: admission reserves each reply's max_new_tokens (SGLang PrefillAdder), so
+    without a reply cap (engine default = context - prompt) far fewer requests run."""
+    capped = admitted_in_first_step(64)
+    uncapped = admitted_in_first_step(None)
+    assert capped == 20
+    assert uncapped < capped / 2
+    # The exact rule: each admission needs prompt + min(max_new, CLIP) + 1 tokens of room.
+    need = 200 + min(1024 - 200, CLIP_MAX_NEW_TOKENS) + 1
+    assert uncapped == 6000 // need
+
+
+def test_running_requests_reserve_new_token_ratio_of_their_rest() -> None:
+    """H1: requests already running reserve min(max_new - generated, CLIP) * new_token_ratio."""
+    params = replace(SMALL, kv_tokens=3000, context_length=2048, chunk_tokens=100_000)
+    engine = EngineModel(params)
+    engine.submit(EngineRequest("big", text("a", 400), reply_tokens=1500, max_new_tokens=1500), 0.0)
+    engine.step(0.0)  # admitted; ratio 0.7 -> reserves ~0.7 * 1499 = 1049 tokens
+    assert engine.metrics().new_token_ratio == INIT_NEW_TOKEN_RATIO
+    # Room for new work: 3000 - 101 (prompt) - 1049 (reserve) = 1850; "blocked" needs
+    # 100 + 1800 + 1 and blocks the small request behind it (head of line).
+    engine.submit(
+        EngineRequest("blocked", text("b", 400), reply_tokens=10, max_new_tokens=1800), 1.0
+    )
+    engine.submit(EngineRequest("late", text("c", 40), reply_tokens=10, max_new_tokens=10), 1.0)
+    step = engine.step(1.0)
+    assert step.kind is StepKind.DECODE
+    assert engine.metrics().waiting == 2
+    engine.cancel("blocked", step.end)
+    engine.submit(
+        EngineRequest("fits", text("d", 400), reply_tokens=10, max_new_tokens=1700), step.end
+    )
+    step = engine.step(step.end)
+    assert step.admitted == ("late", "fits")
+    run(engine, step.end)
+
+
+def test_new_token_ratio_decays_and_resets_when_idle() -> None:
+    """H1: the ratio decays per decode step toward 0.14 * init and resets at idle."""
+    engine = EngineModel(SMALL)
+    engine.submit(EngineRequest("r", text("a", 100), reply_tokens=50, max_new_tokens=60), 0.0)
+    t = 0.0
+    for _ in range(10):
+        t = engine.step(t).end
+    decay = (0.7 - 0.7 * 0.14) / 600
+    assert engine.metrics().new_token_ratio == pytest.approx(0.7 - 9 * decay)
+    t, _ = run(engine, t)
+    assert engine.step(t).kind is StepKind.IDLE
+    assert engine.metrics().new_token_ratio == INIT_NEW_TOKEN_RATIO
+
+
+# ----------------------------------------------------------- queue, cap
+
+
+def test_queue_beyond_running_cap_is_fifo() -> None:
+    """H1: at most max_running requests run; the rest wait and enter in arrival order."""
+    engine = EngineModel(replace(SMALL, max_running=2))
+    for i in range(5):
+        engine.submit(
+            EngineRequest(f"r{i}", text(f"p{i}", 80), reply_tokens=3, max_new_tokens=8), i * 0.001
+        )
+    step = engine.step(0.01)
+    assert step.admitted == ("r0", "r1")
+    m = engine.metrics()
+    assert (m.running, m.waiting) == (2, 3)
+    _, steps = run(engine, step.end)
+    order = [rid for s in steps for rid in s.admitted]
+    assert order == ["r2", "r3", "r4"]
+
+
+def test_default_running_cap_follows_sglang_formula() -> None:
+    """H1: without --max-running the cap is SGLang's memory-derived default."""
+    assert sglang_max_running(55_000, 8192) == 3437
+    assert EngineParams().running_cap == 3437
+    assert sglang_max_running(2000, 1024) == 1000
+
+
+def test_priority_scheduling_higher_first_ties_fifo() -> None:
+    """H1: with priority scheduling, higher priority values are admitted first; ties FIFO."""
+    engine = EngineModel(replace(SMALL, max_running=1, priority_scheduling=True))
+    engine.submit(EngineRequest("first", text("f", 80), reply_tokens=2, max_new_tokens=4), 0.0)
+    engine.step(0.0)
+    for rid, prio in (("low", 0), ("high-a", 5), ("mid", 2), ("high-b", 5)):
+        engine.submit(
+            EngineRequest(rid, text(rid, 80), reply_tokens=2, max_new_tokens=4, priority=prio), 0.1
+        )
+    _, steps = run(engine, 0.2)
+    assert [rid for s in steps for rid in s.admitted] == ["high-a", "high-b", "mid", "low"]
+
+
+def test_priority_ignored_without_priority_scheduling_and_low_first_option() -> None:
+    """H1: priority only matters with priority scheduling; low_priority_first inverts it."""
+    for params, expected in (
+        (replace(SMALL, max_running=1), ["a", "b", "c"]),
+        (
+            replace(SMALL, max_running=1, priority_scheduling=True, low_priority_first=True),
+            ["c", "b", "a"],
+        ),
+    ):
+        engine = EngineModel(params)
+        engine.submit(EngineRequest("x", text("x", 80), reply_tokens=2, max_new_tokens=4), 0.0)
+        engine.step(0.0)
+        for rid, prio in (("a", 3), ("b", 2), ("c", 1)):
+            engine.submit(
+                EngineRequest(rid, text(rid, 80), reply_tokens=2, max_new_tokens=4, priority=prio),
+                0.1,
+            )
+        _, steps = run(engine, 0.2)
+        assert [rid for s in steps for rid in s.admitted] == expected
+
+
+# -------------------------------------------------------------- retraction
+
+
+def test_retraction_when_decode_memory_runs_out() -> None:
+    """H1: when decode needs more slots than free + evictable, SGLang's retract_decode
+    sends the requests with the fewest generated tokens back to the queue; all still finish."""
+    params = EngineParams(kv_tokens=1200, context_length=1100, chunk_tokens=100_000, block_chars=32)
+    engine = EngineModel(params)
+    # After a long decode phase the ratio is low, so many long replies get admitted.
+    engine._decay = 1.0  # jump straight to the minimum ratio
+    engine.submit(EngineRequest("warm", text("w", 40), reply_tokens=3, max_new_tokens=4), 0.0)
+    t = engine.step(0.0).end
+    t = engine.step(t).end
+    for i in range(6):
+        engine.submit(
+            EngineRequest(f"r{i}", text(f"p{i}", 400), reply_tokens=600, max_new_tokens=800), t
+        )
+    t, steps = run(engine, t)
+    retracted = [rid for s in steps for rid in s.retracted]
+    assert retracted, "expected at least one retraction"
+    assert engine.metrics().retractions == len(retracted)
+    done = finished(steps)
+    assert set(done) >= {f"r{i}" for i in range(6)}
+    assert all(reason is FinishReason.STOP for rid, reason in done.items() if rid.startswith("r"))
+    # A retracted request re-enters via a prefill that recomputes its generated tokens.
+    assert any(rid in s.admitted for s in steps for rid in retracted if s.kind is StepKind.PREFILL)
+    assert engine.metrics().used_tokens == 0
+
+
+# ---------------------------------------------------------------- cancel
+
+
+def test_cancel_frees_memory_and_stops_generation() -> None:
+    """H1: cancelling (client disconnect) drops the request and frees its KV."""
+    engine = EngineModel(SMALL)
+    engine.submit(EngineRequest("r", text("a", 400), reply_tokens=100, max_new_tokens=200), 0.0)
+    engine.submit(EngineRequest("w", text("b", 400), reply_tokens=100, max_new_tokens=200), 0.0)
+    t = engine.step(0.0).end
+    t = engine.step(t).end
+    assert engine.metrics().used_tokens > 0
+    assert engine.cancel("r", t)
+    assert engine.cancel("w", t)
+    assert not engine.cancel("r", t)
+    m = engine.metrics()
+    assert (m.running, m.waiting, m.used_tokens) == (0, 0, 0)
+    assert m.evictable_tokens == m.cached_tokens  # prompt blocks stay cached, unreferenced
+    assert not engine.has_work()
+
+    queued = EngineModel(replace(SMALL, max_running=1))
+    queued.submit(EngineRequest("a", text("a", 80), reply_tokens=2, max_new_tokens=4), 0.0)
+    queued.submit(EngineRequest("b", text("b", 80), reply_tokens=2, max_new_tokens=4), 0.0)
+    queued.step(0.0)
+    assert queued.cancel("b", 0.1)
+    _, steps = run(queued, 0.1)
+    assert "b" not in finished(steps)
+
+
+# --------------------------------------------------------- finish, timing
+
+
+def test_finish_reasons_and_timing() -> None:
+    """H1: a reply ends at its natural length (stop) or at max_tokens (length); each
+    finished request reports queued, prefill and decode time."""
+    engine = EngineModel(replace(SMALL, max_running=1))
+    engine.submit(EngineRequest("short", text("a", 80), reply_tokens=3, max_new_tokens=10), 0.0)
+    engine.submit(EngineRequest("cut", text("b", 80), reply_tokens=50, max_new_tokens=5), 0.0)
+    _, steps = run(engine)
+    done = {f.request_id: f for s in steps for f in s.finished}
+    assert done["short"].reason is FinishReason.STOP and done["short"].completion_tokens == 3
+    assert done["cut"].reason is FinishReason.LENGTH and done["cut"].completion_tokens == 5
+    assert done["short"].timing.queued_s == 0.0
+    assert done["cut"].timing.queued_s > 0.0
+    assert done["cut"].timing.prefill_s > 0.0 and done["cut"].timing.decode_s > 0.0
+
+
+def test_time_scale_divides_durations() -> None:
+    """H1: time_scale runs the same model faster: every duration is divided by it."""
+    durations = []
+    for scale in (1.0, 10.0):
+        engine = EngineModel(replace(SMALL, time_scale=scale))
+        engine.submit(EngineRequest("r", text("a", 400), reply_tokens=20, max_new_tokens=30), 0.0)
+        _, steps = run(engine)
+        durations.append([s.duration for s in steps])
+    assert durations[0] == pytest.approx([d * 10 for d in durations[1]])
+
+
+def test_decode_cost_grows_with_batch_and_context() -> None:
+    """H1: decode step time grows with batch size and with context length."""
+
+    def first_decode(n: int, chars: int) -> float:
+        engine = EngineModel(replace(SMALL, kv_tokens=50_000, context_length=8192))
+        for i in range(n):
+            engine.submit(
+                EngineRequest(f"r{i}", text(f"p{i}", chars), reply_tokens=5, max_new_tokens=8), 0.0
+            )
+        t = 0.0
+        while True:
+            step = engine.step(t)
+            if step.kind is StepKind.DECODE:
+                return step.duration
+            t = step.end
+
+    assert first_decode(8, 400) > first_decode(1, 400)
+    assert first_decode(4, 8000) > first_decode(4, 400)
+
+
+def test_submit_rejects_requests_that_cannot_run() -> None:
+    """H1: prompts beyond the context, replies beyond it and duplicate ids are refused."""
+    engine = EngineModel(SMALL)
+    with pytest.raises(SubmitError, match="context length"):
+        engine.submit(EngineRequest("a", "x" * 5000, reply_tokens=1), 0.0)
+    with pytest.raises(SubmitError, match="maximum context length"):
+        engine.submit(EngineRequest("b", "x" * 400, reply_tokens=1, max_new_tokens=1000), 0.0)
+    engine.submit(EngineRequest("c", "x" * 40, reply_tokens=1, max_new_tokens=4), 0.0)
+    with pytest.raises(SubmitError, match="duplicate"):
+        engine.submit(EngineRequest("c", "x" * 40, reply_tokens=1, max_new_tokens=4), 0.0)
+    with pytest.raises(ValueError):
+        EngineParams(block_chars=30)
+
+
+# ------------------------------------------------------------ determinism
+
+
+def scenario(params: EngineParams) -> list[StepResult]:
+    engine = EngineModel(params)
+    t = 0.0
+    steps: list[StepResult] = []
+    for i in range(12):
+        engine.submit(
+            EngineRequest(
+                f"r{i}",
+                text(f"p{i % 3}", 300 + 37 * i),
+                reply_tokens=20 + 13 * i,
+                max_new_tokens=120,
+            ),
+            t,
+        )
+        for _ in range(3):
+            step = engine.step(t)
+            steps.append(step)
+            t = step.end if step.duration else t + 0.01
+    if engine.has_work():
+        engine.cancel("r11", t)
+    t, rest = run(engine, t)
+    return steps + rest
+
+
+def test_same_inputs_give_same_events() -> None:
+    """H1: the model is deterministic: the same inputs give the same events and times."""
+    params = replace(SMALL, kv_tokens=1500, max_running=5)
+    assert scenario(params) == scenario(params)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["submit", "step", "cancel"]),
+            st.integers(0, 7),
+            st.integers(1, 1200),
+            st.integers(1, 200),
+            st.one_of(st.none(), st.integers(1, 300)),
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_pool_never_overcommitted_and_everything_drains(
+    ops: list[tuple[str, int, int, int, int | None]],
+) -> None:
+    """H1: under any sequence of submits, steps and cancels the KV pool is never
+    over-committed, the running cap holds, and every request eventually finishes."""
+    params = EngineParams(
+        kv_tokens=1500, context_length=700, chunk_tokens=256, block_chars=32, max_running=4
+    )
+    engine = EngineModel(params)
+    t = 0.0
+    submitted: set[str] = set()
+    cancelled: set[str] = set()
+    done: set[str] = set()
+    for n, (op, tag, chars, reply, max_new) in enumerate(ops):
+        if op == "submit":
+            rid = f"r{n}"
+            try:
+                engine.submit(
+                    EngineRequest(
+                        rid, text(f"t{tag}", chars), reply_tokens=reply, max_new_tokens=max_new
+                    ),
+                    t,
+                )
+            except SubmitError:
+                continue
+            submitted.add(rid)
+        elif op == "cancel" and submitted - done - cancelled:
+            rid = sorted(submitted - done - cancelled)[tag % len(submitted - done - cancelled)]
+            assert engine.cancel(rid, t)
+            cancelled.add(rid)
+        else:
+            step = engine.step(t)
+            done.update(f.request_id for f in step.finished)
+            t = step.end
+        m = engine.metrics()
+        assert 0 <= m.used_tokens <= params.kv_tokens
+        assert m.used_tokens + m.evictable_tokens <= params.kv_tokens
+        assert m.running <= 4
+    t, steps = run(engine, t)
+    done.update(f.request_id for s in steps for f in s.finished)
+    assert done == submitted - cancelled
+    assert engine.metrics().used_tokens == 0
+
+
+# ------------------------------------------------------------------ script
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 5},
+                    "exact": {"type": "boolean"},
+                    "mode": {"type": "string", "enum": ["fast", "deep"]},
+                    "optional": {"type": "string"},
+                },
+                "required": ["query", "limit", "exact", "mode"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "deep_search", "parameters": {"type": "object"}}},
+]
+
+
+def test_script_calls_tools_until_enough_results_then_answers() -> None:
+    """H1: with tools offered the reply calls a tool until N tool results, then answers."""
+    messages: list[dict[str, object]] = [{"role": "user", "content": "find it"}]
+    opts = ScriptOptions(tool_results=2)
+    ids = set()
+    for i in range(2):
+        prompt = render_messages(messages, TOOLS)
+        plan = plan_reply(messages, TOOLS, opts, prompt_text=prompt)
+        assert plan.kind is ReplyKind.TOOL_CALL and plan.tool_call is not None
+        assert plan.tool_call.name == ("lookup", "deep_search")[i]
+        assert plan == plan_reply(messages, TOOLS, opts, prompt_text=prompt)
+        ids.add(plan.tool_call.id)
+        assert len(plan.pieces(10_000)) == plan.reply_tokens
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": plan.tool_call.id}]},
+            {"role": "tool", "tool_call_id": plan.tool_call.id, "content": "result"},
+        ]
+    assert len(ids) == 2
+    prompt = render_messages(messages, TOOLS)
+    final = plan_reply(messages, TOOLS, opts, prompt_text=prompt)
+    assert final.kind is ReplyKind.TEXT and 96 <= final.reply_tokens < 416
+    assert (
+        plan_reply(messages, TOOLS, opts, prompt_text=prompt, tool_results=3).kind
+        is ReplyKind.TOOL_CALL
+    )
+    assert (
+        plan_reply(messages[:1], TOOLS, opts, prompt_text="p", tool_choice="none").kind
+        is ReplyKind.TEXT
+    )
+
+
+def test_tool_arguments_fit_schema_and_wrong_types_option() -> None:
+    """H1: arguments fill required properties by type; wrong_types sends strings for numbers."""
+    schema = TOOLS[0]["function"]["parameters"]  # type: ignore[index]
+    args = fill_schema(schema, "s")
+    assert set(args) == {"query", "limit", "exact", "mode"}
+    assert isinstance(args["query"], str) and args["query"]
+    assert isinstance(args["limit"], int) and 1 <= args["limit"] <= 5
+    assert isinstance(args["exact"], bool)
+    assert args["mode"] in ("fast", "deep")
+    wrong = fill_schema(schema, "s", wrong_types=True)
+    assert wrong["limit"] == str(args["limit"])
+    assert wrong["exact"] in ("true", "false")
+
+
+def test_text_tool_calls_are_llama_style_json() -> None:
+    """H1: the text tool-call option writes {"name", "parameters"} as plain content."""
+    messages = [{"role": "user", "content": "go"}]
+    plan = plan_reply(messages, TOOLS, ScriptOptions(text_tool_calls=True), prompt_text="p")
+    assert plan.kind is ReplyKind.TEXT_TOOL_CALL
+    body = "".join(plan.pieces(10_000)).removeprefix("<|python_tag|>")
+    assert json.loads(body)["name"] == "lookup"
+    assert "query" in json.loads(body)["parameters"]
+
+
+def test_runaway_answers_never_stop_on_their_own() -> None:
+    """H1: with runaway_per_mille = 1000 every answer runs until max_tokens."""
+    plan = plan_reply(
+        [{"role": "user", "content": "x"}],
+        None,
+        ScriptOptions(runaway_per_mille=1000),
+        prompt_text="x",
+    )
+    assert plan.reply_tokens == RUNAWAY_TOKENS
+    assert len(plan.pieces(300)) == 300
+
+
+def test_label_logprobs_include_several_labels() -> None:
+    """H1 (for R13): when the prompt lists labels, the first token's top logprobs hold
+    several labels' first tokens, deterministically, and the reply starts with the top one."""
+    prompt = "Classify this message.\nlabels: lookup, urgent, chitchat\nMessage: the server is down"
+    assert extract_labels(prompt) == ["lookup", "urgent", "chitchat"]
+    top = label_distribution(prompt, "seed")
+    assert top == label_distribution(prompt, "seed")
+    tokens = [t for t, _ in top[:5]]
+    assert {"look", "urge", "chit"} <= set(tokens)
+    assert all(a[1] >= b[1] for a, b in itertools.pairwise(top))
+    assert all(lp < 0 for _, lp in top)
+    plan = plan_reply(
+        [{"role": "user", "content": prompt}], None, ScriptOptions(), prompt_text=prompt
+    )
+    assert plan.pieces(1) == [top[0][0]]
+    assert extract_labels("choose one:\n- red\n- green\n- blue") == ["red", "green", "blue"]
+
+
+def test_classify_is_deterministic_distribution() -> None:
+    """H1: /classify labels and probabilities are deterministic and sum to one."""
+    label, probs = classify("hello", ["a", "b", "c"])
+    assert (label, probs) == classify("hello", ["a", "b", "c"])
+    assert sum(probs) == pytest.approx(1.0)
+    assert label == ["a", "b", "c"][probs.index(max(probs))]
