@@ -1,0 +1,302 @@
+"""What the dataplane costs: added latency, and turns per second next to the SGLang router.
+
+    python tools/bench/overhead.py            # full: ~3 minutes
+    python tools/bench/overhead.py --quick    # ~1 minute
+
+Starts two fake engines with a fixed short reply (16 tokens, time-scaled so the
+engine itself takes almost no time), the scheduler and the dataplane, and the
+real SGLang router (``cache_aware``) in front of the same engines. Then, in one
+run, with arms alternated block by block:
+
+(a) latency of a streamed turn (request sent → ``[DONE]`` read), straight to an
+    engine and through the dataplane, one at a time and with 20 concurrent
+    streams; the dataplane's added latency is the difference of the two arms'
+    percentiles;
+(b) closed-loop throughput (turns/s) with many concurrent streams through the
+    dataplane, through the router, and straight to the engines.
+
+Everything runs on this machine, so all processes share its cores: the table
+reports the load average and each process's CPU seconds so the numbers can be
+read against that. Timings are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from luftpause.procs import ServiceProcess, launch, launch_sglang_router, stop_all
+
+MODEL = "llama-3.2-1b"
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "say something short"}],
+    "max_tokens": 16,
+    "stream": True,
+}
+
+
+@dataclass
+class Arm:
+    name: str
+    urls: list[str]  # base URLs (…/v1); requests rotate over them
+    headers: Callable[[int], dict[str, str]] = lambda worker: {}
+    latencies: list[float] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+async def one_turn(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    async with client.stream("POST", f"{url}/chat/completions", json=BODY, headers=headers) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        tail = b""
+        async for chunk in r.aiter_raw():
+            tail = (tail + chunk)[-32:]
+        if b"[DONE]" not in tail:
+            raise RuntimeError(f"{url}: stream ended without [DONE]")
+    return time.perf_counter() - t0
+
+
+async def latency_block(
+    client: httpx.AsyncClient, arm: Arm, concurrency: int, turns: int, offset: int
+) -> None:
+    """``turns`` turns spread over ``concurrency`` closed-loop workers."""
+    per_worker = max(1, turns // concurrency)
+
+    async def worker(w: int) -> None:
+        for i in range(per_worker):
+            url = arm.urls[(offset + w + i) % len(arm.urls)]
+            arm.latencies.append(await one_turn(client, url, arm.headers(w)))
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+
+
+async def throughput(
+    client: httpx.AsyncClient, arm: Arm, concurrency: int, seconds: float
+) -> float:
+    done = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        i = 0
+        while time.perf_counter() < stop_at:
+            await one_turn(client, arm.urls[(w + i) % len(arm.urls)], arm.headers(w))
+            done += 1
+            i += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return done / (time.perf_counter() - t0)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def write_config(path: Path, engines: list[str]) -> None:
+    text = "[scheduler]\ngrpc_port = 0\nhttp_port = 0\n"
+    for i, url in enumerate(engines):
+        text += (
+            f'[[endpoints]]\nname = "engine-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
+            'metrics = "sglang"\n'
+        )
+    path.write_text(text)
+
+
+async def measure(
+    args: argparse.Namespace, dataplane: str, router: str, engines: list[str], procs: dict[str, int]
+) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        direct = Arm("engine (direct)", [f"{u}/v1" for u in engines])
+        via = Arm(
+            "dataplane",
+            [f"{dataplane}/v1"],
+            lambda w: {"x-luftpause-run-id": f"bench-{w}", "x-luftpause-caller": "bench"},
+        )
+        # Warm-up: connections, caches, JIT-free Python paths.
+        for arm in (direct, via):
+            await latency_block(client, arm, 4, 40, 0)
+            arm.latencies.clear()
+        latency: dict[str, dict[str, dict[str, float]]] = {}
+        for concurrency, turns in ((1, args.sequential_turns), (20, args.concurrent_turns)):
+            for arm in (direct, via):
+                arm.latencies.clear()
+            blocks = args.blocks
+            for b in range(blocks):
+                order = [direct, via] if b % 2 == 0 else [via, direct]
+                for arm in order:
+                    await latency_block(client, arm, concurrency, turns // blocks, b)
+                print(f"  latency c={concurrency}: block {b + 1}/{blocks}", file=sys.stderr)
+            latency[str(concurrency)] = {
+                arm.name: {
+                    "n": len(arm.latencies),
+                    "p50_ms": percentile(arm.latencies, 50) * 1000,
+                    "p99_ms": percentile(arm.latencies, 99) * 1000,
+                    "mean_ms": statistics.fmean(arm.latencies) * 1000,
+                }
+                for arm in (direct, via)
+            }
+        router_arm = Arm("sglang router (cache_aware)", [f"{router}/v1"])
+        through: dict[str, list[float]] = {via.name: [], router_arm.name: [], direct.name: []}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+        for rep in range(args.repeat):
+            order = [via, router_arm, direct] if rep % 2 == 0 else [direct, router_arm, via]
+            for arm in order:
+                rate = await throughput(client, arm, args.throughput_concurrency, args.seconds)
+                through[arm.name].append(rate)
+                print(f"  throughput {arm.name}: {rate:.0f} turns/s", file=sys.stderr)
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in procs.items()}
+    return {"latency": latency, "throughput": through, "cpu_s_during_throughput": cpu}
+
+
+def render(result: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = ["## Added latency (streamed 16-token turn, request → [DONE])", ""]
+    lines.append("| concurrency | arm | n | p50 ms | p99 ms | added p50 ms | added p99 ms |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for conc, arms in result["latency"].items():
+        direct = arms["engine (direct)"]
+        for name, m in arms.items():
+            added = name != "engine (direct)"
+            extra = "– | – |"
+            if added:
+                d50, d99 = m["p50_ms"] - direct["p50_ms"], m["p99_ms"] - direct["p99_ms"]
+                extra = f"{d50:+.2f} | {d99:+.2f} |"
+            lines.append(
+                f"| {conc} | {name} | {m['n']} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | {extra}"
+            )
+    lines += [
+        "",
+        f"## Throughput ({args.throughput_concurrency} concurrent streams, "
+        f"{args.seconds:.0f} s per arm, {args.repeat} repetitions)",
+        "",
+    ]
+    lines.append("| arm | turns/s (each repetition) | mean |")
+    lines.append("|---|---|---|")
+    for name, rates in result["throughput"].items():
+        each = ", ".join(f"{r:.0f}" for r in rates)
+        lines.append(f"| {name} | {each} | {statistics.fmean(rates):.0f} |")
+    t = result["throughput"]
+    ratio = statistics.fmean(t["dataplane"]) / statistics.fmean(t["sglang router (cache_aware)"])
+    lines += ["", f"dataplane / router throughput: {ratio:.2f}", ""]
+    lines.append(
+        "CPU seconds used by each process during the throughput runs: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in result["cpu_s_during_throughput"].items())
+    )
+    lines.append(
+        f"Machine: {os.cpu_count()} cores; load average at the end "
+        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}."
+    )
+    c20 = result["latency"]["20"]
+    added50 = c20["dataplane"]["p50_ms"] - c20["engine (direct)"]["p50_ms"]
+    added99 = c20["dataplane"]["p99_ms"] - c20["engine (direct)"]["p99_ms"]
+    lines += [
+        "",
+        "Goals: added p50 ≤ 2 ms and p99 ≤ 10 ms at 20 concurrent streams "
+        f"(measured {added50:+.2f} / {added99:+.2f} ms: "
+        f"{'met' if added50 <= 2 and added99 <= 10 else 'missed'}); throughput ≥ 0.5× the "
+        f"router's (measured {ratio:.2f}×: {'met' if ratio >= 0.5 else 'missed'}).",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer turns, shorter runs")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    args = parser.parse_args()
+    args.sequential_turns = 100 if args.quick else 300
+    args.concurrent_turns = 400 if args.quick else 1200
+    args.blocks = 4 if args.quick else 6
+    args.seconds = 5.0 if args.quick else 10.0
+    args.repeat = 2 if args.quick else 3
+    args.throughput_concurrency = 64
+    with tempfile.TemporaryDirectory(prefix="luftpause-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        started: list[ServiceProcess] = []
+
+        def start(*a: str, name: str) -> ServiceProcess:
+            svc = launch(a, name=name, ready_file=tmp / f"{name}.json", stderr=tmp / f"{name}.log")
+            started.append(svc)
+            svc.wait_ready(60)
+            return svc
+
+        router = None
+        try:
+            engines = [
+                start(
+                    "fake-engine",
+                    "--port",
+                    "0",
+                    "--time-scale",
+                    "1000",
+                    "--chunk-tokens",
+                    "4",
+                    "--log-level",
+                    "WARNING",
+                    name=f"engine-{i}",
+                ).urls["http"]
+                for i in range(2)
+            ]
+            write_config(tmp / "stack.toml", engines)
+            sched = start(
+                "scheduler",
+                "--config",
+                str(tmp / "stack.toml"),
+                "--log-level",
+                "WARNING",
+                name="scheduler",
+            )
+            dp = start(
+                "dataplane",
+                "--config",
+                str(tmp / "stack.toml"),
+                "--port",
+                "0",
+                "--scheduler",
+                f"127.0.0.1:{sched.ports['grpc']}",
+                "--log-level",
+                "WARNING",
+                name="dataplane",
+            )
+            router = launch_sglang_router(engines, "cache_aware", tmp / "router.log", MODEL)
+            procs = {s.name: s.pid for s in started}
+            procs["sglang-router"] = router.proc.pid
+            print("stack up; measuring (progress on stderr)", file=sys.stderr)
+            result = asyncio.run(measure(args, dp.urls["http"], router.url, engines, procs))
+        finally:
+            if router is not None:
+                router.stop()
+            stop_all(started)
+    table = render(result, args)
+    print(f"Command: python tools/bench/overhead.py{' --quick' if args.quick else ''}\n")
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
