@@ -33,7 +33,7 @@ def setup_logging(service: str, level: str = "INFO") -> None:
         stream=sys.stderr,
     )
     # Per-request client logs drown the service's own; keep them for debugging only.
-    for noisy in ("httpx", "httpcore", "mcp", "uvicorn.access"):
+    for noisy in ("httpx", "httpx2", "httpcore", "mcp", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 

@@ -1,0 +1,599 @@
+"""The runtime: spawning runs, the agent loop (R4-R7), approvals (R11), budgets (R10).
+
+Run lifecycle
+-------------
+``spawn`` journals a ``spawn`` record (durable before the handle is returned)
+and starts one asyncio task running :meth:`Runtime.drive`. The loop:
+
+1. checks the subtree budgets (a turn begins);
+2. sends a turn through the dataplane, offering the run's tools while it has
+   tool calls left (R7: after ``maxToolCalls`` none are offered, so the model
+   must answer; turns per run <= budget + 1);
+3. a reply without tool calls (structured, or written as text and recovered,
+   R6) ends the run ``Completed`` with the reply as its result;
+4. otherwise journals the turn (``turn`` record), checks the budgets (a tool
+   round begins), asks for approval where needed (state ``AwaitingApproval``),
+   executes the calls (hygiene first; concurrently with ``parallelToolCalls``)
+   without holding any turn slot, and journals the round (``tools`` record);
+5. and goes back to 1.
+
+A run ends ``Completed``, ``Failed`` (a turn failed for good) or ``Cancelled``
+(``cancel`` or a budget). Every end is journaled and reported to the dataplane
+(``DELETE /v1/runs/{id}``, R15). On shutdown the tasks are cancelled without an
+end record: the journal resumes them at the next start (see ``journal.py``).
+
+Cancellation of a subtree changes the state of every victim synchronously
+(apply the ``end`` records) before any task is cancelled or any write awaited,
+so a caller that reads the state next sees the whole subtree ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from luftpause.config import RuntimeSettings
+from luftpause.runtime.hygiene import check_call, recover_text_tool_calls
+from luftpause.runtime.journal import Journal
+from luftpause.runtime.llm import DataplaneClient, Identity, TurnFailed
+from luftpause.runtime.runs import (
+    PendingApproval,
+    Registry,
+    Run,
+    RunSpec,
+    RunState,
+    Usage,
+)
+from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
+
+log = logging.getLogger("luftpause.runtime")
+
+DECLINED = "Error: the user declined this tool call"
+SERVICE_CLASSES = ("interactive", "batch")
+
+
+class RuntimeError_(Exception):
+    """A request the runtime refuses; the message is shown to the MCP client as is."""
+
+
+class BudgetTripped(Exception):
+    """Raised in the run whose check tripped a budget; the subtree is already ended."""
+
+
+@dataclass
+class SpawnRequest:
+    task: str
+    model: str | None = None
+    service_class: str | None = None
+    system: str | None = None
+    max_tool_calls: int = 8
+    tools: list[str] | None = None
+    max_tokens: int = 256
+    parallel_tool_calls: bool = False
+    parent: str | None = None
+    budget_tokens: int | None = None
+    budget_tool_calls: int | None = None
+    budget_seconds: float | None = None
+    approve_tools: list[str] | None = None
+
+
+@dataclass
+class Runtime:
+    settings: RuntimeSettings
+    journal: Journal
+    llm: DataplaneClient
+    hub: ToolHub
+    registry: Registry = field(default_factory=Registry)
+    clock: Callable[[], float] = time.time
+    _timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    _background: set[asyncio.Task[Any]] = field(default_factory=set)
+    _stopping: bool = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def recover(self, records: list[dict[str, Any]]) -> list[Run]:
+        """Replay the journal (idempotent) and start every unfinished run again."""
+        for record in records:
+            self.registry.apply(record)
+        resumed = [r for r in self.registry.runs.values() if not r.done]
+        for run in resumed:
+            if run.task is None or run.task.done():
+                self._start(run)
+        for run in self.registry.runs.values():
+            self._arm_timer(run)
+        done = len(self.registry.runs) - len(resumed)
+        log.info("journal: %d finished runs, %d resumed", done, len(resumed))
+        return resumed
+
+    async def shutdown(self) -> None:
+        """Stop every run without ending it (the journal resumes them) and close."""
+        self._stopping = True
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        tasks = [r.task for r in self.registry.runs.values() if r.task and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        if self._background:
+            await asyncio.wait(self._background, timeout=3.0)
+        await self.journal.close()
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        # A fresh context: a run must not inherit the MCP request's cancel scope or vars.
+        task = asyncio.get_running_loop().create_task(
+            coro, name=name, context=contextvars.Context()
+        )
+        return task
+
+    def _background_task(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        task = self._spawn_task(coro, name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _start(self, run: Run) -> None:
+        run.task = self._spawn_task(self.drive(run), f"run-{run.id}")
+
+    async def _record(self, record: dict[str, Any]) -> None:
+        """Apply a record to the state, then make it durable."""
+        self.registry.apply(record)
+        await self.journal.append(record)
+
+    # ------------------------------------------------------------------ spawn
+
+    def offered_tools(self, spec: RunSpec) -> list[UpstreamTool]:
+        tools = list(self.hub.tools.values())
+        if spec.tools is not None:
+            wanted = set(spec.tools)
+            tools = [t for t in tools if t.name in wanted or t.remote_name in wanted]
+        return tools
+
+    async def default_model(self) -> str:
+        if self.settings.default_model:
+            return self.settings.default_model
+        try:
+            models = await self.llm.models()
+        except TurnFailed as exc:
+            raise RuntimeError_(f"no model given and none configured; {exc}") from None
+        if not models:
+            raise RuntimeError_("no model given, none configured, and the dataplane lists none")
+        return models[0]
+
+    async def spawn(self, req: SpawnRequest, caller: str) -> Run:
+        parent: Run | None = None
+        if req.parent is not None:
+            parent = self.registry.runs.get(req.parent)
+            if parent is None:
+                raise RuntimeError_(f"unknown parent handle {req.parent!r}")
+        if req.service_class is not None and req.service_class not in SERVICE_CLASSES:
+            raise RuntimeError_(
+                f"serviceClass must be 'interactive' or 'batch', got {req.service_class!r}"
+            )
+        for label, names in (("tools", req.tools), ("approveTools", req.approve_tools)):
+            if not names:
+                continue
+            if not self.hub.tools:
+                await self.hub.refresh()
+            known = set(self.hub.tools) | {t.remote_name for t in self.hub.tools.values()}
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise RuntimeError_(
+                    f"{label}: unknown tool(s) {', '.join(map(repr, unknown))}; available: "
+                    f"{', '.join(sorted(self.hub.tools)) or '(none: no tool server is connected)'}"
+                )
+        model = req.model or await self.default_model()
+        service_class = req.service_class or (
+            parent.spec.service_class if parent is not None else "interactive"
+        )
+        spec = RunSpec(
+            task=req.task,
+            model=model,
+            service_class=service_class,
+            system=req.system,
+            max_tool_calls=req.max_tool_calls,
+            tools=tuple(req.tools) if req.tools is not None else None,
+            max_tokens=req.max_tokens,
+            parallel_tool_calls=req.parallel_tool_calls,
+            budget_tokens=req.budget_tokens,
+            budget_tool_calls=req.budget_tool_calls,
+            budget_seconds=req.budget_seconds,
+            approve_tools=tuple(req.approve_tools or ()),
+        )
+        run_id = f"run-{uuid.uuid4().hex[:16]}"
+        record = {
+            "t": "spawn",
+            "run": run_id,
+            "spec": spec.to_json(),
+            "parent": parent.id if parent is not None else None,
+            "created": self.clock(),
+            "caller": caller,
+        }
+        await self._record(record)
+        run = self.registry.runs[run_id]
+        self._start(run)
+        for owner in self.registry.ancestors(run):  # later spawns count against older budgets
+            self._arm_timer(owner)
+        return run
+
+    # ------------------------------------------------------------------ the loop
+
+    async def drive(self, run: Run) -> None:
+        try:
+            await self._loop(run)
+        except asyncio.CancelledError:
+            if run.done:
+                return  # ended by cancel or a budget: already journaled
+            raise  # shutdown: the journal resumes the run at the next start
+        except BudgetTripped:
+            return
+        except TurnFailed as exc:
+            await self.finish(run, RunState.FAILED, error=str(exc))
+        except Exception as exc:
+            log.exception("run %s crashed", run.id)
+            await self.finish(run, RunState.FAILED, error=f"internal error: {exc!r}")
+
+    def identity(self, run: Run) -> Identity:
+        return Identity(run.id, run.spec.service_class, run.caller or "anonymous")
+
+    async def _loop(self, run: Run) -> None:
+        spec = run.spec
+        while not run.done:
+            seq = run.open_seq
+            if seq is None:
+                await self._check_budgets(run)
+                offered = self.offered_tools(spec) if run.calls_made < spec.max_tool_calls else []
+                body: dict[str, Any] = {"model": spec.model, "messages": run.conversation()}
+                if spec.max_tokens > 0:
+                    body["max_tokens"] = spec.max_tokens
+                if offered:
+                    body["tools"] = [t.openai_tool() for t in offered]
+                    body["parallel_tool_calls"] = spec.parallel_tool_calls
+                started = time.monotonic()
+                data = await self.llm.chat(body, self.identity(run))
+                elapsed = time.monotonic() - started
+                found = data.get("usage")
+                raw_usage: dict[str, Any] = found if isinstance(found, dict) else {}
+                usage = Usage(
+                    turns=1,
+                    prompt_tokens=int(raw_usage.get("prompt_tokens") or 0),
+                    completion_tokens=int(raw_usage.get("completion_tokens") or 0),
+                    turn_seconds=elapsed,
+                )
+                message = data["choices"][0].get("message") or {}
+                seq = run.next_seq
+                calls = self._tool_calls(run, seq, message, offered)
+                if not calls:
+                    content = message.get("content")
+                    await self.finish(
+                        run,
+                        RunState.COMPLETED,
+                        result=content if isinstance(content, str) else "",
+                        usage=usage,
+                    )
+                    return
+                left = spec.max_tool_calls - run.calls_made
+                if len(calls) > left:
+                    log.info(
+                        "run %s: reply asked for %d calls, %d left in its budget; extra "
+                        "calls dropped",
+                        run.id,
+                        len(calls),
+                        left,
+                    )
+                    calls = calls[:left]
+                assistant: dict[str, Any] = {
+                    "role": "assistant",
+                    "content": message.get("content") if message.get("tool_calls") else None,
+                    "tool_calls": calls,
+                }
+                await self._record(
+                    {
+                        "t": "turn",
+                        "run": run.id,
+                        "seq": seq,
+                        "message": assistant,
+                        "usage": usage.to_json(),
+                    }
+                )
+            calls = list(run.turns[seq].get("tool_calls") or [])
+            await self._check_budgets(run, new_tool_calls=len(calls))
+            results, usage = await self._round(run, seq, calls)
+            if run.done:
+                return
+            await self._record(
+                {
+                    "t": "tools",
+                    "run": run.id,
+                    "seq": seq,
+                    "results": results,
+                    "usage": usage.to_json(),
+                }
+            )
+
+    def _tool_calls(
+        self, run: Run, seq: int, message: dict[str, Any], offered: list[UpstreamTool]
+    ) -> list[dict[str, Any]]:
+        """The reply's tool calls in structured form (recovered from text if need be)."""
+        if not offered:
+            return []  # R7: no tools offered, so whatever the model wrote is its answer
+        calls: list[dict[str, Any]] = []
+        for i, call in enumerate(message.get("tool_calls") or []):
+            if not isinstance(call, dict):
+                continue
+            found = call.get("function")
+            fn: dict[str, Any] = found if isinstance(found, dict) else {}
+            args = fn.get("arguments")
+            calls.append(
+                {
+                    "id": str(call.get("id") or f"call_{run.id}_{seq}_{i}"),
+                    "type": "function",
+                    "function": {
+                        "name": str(fn.get("name") or ""),
+                        "arguments": args if isinstance(args, str) else json.dumps(args or {}),
+                    },
+                }
+            )
+        if calls:
+            return calls
+        recovered = recover_text_tool_calls(message.get("content"), [t.name for t in offered])
+        if recovered:
+            log.info("run %s: recovered %d tool call(s) written as text", run.id, len(recovered))
+        return [
+            {
+                "id": f"call_{run.id}_{seq}_{i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for i, c in enumerate(recovered)
+        ]
+
+    def _needs_approval(self, run: Run, tool: UpstreamTool) -> bool:
+        named = set(run.spec.approve_tools)
+        return tool.destructive_needs_approval or tool.name in named or tool.remote_name in named
+
+    async def _round(
+        self, run: Run, seq: int, calls: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], Usage]:
+        offered = {t.name: t for t in self.offered_tools(run.spec)}
+        outcomes: list[ToolOutcome | None] = [None] * len(calls)
+        planned: list[tuple[int, UpstreamTool, dict[str, Any]]] = []
+        for i, call in enumerate(calls):
+            name = call["function"]["name"]
+            tool = offered.get(name)
+            if tool is None:
+                outcomes[i] = ToolOutcome(
+                    f"Error: there is no tool named {name!r}; available tools: "
+                    f"{', '.join(offered) or 'none'}",
+                    True,
+                )
+                continue
+            check = check_call(name, call["function"]["arguments"], tool.input_schema)
+            if check.refusal is not None or check.arguments is None:
+                outcomes[i] = ToolOutcome(check.refusal or "Error: invalid arguments", True)
+                continue
+            planned.append((i, tool, check.arguments))
+        # Approvals one at a time, in call order, before anything runs.
+        runnable: list[tuple[int, UpstreamTool, dict[str, Any]]] = []
+        for i, tool, args in planned:
+            if self._needs_approval(run, tool):
+                allow = await self.request_approval(run, f"{seq}:{i}", tool.name, args)
+                if not allow:
+                    outcomes[i] = ToolOutcome(DECLINED, True)
+                    continue
+            runnable.append((i, tool, args))
+        durations: list[float] = []
+
+        async def execute(i: int, tool: UpstreamTool, args: dict[str, Any]) -> None:
+            started = time.monotonic()
+            outcomes[i] = await self.hub.call(tool, args)
+            durations.append(time.monotonic() - started)
+
+        if run.spec.parallel_tool_calls and len(runnable) > 1:
+            await asyncio.gather(*(execute(i, t, a) for i, t, a in runnable))
+        else:
+            for i, tool, args in runnable:
+                await execute(i, tool, args)
+        results = []
+        failed = 0
+        for call, outcome in zip(calls, outcomes, strict=True):
+            assert outcome is not None
+            failed += outcome.is_error
+            results.append({"role": "tool", "tool_call_id": call["id"], "content": outcome.text})
+        usage = Usage(tool_calls=len(calls), failed_tool_calls=failed, tool_seconds=sum(durations))
+        return results, usage
+
+    # ------------------------------------------------------------------ approvals
+
+    async def request_approval(
+        self, run: Run, key: str, tool: str, arguments: dict[str, Any]
+    ) -> bool:
+        """Wait for the user's decision on one call (reused when already journaled)."""
+        if key in run.approvals:
+            return run.approvals[key]
+        decided: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        pending = PendingApproval(key, tool, arguments, decided)
+        run.pending = pending
+        run.state = RunState.AWAITING_APPROVAL
+        self.registry.notify(run)
+        try:
+            return await decided
+        finally:
+            if run.pending is pending:
+                run.pending = None
+                if not run.done:
+                    run.state = RunState.RUNNING
+                self.registry.notify(run)
+
+    async def decide_approval(self, run: Run, allow: bool, key: str | None = None) -> None:
+        pending = run.pending
+        if run.done:
+            raise RuntimeError_(f"run {run.id} has already ended ({run.state.value})")
+        if pending is None or (key is not None and pending.key != key):
+            raise RuntimeError_(f"run {run.id} is not waiting for an approval")
+        if pending.key in run.approvals or pending.decided.done():
+            raise RuntimeError_(f"run {run.id}: this tool call was already answered")
+        await self._record(
+            {
+                "t": "approval",
+                "run": run.id,
+                "key": pending.key,
+                "tool": pending.tool,
+                "arguments": pending.arguments,
+                "allow": allow,
+            }
+        )
+        if not pending.decided.done():
+            pending.decided.set_result(allow)
+
+    # ------------------------------------------------------------------ ending
+
+    def _end_now(
+        self,
+        run: Run,
+        state: RunState,
+        *,
+        result: str | None = None,
+        error: str | None = None,
+        usage: Usage | None = None,
+    ) -> dict[str, Any] | None:
+        """End the run in memory at once; the returned record still has to be written."""
+        if run.done:
+            return None
+        pending = run.pending
+        record = {
+            "t": "end",
+            "run": run.id,
+            "state": state.value,
+            "result": result,
+            "error": error,
+            "usage": (usage or Usage()).to_json(),
+            "time": self.clock(),
+        }
+        self.registry.apply(record)
+        if pending is not None and not pending.decided.done():
+            pending.decided.cancel()
+        task = run.task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+        self._disarm_timer(run)
+        self._background_task(self.llm.end_run(run.id), f"end-{run.id}")
+        return record
+
+    async def finish(
+        self,
+        run: Run,
+        state: RunState,
+        *,
+        result: str | None = None,
+        error: str | None = None,
+        usage: Usage | None = None,
+    ) -> None:
+        record = self._end_now(run, state, result=result, error=error, usage=usage)
+        if record is not None:
+            await self.journal.append(record)
+
+    async def cancel_tree(self, run: Run, reason: str) -> list[str]:
+        """End every unfinished run in the subtree as ``Cancelled`` with ``reason``."""
+        records = []
+        ended = []
+        for victim in list(self.registry.descendants(run)):
+            record = self._end_now(victim, RunState.CANCELLED, error=reason)
+            if record is not None:
+                records.append(record)
+                ended.append(victim.id)
+        await asyncio.gather(*(self.journal.append(r) for r in records))
+        return ended
+
+    # ------------------------------------------------------------------ budgets
+
+    async def _check_budgets(self, run: Run, *, new_tool_calls: int = 0) -> None:
+        breach = self.registry.budget_breach(run, self.clock(), new_tool_calls=new_tool_calls)
+        if breach is None:
+            return
+        owner, message = breach
+        await self.trip(owner, message)
+        raise BudgetTripped(message)
+
+    async def trip(self, owner: Run, message: str) -> None:
+        """The budget ``owner`` holds is exceeded: record it and cancel the subtree."""
+        if owner.budget_exceeded is None:
+            log.info("run %s: %s", owner.id, message)
+            record = {"t": "budget", "run": owner.id, "message": message}
+            self.registry.apply(record)
+            writes = [self.journal.append(record)]
+        else:
+            writes = []
+        await asyncio.gather(*writes, self.cancel_tree(owner, message))
+
+    def _arm_timer(self, run: Run) -> None:
+        """R10: a seconds budget trips even when nothing in the subtree is doing work."""
+        seconds = run.spec.budget_seconds
+        if seconds is None or run.budget_exceeded is not None or self._stopping:
+            return
+        if run.id in self._timers:
+            return
+        if all(r.done for r in self.registry.descendants(run)):
+            return
+        delay = max(0.0, run.created + seconds - self.clock())
+        loop = asyncio.get_running_loop()
+        self._timers[run.id] = loop.call_later(delay, self._on_timer, run.id)
+
+    def _disarm_timer(self, run: Run) -> None:
+        # Only the owner's own timer; it stays armed while descendants still run.
+        if run.spec.budget_seconds is None:
+            return
+        if all(r.done for r in self.registry.descendants(run)):
+            handle = self._timers.pop(run.id, None)
+            if handle is not None:
+                handle.cancel()
+
+    def _on_timer(self, run_id: str) -> None:
+        self._timers.pop(run_id, None)
+        owner = self.registry.runs.get(run_id)
+        if owner is None or owner.budget_exceeded is not None:
+            return
+        if all(r.done for r in self.registry.descendants(owner)):
+            return
+        message = self.registry.owner_breach(owner, self.clock())
+        if message is None:  # clock skew: not yet; look again shortly
+            self._timers[run_id] = asyncio.get_running_loop().call_later(
+                0.05, self._on_timer, run_id
+            )
+            return
+        self._background_task(self.trip(owner, message), f"budget-{run_id}")
+
+    # ------------------------------------------------------------------ views
+
+    def run_json(self, run: Run) -> dict[str, Any]:
+        now = self.clock()
+        out: dict[str, Any] = {
+            "handle": run.id,
+            "state": run.state.value,
+            "parent": run.parent,
+            "children": list(run.children),
+            "model": run.spec.model,
+            "serviceClass": run.spec.service_class,
+            "result": run.result,
+            "error": run.error,
+            "turns": run.own.turns,
+            "toolCalls": run.own.tool_calls,
+            "failedToolCalls": run.own.failed_tool_calls,
+            "usage": run.own.to_json(),
+            "elapsedSeconds": round((run.ended or now) - run.created, 3),
+        }
+        if run.children:
+            out["subtree"] = run.subtree.to_json()
+        if run.pending is not None:
+            out["pendingApproval"] = run.pending.to_json()
+        budget = self.registry.budget_json(run, now)
+        if budget is not None:
+            out["budget"] = budget
+        return out

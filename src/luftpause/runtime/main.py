@@ -1,0 +1,160 @@
+"""``luftpause runtime``: the MCP sub-agent runtime on :7000 (``/mcp``, ``GET /status``).
+
+Start-up order: bind the socket, open and replay the journal (``runs.jsonl``
+under the state dir), connect the upstream tool servers, resume unfinished runs,
+then accept connections and write the ready file. SIGTERM/SIGINT stop the
+server; running sub-agents are not ended but resume at the next start.
+
+Default service class of ``spawn`` (R2, S4). The dataplane treats a turn with
+no class as ``batch``; a sub-agent spawned over MCP is different: the MCP
+client (Claude Code, Cursor, ...) spawns it on behalf of a person who is
+waiting on ``await`` or ``run``, which is what the ``interactive`` class is for.
+The reference product's MCP measurements also treat the MCP client's
+sub-agents as the interactive work that batch floods must not delay, and its
+batch load comes from generators that name their class explicitly. So:
+``serviceClass`` defaults to the parent run's class when ``parent`` is given
+(a subtree is one piece of work), else ``interactive``. Pipelines that fan out
+bulk work pass ``serviceClass: "batch"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from luftpause.config import RuntimeSettings, StackConfig, load_secrets
+from luftpause.runtime.journal import Journal, JournalError
+from luftpause.runtime.llm import DataplaneClient
+from luftpause.runtime.loop import Runtime
+from luftpause.runtime.server import MCP_PATH, build_app
+from luftpause.runtime.upstream import ToolHub
+from luftpause.serving import (
+    add_service_arguments,
+    bind_socket,
+    bound_port,
+    load_config_or_exit,
+    run_async,
+    setup_logging,
+    uvicorn_server,
+    wait_started,
+    write_ready_file,
+)
+
+SERVICE = "runtime"
+log = logging.getLogger("luftpause.runtime")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_service_arguments(
+        parser, port_help="HTTP port for /mcp and /status (default: runtime.port, 7000)"
+    )
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where runs.jsonl lives (default: runtime.state_dir, ./state)",
+    )
+    parser.add_argument(
+        "--dataplane-url",
+        metavar="URL",
+        help="base URL of the dataplane, without /v1 (default: runtime.dataplane_url)",
+    )
+    parser.add_argument(
+        "--default-model",
+        metavar="NAME",
+        help="model for spawn when none is given (default: runtime.default_model, else the "
+        "first model the dataplane lists)",
+    )
+
+
+def settings_from(config: StackConfig, args: argparse.Namespace) -> RuntimeSettings:
+    """``config.runtime`` with the command-line overrides, validated like the file."""
+    data = config.runtime.model_dump()
+    for flag, key in (
+        ("state_dir", "state_dir"),
+        ("dataplane_url", "dataplane_url"),
+        ("default_model", "default_model"),
+        ("host", "host"),
+        ("port", "port"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            data[key] = value
+    try:
+        return RuntimeSettings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {str(e['msg']).removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise SystemExit(f"luftpause runtime: bad option: {problems}") from None
+
+
+async def _wait_either(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+
+
+async def serve(
+    settings: RuntimeSettings, token: str | None, args: argparse.Namespace, stop: asyncio.Event
+) -> int:
+    host = settings.host
+    sock = bind_socket(host, settings.port)
+    port = bound_port(sock)
+    journal = Journal(Path(settings.state_dir))
+    try:
+        records = journal.open()
+    except JournalError as exc:
+        raise SystemExit(f"luftpause runtime: {exc}") from None
+    llm = DataplaneClient(
+        settings.dataplane_url,
+        token=token,
+        turn_timeout_s=settings.turn_timeout_s,
+        retry_after_default_s=settings.retry_after_default_s,
+    )
+    hub = ToolHub(settings.tool_servers)
+    rt = Runtime(settings, journal, llm, hub)
+
+    async def on_start() -> None:
+        await hub.start()
+        rt.recover(records)
+
+    async def on_stop() -> None:
+        await rt.shutdown()
+        await hub.close()
+        await llm.aclose()
+
+    app = build_app(rt, host=host, token=token, on_start=on_start, on_stop=on_stop)
+    server = uvicorn_server(app, log_level="debug" if args.log_level == "DEBUG" else "warning")
+    task: asyncio.Task[None] = asyncio.create_task(server.serve(sockets=[sock]))
+    await wait_started(server, task)
+    write_ready_file(args.ready_file, SERVICE, {"http": port}, host)
+    log.info(
+        "runtime listening on http://%s:%d%s (dataplane %s, state %s)",
+        host,
+        port,
+        MCP_PATH,
+        settings.dataplane_url,
+        settings.state_dir,
+    )
+    await _wait_either(task, stop)
+    server.should_exit = True
+    await task
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    setup_logging(SERVICE, args.log_level)
+    config: StackConfig = load_config_or_exit(args.config)
+    settings = settings_from(config, args)
+    # Only the token matters here; engine API keys are the dataplane's business.
+    secrets = load_secrets(config.model_copy(update={"endpoints": ()}))
+    if not secrets.token:
+        log.warning("LUFTPAUSE_TOKEN is not set: /mcp and /status accept every request (X2)")
+    return run_async(lambda stop: serve(settings, secrets.token, args, stop))

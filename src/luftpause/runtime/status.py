@@ -1,0 +1,51 @@
+"""``GET /status`` (R9): the run tree with each run's own work and its subtree totals."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from luftpause.runtime.loop import Runtime
+    from luftpause.runtime.runs import Run
+
+
+def _node(rt: Runtime, run: Run, now: float, depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {
+        "handle": run.id,
+        "state": run.state.value,
+        "parent": run.parent,
+        "task": run.spec.task[:120],
+        "model": run.spec.model,
+        "serviceClass": run.spec.service_class,
+        "own": run.own.to_json(),
+        "subtree": run.subtree.to_json(),
+    }
+    if run.error:
+        node["error"] = run.error
+    if run.pending is not None:
+        node["pendingApproval"] = run.pending.to_json()
+    budget = rt.registry.budget_json(run, now)
+    if budget is not None:
+        node["budget"] = budget
+    children = [rt.registry.runs[c] for c in run.children if c in rt.registry.runs]
+    # Deep trees are cut at 64 levels; the handles below are still listed.
+    node["children"] = (
+        [_node(rt, c, now, depth + 1) for c in children] if depth < 64 else [c.id for c in children]
+    )
+    return node
+
+
+def status_tree(rt: Runtime) -> dict[str, Any]:
+    now = rt.clock()
+    runs = rt.registry.runs
+    roots = [r for r in runs.values() if r.parent is None or r.parent not in runs]
+    counts: dict[str, int] = {}
+    for r in runs.values():
+        counts[r.state.value] = counts.get(r.state.value, 0) + 1
+    return {
+        "service": "runtime",
+        "runs": len(runs),
+        "byState": counts,
+        "tools": rt.hub.status(),
+        "tree": [_node(rt, r, now, 0) for r in roots],
+    }

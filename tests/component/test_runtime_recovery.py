@@ -1,0 +1,162 @@
+"""R8, R11, R15: the runtime in process - approvals and rounds across a restart.
+
+The dataplane is an ``httpx.MockTransport`` that scripts the model; the tool hub
+is replaced by one destructive tool whose calls are counted and can be held
+open, so a "crash" (shutdown without ending the run) can happen mid-round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from luftpause.config import RuntimeSettings
+from luftpause.runtime.journal import Journal
+from luftpause.runtime.llm import DataplaneClient
+from luftpause.runtime.loop import DECLINED, Runtime, SpawnRequest
+from luftpause.runtime.runs import RunState
+from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
+
+RM = UpstreamTool(
+    name="rm", server="fake", remote_name="rm", description="remove a file",
+    input_schema={"type": "object", "properties": {"path": {"type": "string"}},
+                  "required": ["path"]},
+    read_only=False, destructive=True,
+)  # fmt: skip
+
+
+class Hub(ToolHub):
+    def __init__(self) -> None:
+        super().__init__(())
+        self.tools = {"rm": RM}
+        self.calls: list[dict[str, Any]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def call(self, tool: UpstreamTool, arguments: dict[str, Any]) -> ToolOutcome:
+        await self.gate.wait()
+        self.calls.append(arguments)
+        return ToolOutcome(f"removed {arguments['path']}", False)
+
+    async def refresh(self) -> None:
+        return None
+
+
+def model(request: httpx.Request) -> httpx.Response:
+    """Calls rm on /a, then on /b, then answers; DELETE /v1/runs/... is a 404 (engine)."""
+    if request.method == "DELETE":
+        return httpx.Response(404, json={"detail": "Not Found"})
+    body = json.loads(request.content)
+    done = sum(1 for m in body["messages"] if m["role"] == "tool")
+    if done < 2 and body.get("tools"):
+        path = "/a" if done == 0 else "/b"
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": f"c{done}", "type": "function",
+                            "function": {"name": "rm", "arguments": json.dumps({"path": path})}}],
+        }  # fmt: skip
+    else:
+        message = {"role": "assistant", "content": "all done"}
+    return httpx.Response(
+        200,
+        json={"choices": [{"index": 0, "message": message}],
+              "usage": {"prompt_tokens": 7, "completion_tokens": 3}},
+    )  # fmt: skip
+
+
+def runtime(state: Path, hub: Hub) -> tuple[Runtime, list[dict[str, Any]]]:
+    settings = RuntimeSettings(state_dir=str(state), default_model="m")
+    journal = Journal(state)
+    records = journal.open()
+    llm = DataplaneClient(
+        "http://dataplane.test", token=None, turn_timeout_s=30, retry_after_default_s=0.01,
+        transport=httpx.MockTransport(model),
+    )  # fmt: skip
+    return Runtime(settings, journal, llm, hub), records
+
+
+async def until(predicate: Any, what: str) -> None:
+    async with asyncio.timeout(10):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+async def test_answered_approvals_are_not_asked_again_open_ones_are(tmp_path: Path) -> None:
+    """R11, R8: an approval answered before a crash is reused; an open one is asked again;
+    a complete round is not executed again; a declined call reaches the model as such."""
+    hub = Hub()
+    rt, records = runtime(tmp_path, hub)
+    rt.recover(records)
+    run = await rt.spawn(SpawnRequest(task="clean up"), caller="test")
+    await until(lambda: run.pending is not None, "first approval")
+    assert run.state is RunState.AWAITING_APPROVAL
+    assert run.pending is not None and run.pending.to_json() == {
+        "tool": "rm",
+        "arguments": {"path": "/a"},
+    }
+    await rt.decide_approval(run, True)
+    await until(lambda: run.pending is not None and run.pending.key == "1:0", "second approval")
+    assert hub.calls == [{"path": "/a"}]
+    hub.gate.clear()  # the next allowed call hangs: the crash comes mid-round
+    await rt.decide_approval(run, True)
+    await until(lambda: run.state is RunState.RUNNING, "round in flight")
+    await rt.shutdown()  # "crash": the run is not ended
+    assert not run.done
+
+    hub2 = Hub()
+    rt2, records2 = runtime(tmp_path, hub2)
+    resumed = rt2.recover(records2)
+    assert [r.id for r in resumed] == [run.id]
+    again = rt2.registry.runs[run.id]
+    assert again.approvals == {"0:0": True, "1:0": True}
+    await until(lambda: again.done, "resumed run")
+    assert again.state is RunState.COMPLETED and again.result == "all done"
+    assert hub2.calls == [{"path": "/b"}]  # round 0 complete: not again; round 1 redone
+    assert again.pending is None and again.own.tool_calls == 2 and again.own.turns == 3
+    await rt2.shutdown()
+
+    # An open approval at the crash is asked again after the restart; decline it.
+    hub3 = Hub()
+    rt3, records3 = runtime(tmp_path / "second", hub3)
+    rt3.recover(records3)
+    run3 = await rt3.spawn(SpawnRequest(task="again"), caller="test")
+    await until(lambda: run3.pending is not None, "approval")
+    await rt3.shutdown()
+    rt4, records4 = runtime(tmp_path / "second", Hub())
+    rt4.recover(records4)
+    run4 = rt4.registry.runs[run3.id]
+    await until(lambda: run4.pending is not None, "asked again")
+    assert run4.pending is not None and run4.pending.key == "0:0"
+    await rt4.decide_approval(run4, False)
+    await until(lambda: run4.pending is not None and run4.pending.key == "1:0", "second call")
+    await rt4.decide_approval(run4, False)
+    await until(lambda: run4.done, "end")
+    assert run4.own.failed_tool_calls == 2 and run4.state is RunState.COMPLETED
+    assert run4.results[0][0]["content"] == DECLINED
+    await rt4.shutdown()
+
+
+async def test_recovering_twice_does_no_harm(tmp_path: Path) -> None:
+    """R8: two recoveries in a row (no progress between) give the same runs and journal."""
+    hub = Hub()
+    rt, records = runtime(tmp_path, hub)
+    rt.recover(records)
+    run = await rt.spawn(SpawnRequest(task="x"), caller="test")
+    await until(lambda: run.pending is not None, "approval")
+    await rt.shutdown()
+    size = (tmp_path / "runs.jsonl").stat().st_size
+    states = []
+    for _ in range(2):
+        rt_n, recs = runtime(tmp_path, Hub())
+        rt_n.recover(recs)
+        again = rt_n.registry.runs[run.id]
+        states.append((again.state, again.turns, again.approvals, again.own.to_json()))
+        await until(lambda again=again: again.pending is not None, "asked")  # type: ignore[misc]
+        await rt_n.shutdown()
+    assert states[0] == states[1]
+    assert (tmp_path / "runs.jsonl").stat().st_size == size

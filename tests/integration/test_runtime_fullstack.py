@@ -1,0 +1,107 @@
+"""The runtime on the whole stack: scheduler + dataplane + fake engines + fake tools (R4, R13, R15).
+
+Sub-agents' turns go through the real dataplane (admitted by the scheduler),
+decide goes to a single-pass replica through ``/v1/decide`` or to a generative
+one with logprobs, and every run end is a ``DELETE /v1/runs/{id}`` the
+dataplane knows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from conftest import Services
+from fullstack import MODEL, start_stack
+from mcp import Client
+from mcp_types import CallToolResult
+
+from luftpause.procs import ServiceProcess
+
+pytestmark = pytest.mark.integration
+
+CLASSIFIER = "roberta-clf"
+
+
+@dataclass
+class Full:
+    runtime: ServiceProcess
+    dataplane: ServiceProcess
+
+    @property
+    def mcp_url(self) -> str:
+        return self.runtime.urls["http"] + "/mcp"
+
+
+@pytest.fixture(scope="module")
+def full(module_services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Full]:
+    tmp = tmp_path_factory.mktemp("runtime-full")
+    clf = module_services.start(
+        "fake-engine", "--name", "clf", "--port", "0", "--model", CLASSIFIER, name="clf"
+    )
+    extra = (
+        f'[[endpoints]]\nname = "clf"\nurl = "{clf.urls["http"]}"\nkind = "single_pass"\n'
+        f'models = ["{CLASSIFIER}"]\nmetrics = "none"\n'
+    )
+    stack = start_stack(
+        module_services,
+        tmp,
+        engine_args=("--time-scale", "50", "--tool-results", "2"),
+        engines=("engine-a",),
+        extra_config=extra,
+    )
+    tools = module_services.start("fake-mcp", "--port", "0", "--lookup-delay-s", "0.05")
+    config = tmp / "runtime.toml"
+    config.write_text(
+        f'[runtime]\ndataplane_url = "{stack.dataplane.urls["http"]}"\n'
+        f'state_dir = "{tmp / "state"}"\ndefault_model = "{MODEL}"\n'
+        f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{tools.urls["http"]}/mcp"\n'
+    )
+    runtime = module_services.start("runtime", "--config", str(config), "--port", "0")
+    yield Full(runtime, stack.dataplane)
+
+
+def data(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    return dict(json.loads(result.content[0].text))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_subagents_through_the_dataplane(full: Full, mode: str) -> None:
+    """R4, R15: turns go through the dataplane with the run's identity; run ends are known."""
+    async with asyncio.timeout(90):
+        async with Client(full.mcp_url, mode=mode, read_timeout_seconds=60) as c:
+            handles = []
+            for i in range(4):
+                args = {"task": f"full stack {mode} {i}", "tools": ["lookup"]}
+                if i % 2:
+                    args["serviceClass"] = "batch"
+                handles.append(data(await c.call_tool("spawn", args))["handle"])
+            out = data(await c.call_tool("await", {"handles": handles, "timeout": 60}))
+    assert out["finished"]
+    for r in out["results"]:
+        assert r["state"] == "Completed", r
+        assert (r["toolCalls"], r["failedToolCalls"], r["turns"]) == (2, 0, 3)
+    assert [r["serviceClass"] for r in out["results"]] == ["interactive", "batch"] * 2
+    await asyncio.sleep(0)
+    log = full.runtime.stderr()
+    assert "does not know the run" not in log and "could not report" not in log
+
+
+async def test_decide_through_the_dataplane(full: Full) -> None:
+    """R13: no labels -> the single-pass replica via /v1/decide; labels -> logprobs turn."""
+    async with asyncio.timeout(60):
+        async with Client(full.mcp_url, mode="auto", read_timeout_seconds=30) as c:
+            plain = data(await c.call_tool("decide", {"input": "the pager is ringing"}))
+            labels = ["urgent", "lookup", "chitchat"]
+            scored = data(
+                await c.call_tool("decide", {"input": "servers are down", "labels": labels})
+            )
+    assert plain["via"] == "classifier" and plain["model"] == CLASSIFIER
+    assert plain["label"] in {"lookup", "urgent", "chitchat"}
+    assert scored["label"] in labels and scored["via"] == "first-token logprobs"
+    assert abs(sum(scored["probabilities"].values()) - 1) < 1e-3
