@@ -111,8 +111,9 @@ async def test_plain_completion_usage_timing_and_cached_tokens() -> None:
 
 
 async def test_natural_end_gives_stop() -> None:
-    """H1: a reply shorter than max_tokens ends with finish_reason stop."""
-    async with asgi_client() as client:
+    """H1: a reply shorter than max_tokens ends with finish_reason stop (no runaways)."""
+    calm = replace(FAST, script=replace(FAST.script, runaway_per_mille=0))
+    async with asgi_client(calm) as client:
         body = {"model": MODEL, "messages": user("hello"), "max_tokens": 1000}
         data = (await client.post("/v1/chat/completions", json=body)).json()
         assert data["choices"][0]["finish_reason"] == "stop"

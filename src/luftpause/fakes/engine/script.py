@@ -66,7 +66,7 @@ class ScriptOptions:
     tool_results: int = 3
     text_tool_calls: bool = False
     wrong_types: bool = False
-    runaway_per_mille: int = 0
+    runaway_per_mille: int = 250  # calibrated: see docs/calibration.md
     seed: int = 0
 
 

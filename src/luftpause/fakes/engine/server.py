@@ -977,8 +977,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runaway-per-mille",
         type=_per_mille,
-        default=0,
-        help="answers per thousand that never stop on their own and run to max_tokens (default: 0)",
+        default=250,
+        help="answers per thousand that never stop on their own and run to max_tokens; "
+        "only matters when a request sets no max_tokens (default: 250, calibrated)",
     )
     parser.add_argument(
         "--fault",
