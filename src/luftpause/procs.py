@@ -38,7 +38,10 @@ def exit_text(code: int) -> str:
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Ask Linux to SIGTERM this child when its parent dies (prctl PR_SET_PDEATHSIG)."""
+    """In the child: leave the terminal's process group (Ctrl-C reaches only the parent,
+    which then stops its children in order) and ask Linux to SIGTERM this child when
+    its parent dies (prctl PR_SET_PDEATHSIG)."""
+    os.setpgrp()
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
@@ -138,18 +141,18 @@ def launch(
 
 
 def stop_all(services: Sequence[ServiceProcess], grace: float = 5.0) -> list[str]:
-    """SIGTERM every running child (last started first), SIGKILL stragglers.
+    """Stop children one by one, last started first (a service stops before what it
+    uses): SIGTERM, then SIGKILL after ``grace`` seconds.
 
     Returns a line for each child that had to be killed.
     """
-    running = [s for s in reversed(services) if s.proc.poll() is None]
-    for s in running:
-        s.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
     killed = []
-    for s in running:
+    for s in reversed(services):
+        if s.proc.poll() is not None:
+            continue
+        s.proc.send_signal(signal.SIGTERM)
         try:
-            s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            s.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             killed.append(f"{s.name} did not stop in {grace:.0f} s; killed")
             s.proc.kill()
