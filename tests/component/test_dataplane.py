@@ -10,12 +10,16 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import aiohttp
 import grpc
 import httpx
 import pytest
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from luftpause.config import (
     DataplaneSettings,
@@ -33,8 +37,19 @@ from luftpause.scheduler.core import EndpointKind as CoreKind
 from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, RunPhase, initial_state
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
+from luftpause.serving import bind_socket, bound_port, uvicorn_server, wait_started
 
 MODEL = "m"
+
+
+def endpoints(url: str) -> tuple[Endpoint, ...]:
+    """Both replicas are served by one test engine server; paths tell them apart."""
+    return (
+        ENDPOINTS[0].model_copy(update={"url": url}),
+        ENDPOINTS[1].model_copy(update={"url": url}),
+    )
+
+
 ENDPOINTS = (
     Endpoint(
         name="engine-a",
@@ -89,17 +104,65 @@ TOOL_COMPLETION = {
 
 
 @dataclass
+class Seen:
+    """A request as it reached the engine."""
+
+    path: str
+    headers: dict[str, str]
+    content: bytes
+
+
+@dataclass
 class Engine:
-    """Records what reached the engine; answers with ``reply``."""
+    """A real HTTP server on 127.0.0.1:0 that records requests and answers with
+    ``reply`` (an ``httpx.Response`` used as a description: status, headers, body or
+    an async byte iterator for a stream)."""
 
-    seen: list[httpx.Request] = field(default_factory=list)
-    reply: Callable[[httpx.Request], httpx.Response] = lambda r: httpx.Response(
-        200, json=COMPLETION
-    )
+    seen: list[Seen] = field(default_factory=list)
+    reply: Callable[[Seen], httpx.Response] = lambda r: httpx.Response(200, json=COMPLETION)
+    url: str = ""
+    _stop: Callable[[], Awaitable[None]] | None = None
 
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        self.seen.append(request)
-        return self.reply(request)
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        request = Request(scope, receive)
+        seen = Seen(request.url.path, dict(request.headers), await request.body())
+        self.seen.append(seen)
+        desc = self.reply(seen)
+        headers = {
+            k: v
+            for k, v in desc.headers.items()
+            if k.lower() not in ("content-length", "transfer-encoding")
+        }
+        response: Response
+        if isinstance(desc.stream, httpx.ByteStream):
+            response = Response(desc.content, desc.status_code, headers=headers)
+        else:
+            response = StreamingResponse(desc.aiter_raw(), desc.status_code, headers=headers)
+        await response(scope, receive, send)
+
+    async def start(self) -> None:
+        sock = bind_socket("127.0.0.1", 0)
+        server = uvicorn_server(self)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        await wait_started(server, task)
+        self.url = f"http://127.0.0.1:{bound_port(sock)}"
+
+        async def stop() -> None:
+            server.should_exit = True
+            await task
+            sock.close()
+
+        self._stop = stop
+
+    async def stop(self) -> None:
+        if self._stop is not None:
+            await self._stop()
+            self._stop = None
 
 
 def free_port() -> int:
@@ -126,14 +189,16 @@ class Stack:
         self.host, self.server, self.writer = await start_scheduler(self.grpc_address)
 
 
-async def start_scheduler(address: str) -> tuple[Host, grpc.aio.Server, asyncio.Task[None]]:
+async def start_scheduler(
+    address: str, url: str = "http://unused"
+) -> tuple[Host, grpc.aio.Server, asyncio.Task[None]]:
     specs = (
         ReplicaSpec("engine-a", CoreKind.GENERATIVE, frozenset({MODEL})),
         ReplicaSpec("classifier", CoreKind.SINGLE_PASS, frozenset({"clf"})),
     )
     host = Host(initial_state(specs, Params(), time.monotonic()), time.monotonic)
     writer = asyncio.create_task(host.run())
-    server, _ = await start_grpc(host, {e.name: e.url for e in ENDPOINTS}, address)
+    server, _ = await start_grpc(host, {e.name: e.url for e in endpoints(url)}, address)
     for name in ("engine-a", "classifier"):
         await host.apply(lambda at, n=name: ReplicaProbed(at=at, replica=n, healthy=True))
     return host, server, writer
@@ -143,17 +208,18 @@ async def start_scheduler(address: str) -> tuple[Host, grpc.aio.Server, asyncio.
 async def stack(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     token = getattr(request, "param", None)
     address = f"127.0.0.1:{free_port()}"
-    host, server, writer = await start_scheduler(address)
     engine = Engine()
+    await engine.start()
+    host, server, writer = await start_scheduler(address, engine.url)
     runs = RunTable(time.monotonic, 1800)
     dp = Dataplane(
         settings=DataplaneSettings(report_reconnect_s=0.1),
-        endpoints={e.name: e for e in ENDPOINTS},
+        endpoints={e.name: e for e in endpoints(engine.url)},
         secrets=Secrets(token=token, api_keys={"engine-a": "engine-key"}),
         link=SchedulerLink(address, "dp-test", runs, reconnect_s=0.1),
         runs=runs,
         memory=ToolCallMemory(time.monotonic, 1800),
-        http=httpx.AsyncClient(transport=httpx.MockTransport(engine.handle)),
+        http=aiohttp.ClientSession(),
         metrics=Metrics(),
     )
     maintain = asyncio.create_task(dp.link.maintain())
@@ -164,8 +230,10 @@ async def stack(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     yield s
     maintain.cancel()
     await client.aclose()
+    await dp.http.close()
     await dp.link.close()
     await s.stop_scheduler()
+    await engine.stop()
 
 
 def chat(**extra: object) -> dict[str, object]:
@@ -290,10 +358,7 @@ async def test_engine_rejection_passes_status_body_and_retry_after(
 async def test_engine_unreachable_is_502_naming_the_replica(stack: Stack) -> None:
     """D6: connection failure → 502 `engine <replica>: <error>`; slot freed."""
 
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("Connection refused", request=request)
-
-    stack.engine.reply = refuse
+    await stack.engine.stop()  # nothing listens there any more: connection refused
     resp = await stack.client.post("/v1/chat/completions", json=chat())
     assert resp.status_code == 502
     assert resp.json()["error"]["message"].startswith("engine engine-a: connection failed")
@@ -386,7 +451,7 @@ async def test_decide_goes_to_the_classifier(stack: Stack) -> None:
     resp = await stack.client.post("/v1/decide", json={"input": "the pager rang"})
     assert resp.status_code == 200 and resp.json() == answer
     sent = stack.engine.seen[0]
-    assert sent.url == httpx.URL("http://classifier/classify")
+    assert sent.path == "/classify"
     assert json.loads(sent.content)["model"] == "clf"
     assert not any(r.startswith("decide-") for r in stack.host.state.runs)
     missing = await stack.client.post("/v1/decide", json={"input": "x", "model": "nope"})

@@ -94,9 +94,8 @@ def admit_req(
 
 
 async def finish(stub: pb_grpc.SchedulerStub, *events: pb.TurnEvent) -> None:
-    async def gen() -> AsyncIterator[pb.TurnEvent]:
-        for e in events:
-            yield e
+    async def gen() -> AsyncIterator[pb.ReportBatch]:
+        yield pb.ReportBatch(events=list(events))
 
     await stub.Report(gen())
 

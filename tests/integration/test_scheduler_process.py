@@ -121,8 +121,12 @@ async def test_scheduler_caps_a_queueing_engine_and_admits_on_finish(
         await eventually(one_held)
 
         async def events():  # type: ignore[no-untyped-def]
-            yield pb.TurnEvent(turn_id="t1", run_id="r1", started=pb.TurnStarted())
-            yield pb.TurnEvent(turn_id="t1", run_id="r1", finished=pb.TurnFinished())
+            yield pb.ReportBatch(
+                events=[
+                    pb.TurnEvent(turn_id="t1", run_id="r1", started=pb.TurnStarted()),
+                    pb.TurnEvent(turn_id="t1", run_id="r1", finished=pb.TurnFinished()),
+                ]
+            )
 
         await stub.Report(events(), timeout=10)
         assert (await asyncio.wait_for(second, 10)).admitted.replica == "eng"
@@ -212,7 +216,9 @@ async def test_restarted_scheduler_admits_held_turn_by_its_original_id(
         assert not held.done()  # the restored in-flight turn still fills the cap
 
         async def events():  # type: ignore[no-untyped-def]
-            yield pb.TurnEvent(turn_id="t1", run_id="r1", finished=pb.TurnFinished())
+            yield pb.ReportBatch(
+                events=[pb.TurnEvent(turn_id="t1", run_id="r1", finished=pb.TurnFinished())]
+            )
 
         await stub.Report(events(), timeout=10)
         assert (await asyncio.wait_for(held, 10)).admitted.replica == "eng"

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
@@ -69,7 +69,7 @@ class Dataplane:
     link: SchedulerLink
     runs: RunTable
     memory: ToolCallMemory
-    http: httpx.AsyncClient
+    http: aiohttp.ClientSession  # towards engines: no read timeout, 2 s connect timeout
     metrics: Metrics
 
     @property
@@ -231,6 +231,7 @@ def _engine_headers(dp: Dataplane, request: Request, replica: str) -> dict[str, 
     if key:
         headers["authorization"] = f"Bearer {key}"
     headers["accept-encoding"] = "identity"
+    headers.setdefault("content-type", "application/json")
     return headers
 
 
@@ -368,11 +369,11 @@ async def _forward_chat(
         identity.HELD_HEADER: str(round(admitted.held_s * 1000)),
     }
     try:
-        engine_request = dp.http.build_request(
-            "POST", url, content=raw, headers=_engine_headers(dp, request, turn.replica)
+        response = await _until_disconnect(
+            request,
+            dp.http.post(url, data=raw, headers=_engine_headers(dp, request, turn.replica)),
         )
-        response = await _until_disconnect(request, dp.http.send(engine_request, stream=True))
-    except httpx.HTTPError as exc:
+    except ENGINE_ERRORS as exc:
         reason = f"engine {turn.replica}: {_describe(exc)}"
         await finish(TurnOutcome(), reason)
         return error(502, reason, turn.run_id, {identity.REPLICA_HEADER: turn.replica})
@@ -380,15 +381,19 @@ async def _forward_chat(
         await finish(TurnOutcome(), "client left before the engine answered")
         return Response(status_code=499)
 
-    if response.status_code != 200:  # D6: engine rejects: status, body, Retry-After unchanged
-        content = await response.aread()
-        await response.aclose()
-        await finish(TurnOutcome(), f"engine {turn.replica} answered {response.status_code}")
+    if response.status != 200:  # D6: engine rejects: status, body, Retry-After unchanged
+        try:
+            content = await response.read()
+        except ENGINE_ERRORS:
+            content = b""
+        finally:
+            response.release()
+        await finish(TurnOutcome(), f"engine {turn.replica} answered {response.status}")
         headers = dict(run_header)
         for name in ("retry-after", "content-type"):
             if name in response.headers:
                 headers[name] = response.headers[name]
-        return Response(content, status_code=response.status_code, headers=headers)
+        return Response(content, status_code=response.status, headers=headers)
 
     content_type = response.headers.get("content-type", "application/json")
     if stream and content_type.startswith("text/event-stream"):
@@ -402,14 +407,16 @@ async def _forward_chat(
         return RelayStream(response, tap, stream_headers, turn.replica, first_token, finish)
 
     try:
-        whole = await _until_disconnect(request, response.aread())
-    except httpx.HTTPError as exc:
-        await response.aclose()
+        whole = await _until_disconnect(request, response.read())
+    except ENGINE_ERRORS as exc:
         reason = f"engine {turn.replica} failed: {_describe(exc)}"
         await finish(TurnOutcome(), reason)
         return error(502, reason, turn.run_id, {identity.REPLICA_HEADER: turn.replica})
     finally:
-        await response.aclose()
+        if response.content.at_eof():
+            response.release()
+        else:
+            response.close()  # unfinished: drop the connection so the engine stops
     if whole is None:
         await finish(TurnOutcome(), "client left while the engine was answering")
         return Response(status_code=499)
@@ -473,38 +480,46 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
     dp.link.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted()))
     payload = {**body, "model": model}
     try:
-        response = await dp.http.post(
+        async with dp.http.post(
             f"{base}/classify",
-            json=payload,
-            headers=_engine_headers(dp, request, outcome.replica),
-        )
-    except httpx.HTTPError as exc:
+            data=json.dumps(payload).encode(),
+            headers={
+                **_engine_headers(dp, request, outcome.replica),
+                "content-type": "application/json",
+            },
+        ) as response:
+            status, content = response.status, await response.read()
+            engine_headers = dict(response.headers)
+    except ENGINE_ERRORS as exc:
         reason = f"engine {outcome.replica}: {_describe(exc)}"
         dp.link.report(
             pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(reason=reason))
         )
         return error(502, reason, run_id)
-    if response.status_code == 200:
+    if status == 200:
         dp.link.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, finished=pb.TurnFinished()))
     else:
         dp.link.report(
             pb.TurnEvent(
                 turn_id=turn_id,
                 run_id=run_id,
-                failed=pb.TurnFailed(reason=f"engine answered {response.status_code}"),
+                failed=pb.TurnFailed(reason=f"engine answered {status}"),
             )
         )
     headers = {identity.RUN_HEADER: run_id}
-    for name in ("retry-after", "content-type"):
-        if name in response.headers:
-            headers[name] = response.headers[name]
-    return Response(response.content, status_code=response.status_code, headers=headers)
+    for name in ("Retry-After", "Content-Type"):
+        if name in engine_headers:
+            headers[name.lower()] = engine_headers[name]
+    return Response(content, status_code=status, headers=headers)
+
+
+ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if isinstance(exc, httpx.ConnectTimeout):
+    if isinstance(exc, aiohttp.ConnectionTimeoutError | TimeoutError):
         return "connect timeout"
-    if isinstance(exc, httpx.ConnectError):
-        return f"connection failed: {text}" if text else "connection failed"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"connection failed: {exc.os_error.strerror or exc.os_error}"
+    text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -8,7 +8,7 @@ import logging
 import socket
 import time
 
-import httpx
+import aiohttp
 
 from luftpause.config import ConfigError, StackConfig, load_secrets
 from luftpause.dataplane.app import Dataplane, create_app
@@ -61,9 +61,15 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
     link = SchedulerLink(
         args.scheduler or settings.scheduler, dataplane_id, runs, settings.report_reconnect_s
     )
-    http = httpx.AsyncClient(
-        timeout=httpx.Timeout(None, connect=settings.engine_connect_timeout_s),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+    http = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(
+            total=None,
+            connect=settings.engine_connect_timeout_s,
+            sock_connect=settings.engine_connect_timeout_s,
+        ),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+        auto_decompress=False,  # pass the engine's bytes through as they are
+        skip_auto_headers=("User-Agent",),
     )
     return Dataplane(
         settings=settings,
@@ -108,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
         server.should_exit = True
         await task
         await dp.link.close()
-        await dp.http.aclose()
+        await dp.http.close()
         return 0
 
     return run_async(serve)

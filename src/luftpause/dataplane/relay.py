@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.responses import Response
 
 log = logging.getLogger("luftpause.dataplane.relay")
@@ -167,7 +167,7 @@ class RelayStream(Response):
 
     def __init__(
         self,
-        engine: httpx.Response,
+        engine: aiohttp.ClientResponse,
         tap: SseTap,
         headers: list[tuple[bytes, bytes]],
         replica: str,
@@ -201,7 +201,10 @@ class RelayStream(Response):
             raise
         finally:
             watcher.cancel()
-            await self.engine.aclose()  # stops the generation if it is still running
+            if failure is None and self.engine.content.at_eof():
+                self.engine.release()  # complete: the connection goes back to the pool
+            else:
+                self.engine.close()  # drop the connection: the engine stops generating
             await self.finish(self.tap.outcome, failure)
 
     async def _relay(self, send: Any) -> str | None:
@@ -209,14 +212,14 @@ class RelayStream(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         outcome = self.tap.outcome
         try:
-            async for data in self.engine.aiter_raw():
+            async for data in self.engine.content.iter_any():
                 had_first = outcome.first_token
                 out = self.tap.feed(data)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 if outcome.first_token and not had_first:
                     self.on_first_token()
-        except (httpx.HTTPError, OSError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             # Leave the response incomplete: the connection closes without [DONE].
             log.warning("engine %s failed mid-stream: %s", self.replica, _describe(exc))
             return f"engine {self.replica} failed mid-stream: {_describe(exc)}"

@@ -124,13 +124,22 @@ class SchedulerLink:
             self._resetting = False
             self._report_call = None
 
-    async def _events(self) -> AsyncIterator[pb.TurnEvent]:
+    async def _events(self) -> AsyncIterator[pb.ReportBatch]:
+        """One write per batch: everything queued since the last write goes together."""
         while True:
+            batch = pb.ReportBatch()
             item = await self._queue.get()
-            if item is _STOP:
-                return
-            assert isinstance(item, pb.TurnEvent)
-            yield item
+            while True:
+                if item is _STOP:
+                    if batch.events:
+                        yield batch
+                    return
+                assert isinstance(item, pb.TurnEvent)
+                batch.events.append(item)
+                if self._queue.empty():
+                    break
+                item = self._queue.get_nowait()
+            yield batch
 
     def snapshot(self) -> pb.ResyncRequest:
         req = pb.ResyncRequest(dataplane_id=self.dataplane_id)

@@ -36,7 +36,7 @@ _PHASE_FROM_PB: dict[int, RunPhase] = {
     pb.RUN_PHASE_GENERATING: RunPhase.GENERATING,
     pb.RUN_PHASE_PAUSED_ON_TOOL: RunPhase.PAUSED_ON_TOOL,
 }
-_REJECT_TO_PB: dict[RejectCode, "pb.RejectCode"] = {
+_REJECT_TO_PB: dict[RejectCode, pb.RejectCode] = {
     RejectCode.UNKNOWN_MODEL: pb.REJECT_CODE_UNKNOWN_MODEL,
     RejectCode.INVALID_REQUEST: pb.REJECT_CODE_INVALID_REQUEST,
 }

@@ -34,14 +34,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return convert.admit_response(outcome, url)
 
     async def Report(
-        self, request_iterator: AsyncIterator[pb.TurnEvent], context: Any
+        self, request_iterator: AsyncIterator[pb.ReportBatch], context: Any
     ) -> pb.ReportSummary:
         accepted = 0
-        async for msg in request_iterator:
-            stamp = _report_stamp(msg)
-            if stamp is not None:
-                self.host.post(stamp)
-                accepted += 1
+        async for batch in request_iterator:
+            for msg in batch.events:
+                stamp = _report_stamp(msg)
+                if stamp is not None:
+                    self.host.post(stamp)
+                    accepted += 1
         return pb.ReportSummary(accepted=accepted)
 
     async def RunEnded(self, request: pb.RunEndedRequest, context: Any) -> pb.RunEndedResponse:

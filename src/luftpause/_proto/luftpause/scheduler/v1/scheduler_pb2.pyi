@@ -143,6 +143,12 @@ class TurnEvent(_message.Message):
     dataplane_id: str
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., dataplane_id: _Optional[str] = ...) -> None: ...
 
+class ReportBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[TurnEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[TurnEvent, _Mapping]]] = ...) -> None: ...
+
 class ReportSummary(_message.Message):
     __slots__ = ("accepted",)
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]

@@ -41,7 +41,7 @@ class SchedulerStub:
                 _registered_method=True)
         self.Report = channel.stream_unary(
                 '/luftpause.scheduler.v1.Scheduler/Report',
-                request_serializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.TurnEvent.SerializeToString,
+                request_serializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportBatch.SerializeToString,
                 response_deserializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportSummary.FromString,
                 _registered_method=True)
         self.RunEnded = channel.unary_unary(
@@ -71,8 +71,9 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request_iterator, context):
-        """A stream of what happened to admitted turns. The scheduler stamps each
-        event with its own clock on receipt.
+        """A stream of what happened to admitted turns, in batches (a dataplane sends
+        whatever accumulated since its last write). The scheduler stamps each event
+        with its own clock on receipt and applies them in order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -104,7 +105,7 @@ def add_SchedulerServicer_to_server(servicer, server):
             ),
             'Report': grpc.stream_unary_rpc_method_handler(
                     servicer.Report,
-                    request_deserializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.TurnEvent.FromString,
+                    request_deserializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportBatch.FromString,
                     response_serializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportSummary.SerializeToString,
             ),
             'RunEnded': grpc.unary_unary_rpc_method_handler(
@@ -170,7 +171,7 @@ class Scheduler:
             request_iterator,
             target,
             '/luftpause.scheduler.v1.Scheduler/Report',
-            luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.TurnEvent.SerializeToString,
+            luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportBatch.SerializeToString,
             luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportSummary.FromString,
             options,
             channel_credentials,
