@@ -54,6 +54,7 @@ class Arm:
     urls: list[str]  # base URLs (…/v1); requests rotate over them
     headers: Callable[[int], dict[str, str]] = lambda worker: {}
     latencies: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)  # kind -> count; shown, never hidden
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -101,8 +102,12 @@ async def throughput(
         nonlocal done
         i = 0
         while time.perf_counter() < stop_at:
-            await one_turn(client, arm.urls[(w + i) % len(arm.urls)], arm.headers(w))
-            done += 1
+            try:
+                await one_turn(client, arm.urls[(w + i) % len(arm.urls)], arm.headers(w))
+                done += 1
+            except (httpx.HTTPError, RuntimeError) as exc:
+                kind = f"{type(exc).__name__}: {str(exc)[:80]}"
+                arm.errors[kind] = arm.errors.get(kind, 0) + 1
             i += 1
 
     t0 = time.perf_counter()
@@ -169,7 +174,13 @@ async def measure(
                 through[arm.name].append(rate)
                 print(f"  throughput {arm.name}: {rate:.0f} turns/s", file=sys.stderr)
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in procs.items()}
-    return {"latency": latency, "throughput": through, "cpu_s_during_throughput": cpu}
+        errors = {arm.name: arm.errors for arm in (via, router_arm, direct) if arm.errors}
+    return {
+        "latency": latency,
+        "throughput": through,
+        "errors": errors,
+        "cpu_s_during_throughput": cpu,
+    }
 
 
 def render(result: dict[str, Any], args: argparse.Namespace) -> str:
@@ -201,6 +212,8 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
     t = result["throughput"]
     ratio = statistics.fmean(t["dataplane"]) / statistics.fmean(t["sglang router (cache_aware)"])
     lines += ["", f"dataplane / router throughput: {ratio:.2f}", ""]
+    for name, kinds in result["errors"].items():
+        lines.append(f"Errors in {name}: " + "; ".join(f"{n}× {k}" for k, n in kinds.items()))
     lines.append(
         "CPU seconds used by each process during the throughput runs: "
         + ", ".join(f"{k} {v:.1f}" for k, v in result["cpu_s_during_throughput"].items())
@@ -226,6 +239,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns, shorter runs")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    parser.add_argument("--logs", metavar="DIR", help="keep every process's log in DIR")
     args = parser.parse_args()
     args.sequential_turns = 100 if args.quick else 300
     args.concurrent_turns = 400 if args.quick else 1200
@@ -234,7 +248,8 @@ def main() -> int:
     args.repeat = 2 if args.quick else 3
     args.throughput_concurrency = 64
     with tempfile.TemporaryDirectory(prefix="luftpause-bench-") as tmp_s:
-        tmp = Path(tmp_s)
+        tmp = Path(args.logs) if args.logs else Path(tmp_s)
+        tmp.mkdir(parents=True, exist_ok=True)
         started: list[ServiceProcess] = []
 
         def start(*a: str, name: str) -> ServiceProcess:
