@@ -126,6 +126,7 @@ class _Tx:
         "caller_in_flight",
         "dirty",
         "held",
+        "held_by_run",
         "now",
         "params",
         "queues",
@@ -137,6 +138,7 @@ class _Tx:
         "swept_until",
         "turn_deadlines",
         "turns",
+        "unhealthy",
         "waiting_callers",
     )
 
@@ -149,6 +151,8 @@ class _Tx:
         self.runs = s.runs
         self.turns = s.turns
         self.held = s.held
+        self.held_by_run = s.held_by_run
+        self.unhealthy = s.unhealthy
         self.queues = s.queues
         self.waiting_callers = s.waiting_callers
         self.caller_in_flight = s.caller_in_flight
@@ -168,6 +172,8 @@ class _Tx:
             runs=self.runs,
             turns=self.turns,
             held=self.held,
+            held_by_run=self.held_by_run,
+            unhealthy=self.unhealthy,
             queues=self.queues,
             waiting_callers=self.waiting_callers,
             caller_in_flight=self.caller_in_flight,
@@ -222,15 +228,20 @@ class _Tx:
             run = self.runs.get(run_id)
             if run is not None and run.replica is not None and run.phase is not RunPhase.IDLE:
                 rep = self.replicas.get(run.replica)
-                if rep is not None and rep.healthy and model in rep.spec.models:
+                if (
+                    rep is not None
+                    and rep.spec.kind is EndpointKind.GENERATIVE
+                    and model in rep.spec.models
+                ):
                     return pin_lane(run.replica)  # S3: strict affinity
         return free_lane(kind, model)
 
     def _place(self, held: HeldTurn) -> str | None:
         """The replica a turn can be admitted to right now, if any."""
-        if held.lane[0] == "pin":
+        if held.lane[0] == "pin" and held.lane[1] not in self.unhealthy:
             name = held.lane[1]
             return name if _has_room(self.replicas[name], held.service_class) else None
+        # Free, or pinned to an unhealthy replica (S3: then the run may move).
         run = self.runs.get(held.run_id) if held.kind is EndpointKind.GENERATIVE else None
         best: tuple[int, str] | None = None
         for name in self.serving[(held.kind, held.model)]:
@@ -252,7 +263,10 @@ class _Tx:
         callers = self.waiting_callers.get(wkey, _EMPTY_SET)
         if held.caller not in callers:
             self.waiting_callers = self.waiting_callers.set(wkey, callers.set(held.caller, None))
-        self.held = self.held.set(held.turn_id, _with_slot(held, slot))
+        self.held = self.held.set(held.turn_id, _held_with(held, slot=slot))
+        if held.kind is EndpointKind.GENERATIVE:  # single-pass turns have no run (S13)
+            mine = self.held_by_run.get(held.run_id, _EMPTY_SET)
+            self.held_by_run = self.held_by_run.set(held.run_id, mine.set(held.turn_id, None))
 
     def _unhold(self, held: HeldTurn) -> None:
         qkey = (held.lane, held.service_class, held.caller)
@@ -269,6 +283,29 @@ class _Tx:
         else:
             self.queues = self.queues.set(qkey, fifo)
         self.held = self.held.delete(held.turn_id)
+        if held.kind is EndpointKind.GENERATIVE:
+            mine = self.held_by_run[held.run_id].delete(held.turn_id)
+            self.held_by_run = (
+                self.held_by_run.set(held.run_id, mine)
+                if len(mine)
+                else self.held_by_run.delete(held.run_id)
+            )
+
+    def _move_run_held(self, run_id: str, replica: str | None) -> None:
+        """Re-lane a run's held turns: to ``replica``'s pin lane, or free (None)."""
+        mine = self.held_by_run.get(run_id)
+        if mine is None:
+            return
+        for turn_id in sorted(mine, key=lambda t: self.held[t].seq):
+            held = self.held[turn_id]
+            if replica is not None and held.model in self.replicas[replica].spec.models:
+                lane = pin_lane(replica)
+            else:
+                lane = free_lane(held.kind, held.model)
+            if lane != held.lane:
+                self._unhold(held)
+                self._hold(_held_with(held, lane=lane))
+                self.dirty.update(self.serving[(held.kind, held.model)])
 
     def _admit(self, held: HeldTurn, replica: str) -> None:
         now = self.now
@@ -292,23 +329,29 @@ class _Tx:
         self._bump_replica(replica, in_flight=1)
         if held.kind is EndpointKind.GENERATIVE:
             self._count_caller(held.caller, 1)
+            if held.run_id not in self.runs:
+                # Ended (RunEnded) while this turn was held: serve the turn, keep the counts
+                # sound, and forget the run again once its last turn is over.
+                self._touch_run(held.run_id, held.service_class, held.caller)
+                ended = _run_with(self.runs[held.run_id], ended=True)
+                self.runs = self.runs.set(held.run_id, ended)
             run = self.runs.get(held.run_id)
             if run is not None:
                 self._release_reservation(run)
                 run = self.runs[held.run_id]
                 self.runs = self.runs.set(
                     run.run_id,
-                    RunState(
-                        run_id=run.run_id,
+                    _run_with(
+                        run,
                         phase=RunPhase.GENERATING,
                         replica=replica,
                         service_class=held.service_class,
                         caller=held.caller,
                         last_active=now,
                         in_flight=run.in_flight + 1,
-                        reserved_on=None,
                     ),
                 )
+                self._move_run_held(run.run_id, replica)  # S3: it is generating there now
         self.actions.append(Admit(held.turn_id, replica, now - held.requested_at))
 
     # ------------------------------------------------------------ turn reports
@@ -317,6 +360,10 @@ class _Tx:
         held = self.held.get(ev.turn_id)
         if held is not None:
             self._unhold(held)
+            run = self.runs.get(held.run_id)
+            if run is not None:  # a held turn was a turn: the idle clock starts now (S10)
+                self.runs = self.runs.set(run.run_id, _run_with(run, last_active=self.now))
+                self._schedule_run_expiry(held.run_id)
             return
         turn = self.turns.get(ev.turn_id)
         if turn is not None and not turn.started:
@@ -353,6 +400,11 @@ class _Tx:
         if run is None:
             return turn  # the run ended meanwhile
         in_flight = max(0, run.in_flight - 1)
+        if run.ended and in_flight == 0:  # RunEnded arrived while this turn ran
+            self._release_reservation(run)
+            self.runs = self.runs.delete(run.run_id)
+            self._move_run_held(run.run_id, None)
+            return turn
         if in_flight > 0:
             phase = RunPhase.GENERATING
         elif paused_on_tool:
@@ -371,17 +423,17 @@ class _Tx:
             self._bump_replica(turn.replica, reserved=1)
         self.runs = self.runs.set(
             run.run_id,
-            RunState(
-                run_id=run.run_id,
+            _run_with(
+                run,
                 phase=phase,
                 replica=turn.replica,
-                service_class=run.service_class,
-                caller=run.caller,
                 last_active=self.now,
                 in_flight=in_flight,
                 reserved_on=reserved_on,
             ),
         )
+        if phase is RunPhase.IDLE:
+            self._move_run_held(run.run_id, None)  # S3: an idle run may move
         self._schedule_run_expiry(run.run_id)
         return turn
 
@@ -398,45 +450,31 @@ class _Tx:
                 caller=caller,
                 last_active=self.now,
             )
-        else:
-            run = RunState(
-                run_id=run.run_id,
-                phase=run.phase,
-                replica=run.replica,
-                service_class=run.service_class,
-                caller=caller,
-                last_active=self.now,
-                in_flight=run.in_flight,
-                reserved_on=run.reserved_on,
-            )
+        else:  # ended=False: a new turn after RunEnded, the run lives on
+            run = _run_with(run, caller=caller, last_active=self.now, ended=False)
         self.runs = self.runs.set(run_id, run)
         self._schedule_run_expiry(run_id)
 
     def forget_run(self, run_id: str) -> None:
+        """D8/S10: forget affinity and reservation. A run with turns still in flight is
+        only marked: its counts stay sound until its last turn ends."""
         run = self.runs.get(run_id)
         if run is None:
             return
         self._release_reservation(run)
+        run = self.runs[run_id]
+        if run.in_flight > 0:
+            self.runs = self.runs.set(run_id, _run_with(run, ended=True))
+            return
         self.runs = self.runs.delete(run_id)
+        self._move_run_held(run_id, None)
 
     def _release_reservation(self, run: RunState) -> None:
         if run.reserved_on is None:
             return
         if run.reserved_on in self.replicas:
             self._bump_replica(run.reserved_on, reserved=-1)
-        self.runs = self.runs.set(
-            run.run_id,
-            RunState(
-                run_id=run.run_id,
-                phase=run.phase,
-                replica=run.replica,
-                service_class=run.service_class,
-                caller=run.caller,
-                last_active=run.last_active,
-                in_flight=run.in_flight,
-                reserved_on=None,
-            ),
-        )
+        self.runs = self.runs.set(run.run_id, _run_with(run, reserved_on=None))
 
     def _schedule_run_expiry(self, run_id: str) -> None:
         due = self.now + self.params.run_idle_expiry_s
@@ -456,6 +494,12 @@ class _Tx:
         elif cap is not None and (ev.running >= cap or rep.in_flight >= cap):
             cap += self.params.cap_raise_step  # quiet at the cap: probe for more
         health_changed = rep.healthy != ev.healthy
+        if health_changed and rep.spec.kind is EndpointKind.GENERATIVE:
+            self.unhealthy = (
+                self.unhealthy.delete(ev.replica)
+                if ev.healthy
+                else self.unhealthy.set(ev.replica, None)
+            )
         self.replicas = self.replicas.set(
             ev.replica,
             ReplicaState(
@@ -471,31 +515,10 @@ class _Tx:
             ),
         )
         if health_changed and not ev.healthy:
-            self._unpin(ev.replica)  # S3: runs of an unhealthy replica may move
+            # S3: runs pinned there may move: every replica may now draw its pin lane.
             self.dirty.update(self.replicas.keys())
         elif health_changed or cap != rep.cap:
             self.dirty.add(ev.replica)
-
-    def _unpin(self, replica: str) -> None:
-        """Move turns held for ``replica`` to the free lanes of their models."""
-        lane = pin_lane(replica)
-        for cls in _CLASS_ORDER:
-            callers = self.waiting_callers.get((lane, cls))
-            if callers is None:
-                continue
-            moving = []
-            for caller in callers:
-                fifo: Fifo | None = self.queues[(lane, cls, caller)]
-                while fifo is not None:
-                    first = fifo.first()
-                    if first is None:
-                        break
-                    fifo, slot, turn_id = first
-                    moving.append(self.held[turn_id])
-                    fifo = fifo.remove(slot)
-            for held in sorted(moving, key=lambda h: h.seq):
-                self._unhold(held)
-                self._hold(_with_lane(held, free_lane(held.kind, held.model)))
 
     def _bump_replica(self, name: str, *, in_flight: int = 0, reserved: int = 0) -> None:
         rep = self.replicas[name]
@@ -554,6 +577,9 @@ class _Tx:
         best_turn: str | None = None
         lanes = [pin_lane(rep.spec.name)]
         lanes.extend(free_lane(rep.spec.kind, m) for m in rep.spec.models)
+        if rep.spec.kind is EndpointKind.GENERATIVE:
+            # S3: turns pinned to an unhealthy replica may move here (if we serve the model).
+            lanes.extend(pin_lane(name) for name in sorted(self.unhealthy) if name != rep.spec.name)
         for lane in lanes:
             callers = self.waiting_callers.get((lane, cls))
             if callers is None:
@@ -566,6 +592,8 @@ class _Tx:
                 fifo, _, turn_id = first
                 if fifo is not self.queues[qkey]:
                     self.queues = self.queues.set(qkey, fifo)  # keep the hole-skipping
+                if self.held[turn_id].model not in rep.spec.models:
+                    continue  # a moved turn of another model: not ours to take
                 key = (self.caller_in_flight.get(caller, 0), self.held[turn_id].seq)
                 if best is None or key < best:
                     best, best_turn = key, turn_id
@@ -588,7 +616,12 @@ class _Tx:
             for run_id in sorted(self.run_deadlines[second]):
                 run = self.runs.get(run_id)
                 expiry = self.params.run_idle_expiry_s
-                if run is not None and run.in_flight == 0 and run.last_active + expiry <= self.now:
+                if (
+                    run is not None
+                    and run.in_flight == 0
+                    and run_id not in self.held_by_run  # a held turn is a turn (S10)
+                    and run.last_active + expiry <= self.now
+                ):
                     self.forget_run(run_id)
                     self.actions.append(ForgetRun(run_id))
             self.run_deadlines = self.run_deadlines.delete(second)
@@ -610,14 +643,17 @@ class _Tx:
                 self.actions.append(DropTurn(turn_id, turn.replica, DropReason.RELEASED))
         per_run: dict[str, int] = {}
         for turn in self.turns.values():
-            per_run[turn.run_id] = per_run.get(turn.run_id, 0) + 1
+            if turn.kind is EndpointKind.GENERATIVE:
+                per_run[turn.run_id] = per_run.get(turn.run_id, 0) + 1
         for snap in ev.runs:
             if not snap.run_id or len(snap.run_id) > _MAX_ID:
                 continue
             old = self.runs.get(snap.run_id)
             if old is not None:
                 self._release_reservation(old)
-            replica = snap.replica if snap.replica in self.replicas else None
+            rep = self.replicas.get(snap.replica) if snap.replica else None
+            generative = rep is not None and rep.spec.kind is EndpointKind.GENERATIVE
+            replica = snap.replica if generative else None
             phase = snap.phase if replica is not None else RunPhase.IDLE
             reserved_on = None
             if (
@@ -678,22 +714,28 @@ class _Tx:
             return
         self._count_caller(t.caller, 1)
         run = self.runs.get(t.run_id)
-        if run is not None:
-            self._release_reservation(run)
-            run = self.runs[t.run_id]
-        self.runs = self.runs.set(
-            t.run_id,
-            RunState(
+        if run is None:
+            run = RunState(
                 run_id=t.run_id,
                 phase=RunPhase.GENERATING,
                 replica=t.replica,
                 service_class=t.service_class,
                 caller=t.caller,
                 last_active=self.now,
-                in_flight=(run.in_flight if run is not None else 0) + 1,
-                reserved_on=None,
-            ),
-        )
+                in_flight=1,
+            )
+        else:
+            self._release_reservation(run)
+            run = self.runs[t.run_id]
+            # The run snapshot names the replica of its last turn; keep it (S3).
+            run = _run_with(
+                run,
+                phase=RunPhase.GENERATING,
+                replica=run.replica if run.replica is not None else t.replica,
+                last_active=self.now,
+                in_flight=run.in_flight + 1,
+            )
+        self.runs = self.runs.set(t.run_id, run)
         self._schedule_run_expiry(t.run_id)
 
 
@@ -738,7 +780,8 @@ def _due(buckets: Buckets, after: int, until: int) -> list[int]:
     return sorted(s for s in buckets if after < s <= until)
 
 
-def _with_slot(h: HeldTurn, slot: int) -> HeldTurn:
+def _held_with(h: HeldTurn, *, lane: Lane | None = None, slot: int = -1) -> HeldTurn:
+    """A copy of a held turn in another lane and/or FIFO slot (-1: not yet placed)."""
     return HeldTurn(
         h.turn_id,
         h.run_id,
@@ -749,24 +792,42 @@ def _with_slot(h: HeldTurn, slot: int) -> HeldTurn:
         h.dataplane_id,
         h.requested_at,
         h.seq,
-        h.lane,
+        h.lane if lane is None else lane,
         slot,
     )
 
 
-def _with_lane(h: HeldTurn, lane: Lane) -> HeldTurn:
-    return HeldTurn(
-        h.turn_id,
-        h.run_id,
-        h.model,
-        h.service_class,
-        h.caller,
-        h.kind,
-        h.dataplane_id,
-        h.requested_at,
-        h.seq,
-        lane,
-        -1,
+class _Keep:
+    """Marks a field an update leaves as it is (None is a real value for some)."""
+
+
+_KEEP = _Keep()
+
+
+def _run_with(
+    r: RunState,
+    *,
+    phase: RunPhase | _Keep = _KEEP,
+    replica: str | _Keep | None = _KEEP,
+    service_class: ServiceClass | _Keep = _KEEP,
+    caller: str | _Keep = _KEEP,
+    last_active: float | _Keep = _KEEP,
+    in_flight: int | _Keep = _KEEP,
+    reserved_on: str | _Keep | None = _KEEP,
+    ended: bool | _Keep = _KEEP,
+) -> RunState:
+    """A copy of ``r`` with some fields changed. Hand-written rather than
+    ``dataclasses.replace``, which costs several microseconds per call on this path."""
+    return RunState(
+        run_id=r.run_id,
+        phase=r.phase if isinstance(phase, _Keep) else phase,
+        replica=r.replica if isinstance(replica, _Keep) else replica,
+        service_class=r.service_class if isinstance(service_class, _Keep) else service_class,
+        caller=r.caller if isinstance(caller, _Keep) else caller,
+        last_active=r.last_active if isinstance(last_active, _Keep) else last_active,
+        in_flight=r.in_flight if isinstance(in_flight, _Keep) else in_flight,
+        reserved_on=r.reserved_on if isinstance(reserved_on, _Keep) else reserved_on,
+        ended=r.ended if isinstance(ended, _Keep) else ended,
     )
 
 

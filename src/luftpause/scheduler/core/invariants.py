@@ -59,6 +59,22 @@ def violations(state: State) -> list[str]:
             problems.append(f"caller {caller} missing from waiting set of {lane}/{cls.value}")
     if queued != len(state.held):
         problems.append(f"{len(state.held)} held turns but {queued} queued")
+    by_run: dict[str, set[str]] = {}
+    for h in state.held.values():
+        if h.kind is EndpointKind.GENERATIVE:
+            by_run.setdefault(h.run_id, set()).add(h.turn_id)
+    indexed = {run: set(turns) for run, turns in state.held_by_run.items()}
+    if indexed != by_run:
+        problems.append(f"held_by_run {indexed} != held turns by run {by_run}")
+    for r in state.runs.values():
+        if r.ended and r.in_flight == 0:
+            problems.append(f"ended run {r.run_id} lingers with no turn in flight")
+    for t in state.turns.values():
+        if t.kind is EndpointKind.GENERATIVE and t.run_id not in state.runs:
+            problems.append(f"turn {t.turn_id} belongs to unknown run {t.run_id}")
+    for name, rep in state.replicas.items():
+        if rep.spec.kind is EndpointKind.GENERATIVE and (name in state.unhealthy) == rep.healthy:
+            problems.append(f"replica {name}: unhealthy index disagrees with its health")
     for turn_id in state.held:
         if turn_id in state.turns:
             problems.append(f"turn {turn_id} is both held and admitted")

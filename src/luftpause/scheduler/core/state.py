@@ -13,8 +13,12 @@ extension with typed stubs, maintained by the asyncpg/uvloop authors.
 Layout of the held-turn index (what makes picking the next turn cheap):
 
 * A *lane* is where a held turn may go: ``("pin", replica)`` for a turn whose run
-  is generating or paused on a tool on a healthy replica (S3), or
+  is generating or paused on a tool on that replica (S3), or
   ``("free", kind, model)`` for any replica of that kind serving that model.
+  Turns stay in their pin lane while the replica is unhealthy; other replicas then
+  draw from that lane too (the run may move), and the moment it is healthy again
+  the turns are its alone. A run's held turns follow it between lanes when it is
+  admitted somewhere (pinned there) or goes idle (free): ``held_by_run`` finds them.
 * Each ``(lane, class, caller)`` has a FIFO of held turn IDs (``Fifo``).
 * ``waiting_callers[(lane, class)]`` is the set of callers with a non-empty FIFO
   there, so the fairness pick (S5) scans callers, never turns or runs.
@@ -105,6 +109,7 @@ class RunState:
     last_active: float
     in_flight: int = 0  # admitted turns of this run not yet ended
     reserved_on: str | None = None  # replica holding a slot for it (S4)
+    ended: bool = False  # RunEnded arrived while turns were in flight: forget it after them
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +155,8 @@ class State:
     runs: Map[str, RunState]
     turns: Map[str, TurnState]
     held: Map[str, HeldTurn]
+    held_by_run: Map[str, Map[str, None]]  # run -> its held turn IDs (lane moves, expiry)
+    unhealthy: Map[str, None]  # generative replicas whose pin lanes others may draw from
     queues: Map[QueueKey, Fifo]
     waiting_callers: Map[tuple[Lane, ServiceClass], Map[str, None]]
     caller_in_flight: Map[str, int]
@@ -173,6 +180,8 @@ def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float 
         runs=Map(),
         turns=Map(),
         held=Map(),
+        held_by_run=Map(),
+        unhealthy=Map({s.name: None for s in replicas if s.kind is EndpointKind.GENERATIVE}),
         queues=Map(),
         waiting_callers=Map(),
         caller_in_flight=Map(),

@@ -1,0 +1,1071 @@
+"""Example tests for the pure scheduling core, one or more per rule of SPEC "Scheduler (S)".
+
+Each test drives ``decide`` with a short, hand-written event sequence and asserts
+the actions (and, where the rule is about counts, the S12 status view). Every
+step also checks ``violations(state) == []``: the incrementally kept counters
+must agree with their from-scratch definition after every event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from luftpause.scheduler.core import (
+    Action,
+    Admit,
+    ClockTicked,
+    DataplaneResynced,
+    DropReason,
+    DropTurn,
+    EndpointKind,
+    FirstTokenReceived,
+    ForgetRun,
+    Params,
+    Reject,
+    RejectCode,
+    ReplicaProbed,
+    ReplicaSpec,
+    RunEnded,
+    RunPhase,
+    RunSnapshot,
+    ServiceClass,
+    State,
+    TurnAbandoned,
+    TurnFailed,
+    TurnFinished,
+    TurnRequested,
+    TurnSnapshot,
+    TurnStarted,
+    decide,
+    initial_state,
+)
+from luftpause.scheduler.core.events import Event
+from luftpause.scheduler.core.invariants import violations
+from luftpause.scheduler.core.view import status
+
+GEN = EndpointKind.GENERATIVE
+SP = EndpointKind.SINGLE_PASS
+INT = ServiceClass.INTERACTIVE
+BAT = ServiceClass.BATCH
+
+
+def gen(name: str, *models: str) -> ReplicaSpec:
+    return ReplicaSpec(name, GEN, frozenset(models or ("m",)))
+
+
+def single(name: str, *models: str) -> ReplicaSpec:
+    return ReplicaSpec(name, SP, frozenset(models or ("cls",)))
+
+
+class Sim:
+    """A tiny host: holds the state and the clock, checks invariants after each event."""
+
+    def __init__(self, *specs: ReplicaSpec, params: Params | None = None) -> None:
+        self.state: State = initial_state(specs, params or Params())
+        self.t = 0.0
+
+    def __call__(self, ev: Event) -> tuple[Action, ...]:
+        self.state, actions = decide(self.state, ev)
+        assert violations(self.state) == []
+        return actions
+
+    # ---- event helpers, all stamped with the current clock
+    def req(
+        self,
+        turn: str,
+        run: str,
+        model: str = "m",
+        cls: ServiceClass = BAT,
+        caller: str = "c",
+        kind: EndpointKind = GEN,
+        dp: str = "dp",
+    ) -> tuple[Action, ...]:
+        return self(TurnRequested(self.t, turn, run, model, cls, caller, kind, dp))
+
+    def probe(
+        self,
+        replica: str,
+        healthy: bool = True,
+        running: int | None = None,
+        waiting: int | None = None,
+    ) -> tuple[Action, ...]:
+        return self(ReplicaProbed(self.t, replica, healthy, running, waiting))
+
+    def finish(self, turn: str, paused: bool = False) -> tuple[Action, ...]:
+        return self(TurnFinished(self.t, turn, paused_on_tool=paused))
+
+    def tick(self, at: float) -> tuple[Action, ...]:
+        self.t = at
+        return self(ClockTicked(at))
+
+    def view(self) -> dict[str, Any]:
+        return status(self.state, self.t)
+
+    def replica(self, name: str) -> dict[str, Any]:
+        for rep in self.view()["replicas"]:
+            if rep["name"] == name:
+                return dict(rep)
+        raise KeyError(name)
+
+
+def admits(actions: tuple[Action, ...]) -> dict[str, str]:
+    return {a.turn_id: a.replica for a in actions if isinstance(a, Admit)}
+
+
+def admitted_order(actions: tuple[Action, ...]) -> list[str]:
+    return [a.turn_id for a in actions if isinstance(a, Admit)]
+
+
+def capped(sim: Sim, replica: str, cap: int) -> None:
+    """Give ``replica`` a cap of ``cap`` with a probe showing a queue (S2)."""
+    sim.probe(replica, True, running=cap, waiting=1)
+    assert sim.replica(replica)["capacity"] == cap
+
+
+# ===================================================================== S2
+
+
+def test_s2_replica_unhealthy_until_first_probe() -> None:
+    """S2/S9: a replica gets no turns before its first healthy probe; the turn waits."""
+    sim = Sim(gen("a"))
+    assert sim.req("t1", "r1") == ()
+    assert sim.view()["held_total"] == 1
+    assert admits(sim.probe("a")) == {"t1": "a"}
+
+
+def test_s2_no_load_numbers_means_unlimited() -> None:
+    """S2: a replica that reports no load is not limited."""
+    sim = Sim(gen("a"))
+    sim.probe("a", True)  # no running/waiting
+    assert sim.replica("a")["capacity"] is None
+    for i in range(50):
+        assert admits(sim.req(f"t{i}", f"r{i}")) == {f"t{i}": "a"}
+    assert sim.replica("a")["in_flight"] == 50
+
+
+def test_s2_empty_queue_without_cap_stays_unlimited() -> None:
+    """S2: an engine that never queued is not capped, whatever it runs."""
+    sim = Sim(gen("a"))
+    sim.probe("a", True, running=7, waiting=0)
+    assert sim.replica("a")["capacity"] is None
+
+
+def test_s2_queue_sets_cap_to_running() -> None:
+    """S2: once the engine queues, in-flight turns are capped at its running count."""
+    sim = Sim(gen("a"))
+    sim.probe("a", True, running=3, waiting=2)
+    assert sim.replica("a")["capacity"] == 3
+    got = [admits(sim.req(f"t{i}", f"r{i}")) for i in range(4)]
+    assert got == [{"t0": "a"}, {"t1": "a"}, {"t2": "a"}, {}]
+    assert sim.view()["held_total"] == 1
+    assert admits(sim.finish("t0")) == {"t3": "a"}
+
+
+def test_s2_queue_with_nothing_running_caps_at_one() -> None:
+    """S2: cap = max(1, running): a queue with nothing running still lets one turn in."""
+    sim = Sim(gen("a"))
+    sim.probe("a", True, running=0, waiting=5)
+    assert sim.replica("a")["capacity"] == 1
+    assert admits(sim.req("t1", "r1")) == {"t1": "a"}
+    assert sim.req("t2", "r2") == ()
+
+
+def test_s2_cap_sticky_on_empty_queue_below_cap() -> None:
+    """S2: an empty-queue probe while below the cap neither drops nor raises the cap."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 3)
+    sim.req("t1", "r1")
+    sim.probe("a", True, running=1, waiting=0)
+    assert sim.replica("a")["capacity"] == 3
+    assert admits(sim.req("t2", "r2")) == {"t2": "a"}
+    assert admits(sim.req("t3", "r3")) == {"t3": "a"}
+    assert sim.req("t4", "r4") == ()  # still capped at 3
+
+
+def test_s2_cap_raised_step_by_step_at_the_cap() -> None:
+    """S2: a quiet probe while running at the cap raises it by cap_raise_step, once per probe."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    for i in range(6):
+        sim.req(f"t{i}", f"r{i}")
+    assert sim.view()["held_total"] == 4
+    # engine at the cap with an empty queue: one more slot, one held turn admitted
+    assert admits(sim.probe("a", True, running=2, waiting=0)) == {"t2": "a"}
+    assert sim.replica("a")["capacity"] == 3
+    assert admits(sim.probe("a", True, running=3, waiting=0)) == {"t3": "a"}
+    assert sim.replica("a")["capacity"] == 4
+
+
+def test_s2_cap_raise_counts_own_in_flight_and_step_param() -> None:
+    """S2: "at the cap" also means luftpause's own in-flight ≥ cap; the step is a parameter."""
+    sim = Sim(gen("a"), params=Params(cap_raise_step=3))
+    capped(sim, "a", 2)
+    for i in range(6):
+        sim.req(f"t{i}", f"r{i}")
+    # the engine reports fewer running than we admitted (some still in transit)
+    acts = sim.probe("a", True, running=1, waiting=0)
+    assert sim.replica("a")["capacity"] == 5
+    assert admitted_order(acts) == ["t2", "t3", "t4"]
+
+
+def test_s2_cap_set_again_when_queue_reappears() -> None:
+    """S2: after raising, a queue sets the cap back to the running count."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    for i in range(4):
+        sim.req(f"t{i}", f"r{i}")
+    sim.probe("a", True, running=2, waiting=0)
+    sim.probe("a", True, running=3, waiting=0)
+    assert sim.replica("a")["capacity"] == 4
+    assert sim.replica("a")["in_flight"] == 4
+    sim.probe("a", True, running=2, waiting=1)
+    assert sim.replica("a")["capacity"] == 2
+    sim.req("t9", "r9")
+    assert sim.finish("t0") == ()  # in flight 3 ≥ 2
+    assert sim.finish("t1") == ()  # in flight 2 ≥ 2
+    assert admits(sim.finish("t2")) == {"t9": "a"}
+
+
+def test_s2_probe_without_load_removes_cap() -> None:
+    """S2: a probe with no load numbers lifts the cap and admits what was held."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r1")
+    sim.req("t2", "r2")
+    sim.req("t3", "r3")
+    assert admits(sim.probe("a", True)) == {"t2": "a", "t3": "a"}
+    assert sim.replica("a")["capacity"] is None
+
+
+def test_s2_unhealthy_replica_gets_no_turns() -> None:
+    """S9: an unhealthy replica gets no turns even with no cap; a healthy one does."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a", False)
+    sim.probe("b", True)
+    assert admits(sim.req("t1", "r1")) == {"t1": "b"}
+    sim.probe("b", False)
+    assert sim.req("t2", "r2") == ()
+    assert admits(sim.probe("a", True)) == {"t2": "a"}
+
+
+# ===================================================================== S3
+
+
+def test_s3_generating_run_stays_on_its_replica_even_when_other_idle() -> None:
+    """S3: a generating run's next turn waits for its replica though another is idle."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)
+    assert admits(sim.req("t1", "r")) == {"t1": "a"}  # b not yet healthy
+    sim.probe("b", True)
+    assert sim.req("t2", "r") == ()  # r is generating on a: held for a
+    assert admits(sim.req("x", "other")) == {"x": "b"}  # b really is free
+    assert admits(sim.finish("t1")) == {"t2": "a"}
+
+
+def test_s3_paused_run_stays_on_its_replica_even_when_other_idle() -> None:
+    """S3: a run paused on a tool returns only to the replica that served it."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r")
+    sim.probe("b", True)
+    sim.finish("t1", paused=True)
+    assert admits(sim.req("x", "other")) == {"x": "a"}  # least loaded, tie by name
+    assert sim.req("t2", "r") == ()  # b is idle, but r waits for a
+    assert sim.replica("b")["in_flight"] == 0
+    assert admits(sim.finish("x")) == {"t2": "a"}
+
+
+def test_s3_idle_run_may_move() -> None:
+    """S3: a run whose last turn ended without a tool call may go to another replica."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r")
+    sim.probe("b", True)
+    sim.finish("t1")  # idle
+    sim.req("x", "other")  # fills a
+    assert admits(sim.req("t2", "r")) == {"t2": "b"}
+
+
+def test_s3_idle_run_prefers_last_replica_when_it_has_room() -> None:
+    """S3: an idle run goes back to its last replica (prefix cache) over a less loaded one."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("b", True)
+    sim.req("t1", "r")  # to b: a is not healthy yet
+    sim.finish("t1")
+    sim.req("y", "other")  # b now has one in flight
+    sim.probe("a", True)
+    assert admits(sim.req("t2", "r")) == {"t2": "b"}
+    assert admits(sim.req("z", "new")) == {"z": "a"}  # a new run goes to the least loaded
+
+
+def test_s3_run_on_unhealthy_replica_moves_with_its_held_turns() -> None:
+    """S3: when a run's replica turns unhealthy, turns already held for it move elsewhere,
+    and the run's next turns are no longer pinned."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r")
+    sim.req("u1", "q")  # held: a is full, b not healthy
+    sim.probe("b", True)
+    assert sim.view()["held_total"] == 0  # u1 (idle run) went to b
+    sim.finish("t1", paused=True)
+    sim.req("x", "other")  # back on a (b has one in flight)
+    assert sim.req("t2", "r") == ()  # pinned to a
+    acts = sim.probe("a", False)
+    assert admits(acts) == {"t2": "b"}
+    sim.finish("t2", paused=True)  # now paused on b
+    sim.probe("b", False)
+    sim.probe("a", True)
+    assert admits(sim.req("t3", "r")) == {"t3": "a"}
+
+
+def test_s3_paused_run_on_unhealthy_replica_moves_at_once() -> None:
+    """S3: a paused run whose replica is unhealthy when its next turn arrives is not pinned."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a", True)
+    sim.req("t1", "r")
+    sim.finish("t1", paused=True)
+    sim.probe("a", False)
+    sim.probe("b", True)
+    assert admits(sim.req("t2", "r")) == {"t2": "b"}
+
+
+def test_s3_turn_held_through_a_health_blip_keeps_affinity() -> None:
+    """S3 (BUG): a paused run's held turn must go back to its replica once that replica is
+    healthy again, not to another replica: the run is paused on a healthy replica at the
+    moment of admission. The core moves the held turn to the free lane when the replica
+    turns unhealthy and never pins it again, so one failed probe loses affinity."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)
+    capped(sim, "b", 1)
+    sim.req("t1", "r")  # a
+    sim.req("xb", "rb")  # b
+    sim.req("x2", "r2")  # held
+    assert admits(sim.finish("t1", paused=True)) == {"x2": "a"}
+    assert sim.req("t2", "r") == ()  # pinned to a, a full
+    sim.probe("a", False)  # a blip: t2 may move…
+    sim.probe("a", True, running=1, waiting=1)  # …but a is back before anything freed
+    acts = sim.finish("xb")  # b frees first
+    assert admits(acts).get("t2") != "b"
+
+
+def test_s3_parallel_held_turns_of_one_run_go_to_the_same_replica() -> None:
+    """S3 (BUG): two turns of an idle run both held; once the first is admitted the run is
+    generating there, so the second must wait for that replica, not go to another one."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)
+    capped(sim, "b", 1)
+    sim.req("xa", "ra")
+    sim.req("xb", "rb")
+    assert sim.req("t1", "r") == ()
+    assert sim.req("t2", "r") == ()
+    assert admits(sim.finish("xa")) == {"t1": "a"}  # r is now generating on a
+    acts = sim.finish("xb")  # b frees while t1 still runs on a
+    assert "t2" not in admits(acts)
+    assert admits(sim.finish("t1")) == {"t2": "a"}
+
+
+def test_s3_run_with_a_held_turn_is_not_forgotten() -> None:
+    """S10/S3 (BUG): a run whose turn is held is not a run "with no turn"; the idle
+    expiry must not forget it. The core forgets it (ForgetRun while its turn waits),
+    admits the held turn without run state, and so loses the run's affinity: after that
+    turn ends paused on a tool, the run's next turn goes to another replica."""
+    params = Params(turn_timeout_s=10_000, run_idle_expiry_s=10)
+    sim = Sim(gen("a"), gen("b"), params=params)
+    capped(sim, "a", 1)
+    sim.req("t0", "r0")  # a is full
+    sim.req("t1", "r1")  # held (b not healthy)
+    forgot = sim.tick(12)
+    sim.t = 13
+    assert admits(sim.finish("t0")) == {"t1": "a"}
+    sim.t = 14
+    sim.finish("t1", paused=True)  # r1 is paused on a tool on a
+    sim.probe("b", True)
+    sim.req("x", "rx")  # a (tie by name)
+    acts = sim.req("t2", "r1")
+    assert "t2" not in admits(acts)  # must wait for a, where r1 is paused
+    assert ForgetRun("r1") not in forgot
+
+
+def test_s3_run_snapshot_on_single_pass_replica_does_not_pin_generative_turns() -> None:
+    """S13/S6 (BUG): a generative turn must never be admitted to a single-pass replica.
+    A resync that names a single-pass replica as a run's replica (a confused dataplane)
+    pins the run there, and its next generative turn is admitted to the classifier."""
+    sim = Sim(gen("a", "m"), single("sp", "m"))
+    sim.probe("a")
+    sim.probe("sp")
+    snap = RunSnapshot("r", RunPhase.PAUSED_ON_TOOL, "sp", BAT, "c")
+    sim(DataplaneResynced(sim.t, "dp", runs=(snap,)))
+    assert admits(sim.req("t", "r")) == {"t": "a"}
+
+
+# ===================================================================== S4
+
+
+def test_s4_interactive_before_batch() -> None:
+    """S4: with a slot free, a held interactive turn goes before an older held batch one."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("t0", "r0")
+    sim.req("b1", "rb", cls=BAT, caller="x")
+    sim.req("i1", "ri", cls=INT, caller="y")
+    assert admitted_order(sim.finish("t0")) == ["i1"]
+    assert admitted_order(sim.finish("i1")) == ["b1"]
+
+
+def test_s4_batch_leaves_a_slot_per_paused_interactive_run() -> None:
+    """S4: batch admissions leave one slot per interactive run paused on a tool there;
+    interactive turns are not held back by it; the paused run's return takes the slot."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 3)
+    sim.req("p1", "P", cls=INT)
+    sim.req("q1", "Q", cls=INT)
+    sim.finish("p1", paused=True)
+    sim.finish("q1", paused=True)
+    assert sim.replica("a")["reserved_for_interactive"] == 2
+    assert admits(sim.req("b1", "B1")) == {"b1": "a"}  # 1 + 2 reserved = 3 = cap
+    assert sim.req("b2", "B2") == ()
+    assert admits(sim.req("p2", "P", cls=INT)) == {"p2": "a"}  # its own return
+    assert sim.replica("a")["reserved_for_interactive"] == 1
+    assert sim.view()["held_total"] == 1  # b2 still leaves Q's slot
+    assert admits(sim.req("q2", "Q", cls=INT)) == {"q2": "a"}
+    assert sim.replica("a")["in_flight"] == 3
+
+
+def test_s4_interactive_turn_of_another_run_may_use_a_reserved_slot() -> None:
+    """S4: only batch admissions leave the reserved slot free."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    sim.req("p1", "P", cls=INT)
+    sim.finish("p1", paused=True)
+    sim.req("b1", "B1")
+    assert sim.req("b2", "B2") == ()
+    assert admits(sim.req("i1", "I", cls=INT)) == {"i1": "a"}
+
+
+def test_s4_batch_runs_paused_on_a_tool_reserve_nothing() -> None:
+    """S4: only interactive paused runs reserve a slot."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("p1", "P", cls=BAT)
+    sim.finish("p1", paused=True)
+    assert sim.replica("a")["reserved_for_interactive"] == 0
+    assert admits(sim.req("b1", "B1")) == {"b1": "a"}
+
+
+def test_s4_reservation_released_on_run_ended() -> None:
+    """S4/D8: RunEnded releases the paused run's reservation; held batch goes in."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("p1", "P", cls=INT)
+    sim.finish("p1", paused=True)
+    assert sim.req("b1", "B1") == ()
+    assert admits(sim(RunEnded(sim.t, "P"))) == {"b1": "a"}
+    assert sim.replica("a")["reserved_for_interactive"] == 0
+
+
+def test_s4_reservation_released_on_idle_expiry() -> None:
+    """S4/S10: a paused interactive run forgotten by idle expiry frees its slot."""
+    sim = Sim(gen("a"), params=Params(run_idle_expiry_s=100))
+    capped(sim, "a", 1)
+    sim.req("p1", "P", cls=INT)
+    sim.t = 5
+    sim.finish("p1", paused=True)
+    sim.t = 50
+    assert sim.req("b1", "B1") == ()
+    assert sim.tick(104) == ()
+    acts = sim.tick(105)
+    assert acts == (ForgetRun("P"), Admit("b1", "a", 105 - 50))
+
+
+def test_s4_reservation_released_when_its_next_turn_is_admitted() -> None:
+    """S4: the reservation ends when the paused run's next turn is admitted; once that
+    turn ends without a tool call, the slot goes to batch."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    sim.req("p1", "P", cls=INT)
+    sim.finish("p1", paused=True)
+    sim.req("b1", "B1")
+    assert sim.req("b2", "B2") == ()
+    sim.req("p2", "P", cls=INT)
+    assert sim.replica("a")["reserved_for_interactive"] == 0
+    assert sim.replica("a")["in_flight"] == 2
+    assert admits(sim.finish("p2")) == {"b2": "a"}
+
+
+def test_s4_reservation_released_when_next_turn_goes_elsewhere() -> None:
+    """S4/S3: a paused run whose replica went unhealthy moves, and drops its old reservation."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a")
+    sim.req("p1", "P", cls=INT)
+    sim.finish("p1", paused=True)
+    sim.probe("a", False)
+    sim.probe("b")
+    assert admits(sim.req("p2", "P", cls=INT)) == {"p2": "b"}
+    assert sim.replica("a")["reserved_for_interactive"] == 0
+
+
+# ===================================================================== S5
+
+
+def test_s5_fewest_in_flight_caller_first() -> None:
+    """S5: within a class, the caller with the fewest in-flight turns goes first."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    sim.req("x1", "rx1", caller="X")
+    sim.req("z1", "rz1", caller="Z")
+    sim.req("x2", "rx2", caller="X")  # held first
+    sim.req("y1", "ry1", caller="Y")  # held later
+    assert admitted_order(sim.finish("z1")) == ["y1"]  # Y has 0 in flight, X has 1
+
+
+def test_s5_ties_broken_by_arrival() -> None:
+    """S5: equal in-flight counts: the earlier held turn goes first."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("z1", "rz", caller="Z")
+    sim.req("q1", "rq", caller="Q")
+    sim.req("p1", "rp", caller="P")
+    assert admitted_order(sim.finish("z1")) == ["q1"]
+    assert admitted_order(sim.finish("q1")) == ["p1"]
+
+
+def test_s5_a_flood_from_one_caller_does_not_starve_another() -> None:
+    """S5: caller F floods, caller G sends one turn after the flood; G's turn is admitted
+    before the flood's later turns."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    for i in range(10):
+        sim.req(f"f{i}", f"rf{i}", caller="F")
+    sim.req("g0", "rg", caller="G")
+    order: list[str] = []
+    for i in range(10):
+        order += admitted_order(sim.finish(f"f{i}"))
+    assert order[0] == "g0"
+    assert order[1:] == [f"f{i}" for i in range(2, 10)]
+
+
+def test_s5_fairness_within_class_only() -> None:
+    """S4 over S5: an interactive turn goes first even when its caller has more in flight."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    sim.req("x1", "rx1", caller="X", cls=INT)
+    sim.req("z1", "rz1", caller="Z")
+    sim.req("y1", "ry1", caller="Y", cls=BAT)
+    sim.req("x2", "rx2", caller="X", cls=INT)
+    assert admitted_order(sim.finish("z1")) == ["x2"]
+
+
+# ===================================================================== S6
+
+
+def test_s6_unknown_model_rejected_never_held() -> None:
+    """S6: an unknown model is rejected at once with the documented message, never queued."""
+    sim = Sim(gen("a", "m"))  # a not even healthy: still rejected, not held
+    acts = sim.req("t1", "r1", model="nope")
+    assert acts == (
+        Reject("t1", RejectCode.UNKNOWN_MODEL, "no Generative replica serves model 'nope'"),
+    )
+    assert sim.view()["held_total"] == 0
+    assert sim.view()["runs_total"] == 0
+    assert "t1" not in admits(sim.probe("a"))
+
+
+def test_s6_model_served_only_by_single_pass_is_unknown_for_generative() -> None:
+    """S6/S13: a generative turn for a model only a single-pass replica serves is unknown."""
+    sim = Sim(gen("a", "m"), single("sp", "cls"))
+    sim.probe("a")
+    sim.probe("sp")
+    acts = sim.req("t1", "r1", model="cls")
+    assert acts == (
+        Reject("t1", RejectCode.UNKNOWN_MODEL, "no Generative replica serves model 'cls'"),
+    )
+    assert sim.view()["held_total"] == 0
+
+
+def test_s6_turn_goes_only_to_a_replica_serving_its_model() -> None:
+    """S6: a turn only goes to a replica serving its model, even if another is emptier."""
+    sim = Sim(gen("a", "m1"), gen("b", "m1", "m2"))
+    sim.probe("a")
+    sim.probe("b")
+    sim.req("t1", "r1", model="m2")
+    sim.req("t2", "r2", model="m2")
+    assert admits(sim.req("t3", "r3", model="m2")) == {"t3": "b"}
+    assert admits(sim.req("t4", "r4", model="m1")) == {"t4": "a"}
+
+
+# ===================================================================== S10
+
+
+def test_s10_unreported_turn_expires_and_frees_its_slot() -> None:
+    """S10: a turn never reported finished is dropped after turn_timeout_s (DropTurn
+    EXPIRED) and a held turn takes its slot; a late report for it is ignored."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r1")
+    sim(TurnStarted(0.5, "t1"))
+    sim.t = 10
+    sim.req("t2", "r2")
+    assert sim.tick(599) == ()
+    acts = sim.tick(600)
+    assert acts == (DropTurn("t1", "a", DropReason.EXPIRED), Admit("t2", "a", 590.0))
+    assert sim.finish("t1") == ()
+    assert sim.replica("a")["in_flight"] == 1
+
+
+def test_s10_expiry_respects_fractional_deadlines() -> None:
+    """S10: a turn admitted at 0.5 is not dropped before 600.5."""
+    sim = Sim(gen("a"))
+    sim.probe("a")
+    sim.t = 0.5
+    sim.req("t1", "r1")
+    assert sim.tick(600.4) == ()
+    assert sim.tick(601) == (DropTurn("t1", "a", DropReason.EXPIRED),)
+
+
+def test_s10_idle_run_forgotten_and_next_turn_starts_without_affinity() -> None:
+    """S10: a run with no turn for run_idle_expiry_s is forgotten (ForgetRun); its next
+    turn starts fresh: it no longer prefers its last replica."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("b")
+    sim.req("t1", "r")  # b
+    sim.t = 10
+    sim.finish("t1")  # idle on b
+    sim.probe("a")
+    assert sim.tick(1809) == ()
+    assert sim.tick(1810) == (ForgetRun("r"),)
+    assert sim.view()["runs_total"] == 0
+    assert admits(sim.req("t2", "r")) == {"t2": "a"}  # fresh run: least loaded, tie by name
+
+
+def test_s10_run_with_in_flight_turn_not_forgotten() -> None:
+    """S10: a run with an admitted turn is not forgotten, however long the turn runs."""
+    sim = Sim(gen("a"), params=Params(turn_timeout_s=10_000, run_idle_expiry_s=100))
+    sim.probe("a")
+    sim.req("t1", "r")
+    assert sim.tick(500) == ()
+    assert sim.view()["runs_total"] == 1
+    sim.finish("t1")
+    assert sim.tick(599) == ()
+    assert sim.tick(600) == (ForgetRun("r"),)
+
+
+def test_s10_new_turn_request_postpones_expiry() -> None:
+    """S10: each turn resets the run's idle clock."""
+    sim = Sim(gen("a"), params=Params(run_idle_expiry_s=100))
+    sim.probe("a")
+    sim.req("t1", "r")
+    sim.finish("t1")
+    sim.t = 90
+    sim.req("t2", "r")
+    sim.finish("t2")
+    assert sim.tick(150) == ()
+    assert sim.tick(190) == (ForgetRun("r"),)
+
+
+def test_s10_run_ended_with_a_turn_in_flight_keeps_counts_sound() -> None:
+    """S10/D8 (BUG): RunEnded while a turn is in flight, then a late turn of the same run
+    (a confused peer): the core recreates the run with in_flight=0 although the old turn
+    is still admitted, so ``violations`` reports a miscount; when the old turn then
+    finishes, the run is marked idle while its new turn still generates (affinity lost)."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a")
+    sim.req("t1", "r")
+    sim(RunEnded(1, "r"))
+    sim.t = 2
+    sim.req("t2", "r")  # Sim asserts violations(state) == [] here
+    sim.t = 3
+    sim.finish("t1")
+    sim.probe("b")
+    sim.req("x", "other")  # a now has t2 and x
+    assert admits(sim.req("t3", "r")) == {"t3": "a"}  # r is generating on a
+
+
+# ===================================================================== S11
+
+
+def _resynced(sim: Sim) -> None:
+    sim(
+        DataplaneResynced(
+            sim.t,
+            "dp",
+            runs=(
+                RunSnapshot("P", RunPhase.PAUSED_ON_TOOL, "a", INT, "c1"),
+                RunSnapshot("G", RunPhase.GENERATING, "b", BAT, "c2"),
+                RunSnapshot("I", RunPhase.IDLE, "b", BAT, "c2"),
+            ),
+            in_flight=(TurnSnapshot("g1", "G", "b", "m", BAT, "c2", started=True),),
+        )
+    )
+
+
+def test_s11_resync_into_fresh_state_restores_counts_and_reservations() -> None:
+    """S11: after a restart, in-flight counts, caller counts and reservations are back."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a", True, running=1, waiting=1)
+    sim.probe("b", True)
+    _resynced(sim)
+    v = sim.view()
+    assert sim.replica("a")["reserved_for_interactive"] == 1
+    assert sim.replica("b")["in_flight"] == 1
+    assert v["callers_in_flight"] == {"c2": 1}
+    assert v["runs"] == {
+        "generating": {"batch": 1},
+        "idle": {"batch": 1},
+        "paused_on_tool": {"interactive": 1},
+    }
+    # a has cap 1 and one reservation: a batch turn of a new run goes to b
+    assert admits(sim.req("x", "X")) == {"x": "b"}
+
+
+def test_s11_resync_restores_affinity() -> None:
+    """S11/S3: resynced paused and generating runs are pinned to their replicas; the
+    paused interactive run takes its reserved slot; the idle one prefers its last replica."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a", True, running=1, waiting=1)
+    sim.probe("b", True, running=2, waiting=1)
+    _resynced(sim)
+    assert admits(sim.req("p2", "P", cls=INT, caller="c1")) == {"p2": "a"}
+    assert admits(sim.req("i2", "I", caller="c2")) == {"i2": "b"}  # prefers b, has room
+    assert sim.req("g2", "G", caller="c2") == ()  # pinned to b, which is full
+    assert sim.view()["held_total"] == 1
+    assert admits(sim(TurnFinished(sim.t, "g1"))) == {"g2": "b"}
+
+
+def test_s11_held_turns_rerequested_after_resync_keep_their_ids() -> None:
+    """S11: turns held during the outage are re-sent with their IDs and admitted with them."""
+    old = Sim(gen("a"))
+    capped(old, "a", 1)
+    old.req("g1", "G")
+    old.req("h1", "H", caller="c3")
+    assert old.view()["held_total"] == 1
+    # scheduler restarts: a fresh state, the dataplane resyncs and re-sends h1
+    sim = Sim(gen("a"))
+    sim.probe("a", True, running=1, waiting=1)
+    sim(
+        DataplaneResynced(
+            0,
+            "dp",
+            runs=(RunSnapshot("G", RunPhase.GENERATING, "a", BAT, "c"),),
+            in_flight=(TurnSnapshot("g1", "G", "a", "m", BAT, "c"),),
+        )
+    )
+    assert sim.req("h1", "H", caller="c3") == ()
+    assert admits(sim.finish("g1")) == {"h1": "a"}
+
+
+def test_s11_resent_admit_answers_same_replica() -> None:
+    """S11: a re-sent Admit for an admitted turn gets the same replica and takes no slot;
+    a re-sent Admit for a held turn keeps its place and is not queued twice."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)
+    sim.probe("b")
+    sim.req("t1", "r")
+    assert sim.req("t1", "r") == (Admit("t1", "a", 0.0),)
+    assert sim.replica("a")["in_flight"] == 1
+    sim.probe("b", False)
+    sim.req("t2", "r2")
+    assert sim.req("t2", "r2") == ()
+    assert sim.view()["held_total"] == 1
+
+
+def test_s11_resync_releases_missing_turns_of_that_dataplane_only() -> None:
+    """S11: admitted turns of the resyncing dataplane missing from its list are released
+    (DropTurn RELEASED) and their slots freed; other dataplanes' turns are untouched."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 3)
+    sim.req("t1", "r1", dp="dp1")
+    sim.req("t2", "r2", dp="dp1")
+    sim.req("t3", "r3", dp="dp2")
+    sim.req("h", "rh", dp="dp2")
+    keep = TurnSnapshot("t1", "r1", "a", "m", BAT, "c")
+    acts = sim(DataplaneResynced(sim.t, "dp1", in_flight=(keep,)))
+    assert acts == (DropTurn("t2", "a", DropReason.RELEASED), Admit("h", "a", 0.0))
+    assert sim.replica("a")["in_flight"] == 3
+    assert sim.finish("t3") == ()  # t3 was untouched and still counted
+
+
+# ===================================================================== S13
+
+
+def test_s13_single_pass_turns_bypass_generative_slots() -> None:
+    """S13: single-pass turns go to single-pass replicas at once even when every
+    generative replica is full, and never enter run state or caller counts."""
+    sim = Sim(gen("a", "m"), single("sp", "cls"))
+    capped(sim, "a", 1)
+    sim.probe("sp")
+    sim.req("t1", "r")
+    sim.req("t2", "r2")  # held
+    acts = sim.req("s1", "r", model="cls", kind=SP, caller="k")
+    assert admits(acts) == {"s1": "sp"}
+    v = sim.view()
+    assert v["runs_total"] == 2
+    assert v["callers_in_flight"] == {"c": 1}
+    assert v["in_flight_total"] == 1  # generative only
+    assert sim.replica("sp")["in_flight"] == 1
+    # finishing the single-pass turn frees no generative slot and touches run r not at all
+    assert sim(TurnFinished(sim.t, "s1", paused_on_tool=True)) == ()
+    assert sim.view()["held_total"] == 1
+    assert sim.replica("a")["reserved_for_interactive"] == 0
+
+
+def test_s13_single_pass_replicas_have_their_own_caps() -> None:
+    """S13: a full single-pass replica holds single-pass turns without touching generative ones."""
+    sim = Sim(gen("a", "m"), single("sp", "cls"))
+    sim.probe("a")
+    capped(sim, "sp", 1)
+    sim.req("s1", "x1", model="cls", kind=SP)
+    assert sim.req("s2", "x2", model="cls", kind=SP) == ()
+    assert admits(sim.req("t1", "r1")) == {"t1": "a"}
+    assert admits(sim(TurnFinished(sim.t, "s1"))) == {"s2": "sp"}
+
+
+def test_s13_unknown_single_pass_model_rejected() -> None:
+    """S6/S13: a single-pass turn for a model only generative replicas serve is unknown."""
+    sim = Sim(gen("a", "m"), single("sp", "cls"))
+    acts = sim.req("s1", "x", model="m", kind=SP)
+    assert len(acts) == 1 and isinstance(acts[0], Reject)
+    assert acts[0].code is RejectCode.UNKNOWN_MODEL
+
+
+# ============================================================ abandonment
+
+
+def test_abandoned_held_turn_leaves_queue_and_is_never_admitted() -> None:
+    """A held turn whose client left leaves the queue; freeing capacity never admits it."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r1")
+    sim.req("t2", "r2")
+    sim.req("t3", "r3")
+    assert sim(TurnAbandoned(sim.t, "t2")) == ()
+    assert sim.view()["held_total"] == 1
+    assert admits(sim.finish("t1")) == {"t3": "a"}
+    assert admits(sim.finish("t3")) == {}
+    assert admits(sim.probe("a")) == {}
+
+
+def test_abandoned_admitted_turn_before_start_frees_its_slot() -> None:
+    """An admitted turn abandoned before it started frees its slot for a held turn."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r1")
+    sim.req("t2", "r2")
+    assert admits(sim(TurnAbandoned(sim.t, "t1"))) == {"t2": "a"}
+    assert sim.finish("t1") == ()  # late report of the abandoned turn is ignored
+    assert sim.replica("a")["in_flight"] == 1
+
+
+def test_abandoned_after_start_keeps_the_slot() -> None:
+    """Once the engine request started, abandonment does not free the slot (the engine
+    still runs it; the finish report frees it)."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r1")
+    sim(FirstTokenReceived(sim.t, "t1"))
+    sim.req("t2", "r2")
+    assert sim(TurnAbandoned(sim.t, "t1")) == ()
+    assert admits(sim.finish("t1")) == {"t2": "a"}
+
+
+def test_failed_turn_frees_slot_and_leaves_run_idle() -> None:
+    """D5: a failed turn frees its slot and leaves its run idle (free to move)."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r")
+    sim.req("x", "other")
+    assert admits(sim(TurnFailed(sim.t, "t1"))) == {"x": "a"}
+    sim.probe("b")
+    assert admits(sim.req("t2", "r")) == {"t2": "b"}
+
+
+# ============================================================= bad input
+
+
+def test_invalid_requests_rejected_not_raised() -> None:
+    """Bad input never raises: empty or over-long IDs and an empty model → INVALID_REQUEST."""
+    sim = Sim(gen("a"))
+    sim.probe("a")
+    long_id = "x" * 257
+    cases = [
+        ("", "r", "m"),
+        ("t", "", "m"),
+        ("t", "r", ""),
+        (long_id, "r", "m"),
+        ("t", long_id, "m"),
+    ]
+    for turn, run, model in cases:
+        acts = sim(TurnRequested(0, turn, run, model))
+        assert len(acts) == 1 and isinstance(acts[0], Reject), (turn, run, model)
+        assert acts[0].code is RejectCode.INVALID_REQUEST
+        assert acts[0].turn_id == turn
+    v = sim.view()
+    assert v["runs_total"] == 0 and v["held_total"] == 0 and v["in_flight_total"] == 0
+    ok = "y" * 256
+    assert admits(sim(TurnRequested(0, ok, ok, "m"))) == {ok: "a"}
+
+
+def test_events_for_unknown_things_do_nothing() -> None:
+    """Events about unknown turns, runs or replicas are ignored, never raise."""
+    sim = Sim(gen("a"))
+    sim.probe("a")
+    sim.req("t1", "r1")
+    before = sim.view()
+    events: list[Event] = [
+        TurnStarted(1, "nope"),
+        FirstTokenReceived(1, "nope"),
+        TurnFinished(1, "nope", paused_on_tool=True),
+        TurnFailed(1, "nope"),
+        TurnAbandoned(1, "nope"),
+        RunEnded(1, "nope"),
+        ReplicaProbed(1, "nope", True, 1, 1),
+        ReplicaProbed(1, "nope", False),
+        DataplaneResynced(
+            1,
+            "dp-x",
+            runs=(RunSnapshot("", RunPhase.IDLE, None, BAT, ""),),
+            in_flight=(
+                TurnSnapshot("z", "rz", "nope", "m", BAT, "c"),
+                TurnSnapshot("z2", "rz", "a", "not-served", BAT, "c"),
+                TurnSnapshot("", "rz", "a", "m", BAT, "c"),
+            ),
+        ),
+    ]
+    for ev in events:
+        assert sim(ev) == (), ev
+    assert sim.view() == before
+
+
+def test_event_stamped_in_the_past_does_not_move_clock_back() -> None:
+    """S1: the core's clock never runs backwards; a late-stamped event is applied at 'now'."""
+    sim = Sim(gen("a"), params=Params(turn_timeout_s=10))
+    sim.probe("a")
+    sim.tick(100)
+    sim(TurnRequested(5, "t1", "r1", "m"))  # stamped before now
+    assert sim.tick(109) == ()
+    assert sim.tick(110) == (DropTurn("t1", "a", DropReason.EXPIRED),)
+
+
+# ================================================================ S12 view
+
+
+def test_status_view_shape() -> None:
+    """S12: per replica in-flight and capacity; held by class and caller with oldest wait;
+    runs by phase and class."""
+    sim = Sim(gen("a", "m"), single("sp", "cls"))
+    capped(sim, "a", 1)
+    sim.req("t1", "r1", cls=INT, caller="alice")
+    sim.t = 2
+    sim.req("t2", "r2", cls=BAT, caller="bob")
+    sim.t = 3
+    sim.req("t3", "r3", cls=BAT, caller="bob")
+    sim.req("t4", "r4", cls=INT, caller="carol")
+    v = status(sim.state, 5.0)
+    assert set(v) == {
+        "replicas",
+        "held",
+        "held_total",
+        "in_flight_total",
+        "runs",
+        "runs_total",
+        "callers_in_flight",
+    }
+    assert [r["name"] for r in v["replicas"]] == ["a", "sp"]
+    a = v["replicas"][0]
+    assert a == {
+        "name": "a",
+        "kind": "generative",
+        "models": ["m"],
+        "healthy": True,
+        "in_flight": 1,
+        "capacity": 1,
+        "reserved_for_interactive": 0,
+        "engine_running": 1,
+        "engine_waiting": 1,
+        "kv_usage": None,
+        "probed_s_ago": 5.0,
+    }
+    sp = v["replicas"][1]
+    assert sp["healthy"] is False and sp["probed_s_ago"] is None and sp["kind"] == "single_pass"
+    assert v["held"] == {
+        "batch": {"bob": {"held": 2, "oldest_wait_s": 3.0}},
+        "interactive": {"carol": {"held": 1, "oldest_wait_s": 2.0}},
+    }
+    assert v["held_total"] == 3
+    assert v["in_flight_total"] == 1
+    assert v["runs"] == {"generating": {"interactive": 1}, "idle": {"batch": 2, "interactive": 1}}
+    assert v["runs_total"] == 4
+    assert v["callers_in_flight"] == {"alice": 1}
+
+
+def test_run_ended_with_a_held_turn_keeps_counts_sound() -> None:
+    """D8/S10: RunEnded while one of the run's turns is held (its client still waits);
+    when that turn is then admitted, the state must stay sound (``violations`` empty:
+    every admitted generative turn belongs to a known run) and the turn must finish
+    cleanly."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("t0", "r0")
+    sim.req("t1", "r")  # held
+    sim(RunEnded(sim.t, "r"))
+    assert admits(sim.finish("t0")) == {"t1": "a"}  # Sim checks violations here
+    assert sim.finish("t1") == ()
+    assert sim.view()["in_flight_total"] == 0
+
+
+def test_s13_resync_does_not_count_single_pass_turns_as_run_turns() -> None:
+    """S13/S11: single-pass turns never enter run state. An agent run that made a
+    classifier call shares its run ID with it; a resync listing both the run and that
+    single-pass turn must leave the run's in-flight count at its generative turns only
+    (``violations`` empty), so its turns finishing leave it idle and forgettable."""
+    sim = Sim(gen("a", "m"), single("sp", "cls"))
+    sim.probe("a")
+    sim.probe("sp")
+    sim.req("t1", "r")
+    sim.req("s1", "r", model="cls", kind=SP)
+    sim(
+        DataplaneResynced(
+            sim.t,
+            "dp",
+            runs=(RunSnapshot("r", RunPhase.GENERATING, "a", BAT, "c"),),
+            in_flight=(
+                TurnSnapshot("t1", "r", "a", "m", BAT, "c"),
+                TurnSnapshot("s1", "r", "sp", "cls", BAT, "c"),
+            ),
+        )
+    )  # Sim checks violations here
+    sim.finish("t1")
+    assert sim.view()["runs"] == {"idle": {"batch": 1}}
+
+
+def test_s11_resync_keeps_the_runs_last_replica_from_its_snapshot() -> None:
+    """S11/S3: the dataplane's RunSnapshot says which replica served the run's last turn.
+    A run with turns in flight on two replicas (one moved off a replica that was
+    unhealthy) must keep the snapshot's replica after a resync, whatever the order of
+    the listed turns; the core takes the replica of the last listed turn instead."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a", True, running=1, waiting=1)  # cap 1
+    sim.probe("b")
+    sim(
+        DataplaneResynced(
+            sim.t,
+            "dp",
+            runs=(RunSnapshot("r", RunPhase.GENERATING, "b", BAT, "c"),),
+            in_flight=(
+                TurnSnapshot("t1", "r", "b", "m", BAT, "c"),
+                TurnSnapshot("t0", "r", "a", "m", BAT, "c"),
+            ),
+        )
+    )
+    assert admits(sim.req("t2", "r")) == {"t2": "b"}  # a is full; r belongs on b
+
+
+def test_s10_idle_clock_starts_when_a_held_turn_is_abandoned() -> None:
+    """S10: a held turn is a turn. A run whose only turn waited 50 s and was then
+    abandoned has had no turn for 11 s at t=61, not 61 s: it is forgotten at 110, not
+    at the first tick past request time + run_idle_expiry_s."""
+    sim = Sim(gen("a"), params=Params(turn_timeout_s=10_000, run_idle_expiry_s=60))
+    sim.req("t1", "r")  # held: a was never probed healthy
+    sim.t = 50
+    assert sim(TurnAbandoned(sim.t, "t1")) == ()
+    assert sim.tick(61) == ()
+    assert sim.tick(110) == (ForgetRun("r"),)
