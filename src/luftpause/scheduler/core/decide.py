@@ -23,11 +23,17 @@ batch; within a class, the caller with the fewest in-flight turns; ties by
 arrival order. The candidates are the heads of the caller FIFOs in the lanes
 that replica can serve: its own pin lane and the free lanes of its models.
 
-Affinity (S3): a run that is generating or paused on a tool, on a healthy
-replica, is pinned: its turns wait in that replica's pin lane even if another
-replica is idle. Idle runs and runs whose replica is unhealthy are free; a free
-turn prefers its run's last replica (its prefix may still be cached), else the
-least loaded replica, ties by name.
+Affinity (S3): a run that is generating or paused on a tool is pinned: its
+turns wait in that replica's pin lane even if another replica is idle. While the
+replica is unhealthy, every other replica serving the model may draw from that
+lane (the run may move); once it is healthy again the lane is its alone, so a
+probe blip costs no affinity. A run's held turns follow it: pinned where it is
+admitted, freed when it goes idle. A free turn prefers its run's last replica
+(its prefix may still be cached), else the least loaded replica, ties by name.
+
+Run lifetime (S10, D8): a held turn counts as activity, so a run waiting for a
+slot is not forgotten. ``RunEnded`` forgets a run at once unless turns of it are
+still admitted; then it is marked and forgotten after the last of them.
 
 The cap (S2): a probe showing a waiting queue sets ``cap = max(1, running)``.
 A probe with an empty queue never lowers the cap; it raises it by
