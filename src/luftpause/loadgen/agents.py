@@ -1,0 +1,350 @@
+"""Own-loop agents: the official ``openai`` package against a base URL, tools over MCP.
+
+One run: system preamble + per-run task (see ``content``), the tool server's
+schemas offered, streamed turns with ``stream_options.include_usage`` (so usage,
+with the engine's ``luftpause_timing``, arrives through any proxy or router);
+each tool call is answered by calling the tool server with the official MCP
+client and its result echoed back; the run ends when the model answers.
+
+The fake engine calls tools until the conversation holds N tool results; N is
+sent per run in ``x-fake-tool-results``. (The SGLang router does not forward
+that header: behind it the engine's own ``--tool-results`` applies.)
+
+The client never retries (``max_retries=0``): a failed turn fails its run, and
+the failure is counted by kind - errors are shown, never hidden.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import httpx2
+import openai
+from mcp import Client
+
+from luftpause.loadgen import content
+from luftpause.loadgen.mix import Group
+from luftpause.loadgen.stats import RunRecord, TurnRecord
+
+HELD_HEADER = "x-luftpause-held-ms"
+REPLICA_HEADER = "x-luftpause-replica"
+RUN_HEADER = "x-luftpause-run-id"
+
+
+class RunFailed(Exception):
+    """A run that did not finish; ``kind`` names the failure for the error table."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class AgentOptions:
+    model: str
+    tool_names: list[str] | None = None  # None: every tool the server offers
+    class_headers: bool = True
+    priority: dict[str, int] = field(default_factory=dict)  # class -> body "priority"
+    turn_timeout_s: float = 600.0
+    max_turns: int = 10
+    nonce: str = "0"
+    # Runs in flight (run ID -> base URL), so a load that stops can end them (D8).
+    live: dict[str, str] = field(default_factory=dict)
+
+
+async def end_runs(options: AgentOptions, timeout_s: float = 5.0) -> int:
+    """``DELETE /v1/runs/{id}`` for runs cut off mid-way (they may be paused on a tool, and
+    a paused interactive run keeps a slot reserved until it expires). Errors and 404s (a
+    router or an engine) are ignored. Returns how many the target acknowledged."""
+    if not options.live or not options.class_headers:
+        options.live.clear()
+        return 0
+    ended = 0
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+        for run_id, base in list(options.live.items()):
+            with contextlib.suppress(httpx.HTTPError):
+                r = await http.delete(f"{base}/runs/{run_id}")
+                ended += r.status_code < 300
+    options.live.clear()
+    return ended
+
+
+class ToolPool:
+    """A few MCP sessions to the tool server, shared round robin by the agents."""
+
+    def __init__(self, url: str, size: int, timeout_s: float = 120.0) -> None:
+        self.url = url
+        self.size = max(1, size)
+        self.timeout_s = timeout_s
+        self.clients: list[Client] = []
+        self.tools: list[Any] = []
+        self._next = 0
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> ToolPool:
+        try:
+            for _ in range(self.size):
+                client = Client(self.url, mode="legacy", read_timeout_seconds=self.timeout_s)
+                self.clients.append(await self._stack.enter_async_context(client))
+            self.tools = list((await self.clients[0].list_tools()).tools)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    def pick(self) -> Client:
+        client = self.clients[self._next % len(self.clients)]
+        self._next += 1
+        return client
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """The tool's text result and whether the server marked it an error."""
+        result = await self.pick().call_tool(name, arguments)
+        text = "\n".join(
+            str(getattr(block, "text", "")) for block in result.content if hasattr(block, "text")
+        )
+        if not text and result.structured_content is not None:
+            text = json.dumps(result.structured_content)
+        return text, bool(result.is_error)
+
+
+def classify_error(exc: BaseException) -> RunFailed:
+    """Map a client exception to an error kind (``http_502``, ``connect``, ``timeout``, ...)."""
+    if isinstance(exc, RunFailed):
+        return exc
+    if isinstance(exc, openai.APIStatusError):
+        return RunFailed(f"http_{exc.status_code}", f"{exc.status_code}: {exc.message}"[:300])
+    if isinstance(exc, openai.APITimeoutError):
+        return RunFailed("timeout", "turn timed out")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        # openai may bundle its own HTTP client: match the exception by name.
+        if type(cause).__name__ in ("ConnectError", "ConnectionRefusedError"):
+            return RunFailed("connect", f"cannot connect: {cause!r}"[:300])
+        if type(cause).__name__ in ("RemoteProtocolError", "ReadError"):
+            return RunFailed("stream_broken", f"connection broken: {cause!r}"[:300])
+        return RunFailed("connection", f"connection failed: {cause!r}"[:300])
+    if isinstance(exc, (httpx.TimeoutException, httpx2.TimeoutException)):
+        return RunFailed("timeout", repr(exc)[:300])
+    if isinstance(exc, (httpx.HTTPError, httpx2.HTTPError)):
+        return RunFailed("stream_broken", repr(exc)[:300])
+    if isinstance(exc, openai.OpenAIError):
+        return RunFailed("openai_error", repr(exc)[:300])
+    return RunFailed(type(exc).__name__, repr(exc)[:300])
+
+
+def _usage_fields(usage: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if usage is None:
+        return out
+    out["prompt_tokens"] = getattr(usage, "prompt_tokens", None)
+    out["completion_tokens"] = getattr(usage, "completion_tokens", None)
+    details = getattr(usage, "prompt_tokens_details", None)
+    out["cached_tokens"] = getattr(details, "cached_tokens", None) if details is not None else None
+    if out["cached_tokens"] is None and out["prompt_tokens"] is not None:
+        out["cached_tokens"] = 0
+    extra = getattr(usage, "model_extra", None) or {}
+    timing = extra.get("luftpause_timing")
+    if isinstance(timing, dict):
+        for key in ("queued_s", "prefill_s", "decode_s"):
+            value = timing.get(key)
+            if isinstance(value, (int, float)):
+                out[key] = float(value)
+    return out
+
+
+@dataclass
+class _Reply:
+    content: str
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str | None
+    turn: TurnRecord
+
+
+async def _turn(
+    client: openai.AsyncOpenAI,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    headers: dict[str, str],
+    extra_body: dict[str, Any] | None,
+    max_tokens: int,
+    options: AgentOptions,
+) -> _Reply:
+    t0 = time.perf_counter()
+    create: Any = client.chat.completions.with_raw_response.create  # plain dicts, not TypedDicts
+    raw = await create(
+        model=options.model,
+        messages=messages,
+        tools=tools,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers=headers,
+        extra_body=extra_body,
+    )
+    held = raw.headers.get(HELD_HEADER)
+    replica = raw.headers.get(REPLICA_HEADER)
+    stream = raw.parse()
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish: str | None = None
+    usage: Any = None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.finish_reason:
+                finish = choice.finish_reason
+            delta = choice.delta
+            if delta.content:
+                text.append(delta.content)
+            for tc in delta.tool_calls or ():
+                entry = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                if tc.id:
+                    entry["id"] = tc.id
+                if tc.function is not None:
+                    if tc.function.name:
+                        entry["name"] += tc.function.name
+                    if tc.function.arguments:
+                        entry["arguments"] += tc.function.arguments
+    if finish is None:
+        raise RunFailed("stream_incomplete", "the stream ended without a finish reason")
+    fields = _usage_fields(usage)
+    turn = TurnRecord(
+        wall_s=time.perf_counter() - t0,
+        held_s=int(held) / 1000.0 if held is not None and held.isdigit() else None,
+        queued_s=fields.get("queued_s"),
+        prefill_s=fields.get("prefill_s"),
+        decode_s=fields.get("decode_s"),
+        prompt_tokens=fields.get("prompt_tokens"),
+        cached_tokens=fields.get("cached_tokens"),
+        completion_tokens=fields.get("completion_tokens"),
+        replica=replica,
+        tool_calls=len(calls),
+    )
+    return _Reply("".join(text), [calls[i] for i in sorted(calls)], finish, turn)
+
+
+async def run_once(
+    client: openai.AsyncOpenAI,
+    pool: ToolPool,
+    tools: list[dict[str, Any]],
+    group: Group,
+    run_key: str,
+    run_number: int,
+    options: AgentOptions,
+    clock: Callable[[], float],
+) -> RunRecord:
+    """One agent run, start to answer. Raises :class:`RunFailed`."""
+    start = clock()
+    n_tools = group.tool_calls.pick(run_number)
+    headers = {"x-fake-tool-results": str(n_tools)}
+    if options.class_headers:
+        headers.update(
+            {
+                RUN_HEADER: run_key,
+                "x-luftpause-class": group.cls,
+                "x-luftpause-caller": group.caller,
+            }
+        )
+    extra_body = (
+        {"priority": options.priority[group.cls]} if group.cls in options.priority else None
+    )
+    messages = content.messages(group.context_chars, run_key)
+    options.live[run_key] = str(client.base_url).rstrip("/")
+    turns: list[TurnRecord] = []
+    tool_s = 0.0
+    tool_calls = 0
+    try:
+        for _ in range(options.max_turns):
+            reply = await _turn(
+                client, messages, tools, headers, extra_body, group.max_tokens, options
+            )
+            turns.append(reply.turn)
+            if not reply.tool_calls:
+                if reply.finish_reason == "tool_calls":
+                    raise RunFailed("bad_reply", "finish reason tool_calls without a tool call")
+                options.live.pop(run_key, None)
+                return RunRecord(
+                    group=group.name,
+                    cls=group.cls,
+                    kind="agent",
+                    start_s=start,
+                    end_s=clock(),
+                    turns=len(turns),
+                    tool_calls=tool_calls,
+                    tool_s=tool_s,
+                    turn_records=turns,
+                    prompt_tokens=sum(t.prompt_tokens or 0 for t in turns)
+                    if any(t.prompt_tokens is not None for t in turns)
+                    else None,
+                    cached_tokens=sum(t.cached_tokens or 0 for t in turns),
+                )
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": reply.content or None,
+                    "tool_calls": [
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["name"], "arguments": c["arguments"]},
+                        }
+                        for c in reply.tool_calls
+                    ],
+                }
+            )
+            for call in reply.tool_calls:
+                t0 = time.perf_counter()
+                try:
+                    arguments = json.loads(call["arguments"] or "{}")
+                except ValueError:
+                    result = f"Error: arguments are not JSON: {call['arguments'][:200]}"
+                else:
+                    try:
+                        result, _ = await pool.call(call["name"], arguments)
+                    except Exception as exc:
+                        raise RunFailed("tool_failed", f"{call['name']}: {exc!r}"[:300]) from exc
+                tool_s += time.perf_counter() - t0
+                tool_calls += 1
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        raise RunFailed("too_many_turns", f"no answer after {options.max_turns} turns")
+    except asyncio.CancelledError:
+        raise  # stays in options.live: the load ends it
+    except Exception as exc:
+        options.live.pop(run_key, None)  # a failed turn leaves its run idle (D5)
+        raise classify_error(exc) from exc
+
+
+def make_client(base_url: str, options: AgentOptions, connections: int) -> openai.AsyncOpenAI:
+    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
+    timeout = openai.Timeout(options.turn_timeout_s, connect=5.0)
+    return openai.AsyncOpenAI(
+        base_url=base_url,
+        api_key="luftpause-loadgen",
+        max_retries=0,
+        timeout=timeout,
+        http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout),
+    )
+
+
+@contextlib.asynccontextmanager
+async def clients(
+    targets: list[str], options: AgentOptions, connections: int
+) -> AsyncIterator[list[openai.AsyncOpenAI]]:
+    made = [make_client(t, options, connections) for t in targets]
+    try:
+        yield made
+    finally:
+        for c in made:
+            await c.close()

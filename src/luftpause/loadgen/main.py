@@ -1,0 +1,620 @@
+"""``luftpause loadgen``: closed-loop agent load, sub-agent fan-out, a table and JSON.
+
+Own-loop agents (one group)::
+
+    luftpause loadgen --target http://127.0.0.1:8080 --agents 8 --duration-s 60 \\
+        --class batch --caller me
+
+Several groups in one invocation (``--group N:class[:caller[:kind]]``, repeatable,
+or ``--mix FILE``; see ``luftpause.loadgen.mix``)::
+
+    luftpause loadgen --target http://127.0.0.1:8080 --group 48:batch:crowd \\
+        --group 4:interactive:people --duration-s 180 --json out.json
+
+``--target URL[,URL...]``: the dataplane, the SGLang router or an engine (with or
+without ``/v1``); with several, agent *i* is pinned to target *i* mod n.
+``--no-class-headers`` sends no luftpause headers (router / engine arms);
+``--priority interactive=10,batch=0`` adds ``priority`` to every body (engines
+with ``--priority-scheduling``).
+
+Sub-agents through the runtime (``--runtime URL`` of its ``/mcp``)::
+
+    luftpause loadgen --runtime http://127.0.0.1:7000/mcp --spawn 16 [--sequential]
+    luftpause loadgen --runtime ... --group 48:batch:crowd:subagents --duration-s 180
+
+Exit status: 0 the load ran without a failed run; 3 it ran and some runs failed
+(counted by kind in the table and the JSON); 2 bad usage or nothing could start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import openai
+
+from luftpause.loadgen import agents, content, spawn, stats
+from luftpause.loadgen.mix import (
+    CLASSES,
+    Defaults,
+    Group,
+    MixError,
+    ToolCalls,
+    load_mix,
+    parse_group,
+    unique_names,
+)
+
+DEFAULT_MODEL = "llama-3.2-1b"
+DEFAULT_TOOLS_URL = "http://127.0.0.1:9000/mcp"
+ERROR_BACKOFF_S = 0.5  # a failed run's agent waits this long before its next run
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _tool_calls(text: str) -> ToolCalls:
+    try:
+        return ToolCalls.parse(text)
+    except MixError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_priority(text: str) -> dict[str, int]:
+    """``interactive=10,batch=0`` -> {"interactive": 10, "batch": 0}."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in CLASSES:
+            raise argparse.ArgumentTypeError(
+                f"--priority takes class=N pairs for interactive/batch, got {part!r}"
+            )
+        try:
+            out[name] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--priority: {value!r} is not an integer") from None
+    if not out:
+        raise argparse.ArgumentTypeError("--priority needs at least one class=N pair")
+    return out
+
+
+def base_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    load = parser.add_argument_group("load")
+    load.add_argument(
+        "--target",
+        metavar="URL[,URL...]",
+        help="OpenAI-compatible base URL(s) for own-loop agents: the dataplane, a router or "
+        "engines (several: agents pinned round robin)",
+    )
+    load.add_argument("--agents", type=_positive_int, help="own-loop agents in one group")
+    load.add_argument(
+        "--subagents",
+        type=_positive_int,
+        help="closed-loop sub-agents over MCP through --runtime, in one group",
+    )
+    load.add_argument(
+        "--class",
+        dest="cls",
+        choices=CLASSES,
+        help="service class of the --agents/--subagents group (default: batch) or of the "
+        "--spawn sub-agents (default: the runtime's, interactive)",
+    )
+    load.add_argument("--caller", help="caller of the --agents group (default: the group name)")
+    load.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="N:CLASS[:CALLER[:KIND]]",
+        help="a group of N agents (KIND agents or subagents; repeatable)",
+    )
+    load.add_argument("--mix", type=Path, metavar="FILE", help="TOML file of [[group]] tables")
+    load.add_argument(
+        "--duration-s", type=_positive_float, default=60.0, help="measured window (default: 60)"
+    )
+    load.add_argument(
+        "--warmup-s",
+        type=_non_negative_float,
+        default=0.0,
+        help="run this long before the window opens; runs ending in it are not counted "
+        "(default: 0)",
+    )
+    load.add_argument(
+        "--max-runs",
+        type=_positive_int,
+        help="stop once this many runs have finished in the window (all groups together)",
+    )
+    shape = parser.add_argument_group("runs")
+    shape.add_argument(
+        "--context-chars",
+        type=int,
+        default=8000,
+        help="characters of context per run: shared preamble + per-run task (default: 8000)",
+    )
+    shape.add_argument(
+        "--tool-calls",
+        type=_tool_calls,
+        default=ToolCalls(3, 3),
+        metavar="N|A-B",
+        help="tool calls per run (sent as x-fake-tool-results; default: 3)",
+    )
+    shape.add_argument(
+        "--max-tokens", type=_positive_int, default=256, help="reply limit per turn (default: 256)"
+    )
+    shape.add_argument(
+        "--max-turns",
+        type=_positive_int,
+        default=10,
+        help="a run that has not answered after this many turns fails (default: 10)",
+    )
+    shape.add_argument(
+        "--model", help=f"model name (default: the target's first model, else {DEFAULT_MODEL})"
+    )
+    shape.add_argument(
+        "--tools-url",
+        default=DEFAULT_TOOLS_URL,
+        help=f"MCP tool server answering the agents' tool calls (default: {DEFAULT_TOOLS_URL})",
+    )
+    shape.add_argument(
+        "--tools",
+        default="lookup",
+        help="comma-separated tools to offer, or 'all' (default: lookup)",
+    )
+    shape.add_argument(
+        "--no-class-headers",
+        action="store_true",
+        help="send no x-luftpause-* headers (baseline arms straight to a router or engine)",
+    )
+    shape.add_argument(
+        "--priority",
+        type=parse_priority,
+        metavar="interactive=N,batch=M",
+        help="add 'priority' to each request body by class (engines with priority scheduling)",
+    )
+    shape.add_argument(
+        "--turn-timeout-s",
+        type=_positive_float,
+        default=600.0,
+        help="client timeout per turn (default: 600)",
+    )
+    shape.add_argument(
+        "--seed",
+        help="names the runs (run IDs and prompt text); default: random, so no two loads "
+        "share cached prompts",
+    )
+    mcp = parser.add_argument_group("sub-agents over MCP")
+    mcp.add_argument("--runtime", metavar="URL", help="the runtime's MCP URL (…/mcp)")
+    mcp.add_argument(
+        "--spawn",
+        type=_positive_int,
+        metavar="N",
+        help="fan N sub-agents out, await them all, report (no closed loop)",
+    )
+    mcp.add_argument(
+        "--sequential", action="store_true", help="with --spawn: spawn and await one at a time"
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, metavar="PATH", help="write the full result as JSON")
+    out.add_argument("--label", default="", help="free text stored in the JSON (e.g. the arm)")
+    out.add_argument(
+        "--runs-in-json",
+        action="store_true",
+        help="include every run (and its turns) in the JSON",
+    )
+    out.add_argument("--quiet", action="store_true", help="no live progress line on stderr")
+
+
+# ------------------------------------------------------------------ recording
+
+
+@dataclass
+class Recorder:
+    t0: float = field(default_factory=time.monotonic)
+    window: tuple[float, float] = (0.0, 0.0)
+    max_runs: int | None = None
+    runs: list[stats.RunRecord] = field(default_factory=list)
+    errors: list[stats.ErrorRecord] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    in_flight: int = 0
+
+    def clock(self) -> float:
+        return time.monotonic() - self.t0
+
+    def add_run(self, run: stats.RunRecord) -> None:
+        self.runs.append(run)
+        if self.max_runs is not None and self.counted() >= self.max_runs:
+            self.done.set()
+
+    def add_error(self, group: Group, failure: agents.RunFailed) -> None:
+        self.errors.append(
+            stats.ErrorRecord(group.name, group.cls, failure.kind, self.clock(), str(failure))
+        )
+
+    def counted(self) -> int:
+        start, end = self.window
+        return sum(1 for r in self.runs if stats.in_window(r, start, end))
+
+    def progress(self) -> str:
+        now = self.clock()
+        start, end = self.window
+        phase = "warm-up" if now < start else "window"
+        done = Counter(r.cls for r in self.runs if stats.in_window(r, start, end))
+        kinds = Counter(e.kind for e in self.errors)
+        per_class = ", ".join(f"{c} {done.get(c, 0)}" for c in CLASSES)
+        errs = (
+            f"errors {len(self.errors)} ({', '.join(f'{k} {v}' for k, v in kinds.items())})"
+            if self.errors
+            else "errors 0"
+        )
+        return (
+            f"[{now:6.1f}/{end:.0f} s {phase}] runs done: {per_class}; {errs}; "
+            f"in flight {self.in_flight}"
+        )
+
+
+# ------------------------------------------------------------------ driving
+
+
+async def _closed_loop(
+    rec: Recorder,
+    group: Group,
+    index: int,
+    once: Runner,
+    nonce: str,
+) -> None:
+    """One slot of a group: run after run until cancelled."""
+    number = 0
+    while True:
+        key = f"{nonce}-{group.name}-{index}-{number}"
+        rec.in_flight += 1
+        try:
+            run = await once(key, number)
+        except agents.RunFailed as failure:
+            rec.in_flight -= 1
+            rec.add_error(group, failure)
+            await asyncio.sleep(ERROR_BACKOFF_S)
+        except asyncio.CancelledError:
+            rec.in_flight -= 1
+            raise
+        except Exception as exc:  # never lose an error silently
+            rec.in_flight -= 1
+            rec.add_error(group, agents.classify_error(exc))
+            await asyncio.sleep(ERROR_BACKOFF_S)
+        else:
+            rec.in_flight -= 1
+            rec.add_run(run)
+        number += 1
+
+
+Runner = Callable[[str, int], Coroutine[Any, Any, stats.RunRecord]]
+
+
+def _agent_runner(
+    client: openai.AsyncOpenAI,
+    pool: agents.ToolPool,
+    tools: list[dict[str, Any]],
+    group: Group,
+    options: agents.AgentOptions,
+    clock: Callable[[], float],
+) -> Runner:
+    def once(key: str, number: int) -> Coroutine[Any, Any, stats.RunRecord]:
+        return agents.run_once(client, pool, tools, group, key, number, options, clock)
+
+    return once
+
+
+def _subagent_runner(
+    pool: spawn.SessionPool,
+    group: Group,
+    options: spawn.SpawnOptions,
+    clock: Callable[[], float],
+) -> Runner:
+    session = pool.pick()
+
+    def once(key: str, number: int) -> Coroutine[Any, Any, stats.RunRecord]:
+        return spawn.subagent_once(pool, session, group, key, options, clock)
+
+    return once
+
+
+async def _progress(rec: Recorder, stream: TextIO, period_s: float = 1.0) -> None:
+    while True:
+        stream.write("\r" + rec.progress() + "   ")
+        stream.flush()
+        await asyncio.sleep(period_s)
+
+
+async def _model_of(target: str) -> str:
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as c:
+            r = await c.get(f"{target}/models")
+            data = r.json().get("data") or []
+            if r.status_code == 200 and data:
+                return str(data[0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return DEFAULT_MODEL
+
+
+def build_groups(args: argparse.Namespace) -> list[Group]:
+    defaults = Defaults(
+        context_chars=args.context_chars,
+        tool_calls=args.tool_calls,
+        max_tokens=args.max_tokens,
+    )
+    groups: list[Group] = []
+    if args.mix is not None:
+        groups.extend(load_mix(args.mix, defaults))
+    for text in args.group:
+        groups.append(parse_group(text, len(groups), defaults))
+    for count, kind in ((args.agents, "agents"), (args.subagents, "subagents")):
+        if count:
+            cls = args.cls or "batch"
+            name = f"{cls}-{kind}"
+            groups.append(
+                Group(
+                    name=name,
+                    count=count,
+                    cls=cls,
+                    caller=args.caller or name,
+                    kind=kind,
+                    context_chars=args.context_chars,
+                    tool_calls=args.tool_calls,
+                    max_tokens=args.max_tokens,
+                )
+            )
+    return unique_names(groups)
+
+
+def _tool_names(text: str) -> list[str] | None:
+    if text.strip() == "all":
+        return None
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+async def run_load(args: argparse.Namespace, groups: list[Group], stderr: TextIO) -> dict[str, Any]:
+    nonce = args.seed or secrets.token_hex(4)
+    targets = [base_url(u) for u in (args.target or "").split(",") if u.strip()]
+    own = [g for g in groups if g.kind == "agents"]
+    subs = [g for g in groups if g.kind == "subagents"]
+    if own and not targets:
+        raise MixError("own-loop agents need --target")
+    if (subs or args.spawn) and not args.runtime:
+        raise MixError("sub-agents need --runtime (the runtime's MCP URL)")
+    if args.spawn and groups:
+        raise MixError("--spawn is a one-shot fan-out; run it without closed-loop groups")
+    model = args.model or (await _model_of(targets[0]) if targets else None)
+    tool_names = _tool_names(args.tools)
+    options = agents.AgentOptions(
+        model=model or DEFAULT_MODEL,
+        tool_names=tool_names,
+        class_headers=not args.no_class_headers,
+        priority=args.priority or {},
+        turn_timeout_s=args.turn_timeout_s,
+        max_turns=args.max_turns,
+        nonce=nonce,
+    )
+    spawn_options = spawn.SpawnOptions(tool_names=tool_names, model=args.model)
+    rec = Recorder(max_runs=args.max_runs)
+    rec.window = (args.warmup_s, args.warmup_s + args.duration_s)
+    result: dict[str, Any] = {}
+    total_own = sum(g.count for g in own)
+    async with agents.clients(targets, options, total_own + 16) as openai_clients:
+        pool: agents.ToolPool | None = None
+        sessions: dict[str, spawn.SessionPool] = {}
+        # One exit stack: MCP clients hold anyio cancel scopes that must close in LIFO order.
+        stack = contextlib.AsyncExitStack()
+        try:
+            if own:
+                pool = await stack.enter_async_context(
+                    agents.ToolPool(args.tools_url, min(8, max(1, total_own // 8)))
+                )
+            tools = content.openai_tools(pool.tools, tool_names) if pool is not None else []
+            for g in subs:
+                sessions[g.name] = await stack.enter_async_context(
+                    spawn.SessionPool(args.runtime, min(8, g.count))
+                )
+            if args.spawn:
+                fan_group = Group(
+                    name="fan-out",
+                    count=args.spawn,
+                    cls=args.cls or "interactive",
+                    caller=args.caller or "fan-out",
+                    kind="subagents",
+                    context_chars=args.context_chars,
+                    tool_calls=args.tool_calls,
+                    max_tokens=args.max_tokens,
+                )
+                async with spawn.SessionPool(args.runtime, 1) as fan_sessions:
+                    fan = await spawn.fan_out(
+                        fan_sessions.clients[0],
+                        fan_group,
+                        args.spawn,
+                        args.sequential,
+                        spawn_options,
+                        nonce,
+                        rec.clock,
+                    )
+                rec.runs.extend(fan.records)
+                for failure in fan.failures:
+                    rec.add_error(fan_group, failure)
+                rec.window = (0.0, max(rec.clock(), 1e-3))
+                result["fan_out"] = fan.to_json()
+                groups = [*groups, fan_group]
+            tasks: list[asyncio.Task[None]] = []
+            slot = 0
+            for g in groups:
+                if g.name == "fan-out" and args.spawn:
+                    continue
+                for i in range(g.count):
+                    if g.kind == "agents":
+                        assert pool is not None
+                        once = _agent_runner(
+                            openai_clients[slot % len(openai_clients)],
+                            pool,
+                            tools,
+                            g,
+                            options,
+                            rec.clock,
+                        )
+                        slot += 1
+                    else:
+                        once = _subagent_runner(sessions[g.name], g, spawn_options, rec.clock)
+                    tasks.append(asyncio.create_task(_closed_loop(rec, g, i, once, nonce)))
+            if tasks:
+                rec.t0 = time.monotonic()
+                ticker = None if args.quiet else asyncio.create_task(_progress(rec, stderr))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(rec.done.wait(), timeout=rec.window[1])
+                end = min(rec.clock(), rec.window[1])
+                rec.window = (rec.window[0], max(end, rec.window[0] + 1e-3))
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                # Sub-agents cut off by the deadline would keep loading the engines, and
+                # own-loop runs cut off while paused would keep interactive slots reserved.
+                for pool_ in sessions.values():
+                    await pool_.cancel_live()
+                await agents.end_runs(options)
+                if ticker is not None:
+                    ticker.cancel()
+                    stderr.write("\r" + rec.progress() + "\n")
+                    stderr.flush()
+        finally:
+            # Tool calls cut off by the deadline make the MCP client log their late replies.
+            logging.getLogger("mcp").setLevel(logging.CRITICAL)
+            await stack.aclose()
+    summary = stats.summarise(rec.runs, rec.errors, rec.window, [(g.name, g.cls) for g in groups])
+    result.update(
+        {
+            "version": 1,
+            "label": args.label,
+            "seed": nonce,
+            "targets": targets,
+            "runtime": args.runtime,
+            "model": options.model,
+            "class_headers": options.class_headers,
+            "priority": options.priority,
+            "groups_config": [
+                {
+                    "name": g.name,
+                    "count": g.count,
+                    "class": g.cls,
+                    "caller": g.caller,
+                    "kind": g.kind,
+                    "context_chars": g.context_chars,
+                    "tool_calls": str(g.tool_calls),
+                    "max_tokens": g.max_tokens,
+                }
+                for g in groups
+            ],
+            "warmup_s": rec.window[0],
+            "load_avg": [round(x, 2) for x in os.getloadavg()],
+            **summary,
+        }
+    )
+    if args.runs_in_json:
+        result["runs"] = [stats.run_json(r) for r in rec.runs]
+    result["error_samples"] = [stats.error_json(e) for e in rec.errors[:50]]
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = []
+    if "fan_out" in result:
+        f = result["fan_out"]
+        lines.append(
+            f"fan-out: {f['n']} sub-agents {f['mode']}: {f['wall_s']:.1f} s wall, "
+            f"{f['completed']} completed, {f['failed']} failed, per sub-agent p50 "
+            f"{f['subagent_s']['p50']} s, p95 {f['subagent_s']['p95']} s"
+        )
+    lines.append(
+        f"window {result['window_s']:.1f} s, load average "
+        f"{' '.join(str(x) for x in result['load_avg'])}"
+    )
+    lines.append(stats.table(result))
+    if result["error_count"]:
+        lines.append(
+            "errors: "
+            + ", ".join(f"{k} {v}" for k, v in result["errors"].items())
+            + (
+                f"; first: {result['error_samples'][0]['message']}"
+                if result["error_samples"]
+                else ""
+            )
+        )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        groups = build_groups(args)
+    except MixError as exc:
+        print(f"luftpause loadgen: {exc}", file=sys.stderr)
+        return 2
+    if not groups and not args.spawn:
+        print(
+            "luftpause loadgen: nothing to run: give --agents, --subagents, --group, --mix "
+            "or --spawn",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = asyncio.run(run_load(args, groups, sys.stderr))
+    except MixError as exc:
+        print(f"luftpause loadgen: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # e.g. the tool server or runtime cannot be reached
+        print(f"luftpause loadgen: could not start: {exc!r}", file=sys.stderr)
+        return 2
+    print(render(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 3 if result["error_count"] else 0

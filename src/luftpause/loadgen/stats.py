@@ -1,0 +1,283 @@
+"""What a load run records and how it is summarised.
+
+One :class:`TurnRecord` per model turn (own-loop agents only: sub-agents' turns
+happen inside the runtime), one :class:`RunRecord` per finished run, one
+:class:`ErrorRecord` per failed run. :func:`summarise` turns them into the
+numbers the table and the JSON show, per class and per group:
+
+* ``runs_per_min``: runs that *finished* inside the measured window, divided by
+  the window's length (closed loop: a run in flight when the window closes is
+  not counted);
+* ``run_s``: p50/p95/mean of those runs' wall time;
+* ``cached_share``: cached prompt tokens / prompt tokens over all their turns;
+* ``turn``: where an average turn's time went - held in luftpause
+  (``x-luftpause-held-ms``), queued in the engine, prefilling, decoding
+  (``usage.luftpause_timing``), and ``other`` (wall time minus those: network,
+  proxy, streaming, client);
+* ``errors``: failed runs by kind. Errors are counted whenever they happen,
+  including in the warm-up, and never dropped.
+
+Percentiles interpolate linearly between order statistics (numpy's default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+CLASSES = ("interactive", "batch")
+BREAKDOWN = ("held_s", "queued_s", "prefill_s", "decode_s", "other_s")
+
+
+@dataclass
+class TurnRecord:
+    wall_s: float
+    held_s: float | None = None  # None: no luftpause in the path
+    queued_s: float | None = None  # None: the engine sent no luftpause_timing
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    replica: str | None = None
+    tool_calls: int = 0
+
+    @property
+    def other_s(self) -> float:
+        known = sum(v for v in (self.held_s, self.queued_s, self.prefill_s, self.decode_s) if v)
+        return max(0.0, self.wall_s - known)
+
+
+@dataclass
+class RunRecord:
+    group: str
+    cls: str
+    kind: str  # "agent" (own loop) or "subagent" (over MCP, through the runtime)
+    start_s: float  # seconds since the load started
+    end_s: float
+    turns: int
+    tool_calls: int
+    tool_s: float = 0.0
+    turn_records: list[TurnRecord] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    turn_s: float | None = None  # sub-agents: the runtime's own turn time
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def replicas(self) -> list[str]:
+        return sorted({t.replica for t in self.turn_records if t.replica})
+
+
+@dataclass
+class ErrorRecord:
+    group: str
+    cls: str
+    kind: str
+    at_s: float
+    message: str
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between order statistics; None if empty."""
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {q}")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def runs_per_min(count: int, window_s: float) -> float:
+    if window_s <= 0:
+        raise ValueError("the window must be longer than zero")
+    return count * 60.0 / window_s
+
+
+def cached_share(runs: Iterable[RunRecord]) -> float | None:
+    """Cached prompt tokens / prompt tokens; None when no turn reported usage."""
+    prompt = cached = 0
+    for run in runs:
+        if run.prompt_tokens is None:
+            continue
+        prompt += run.prompt_tokens
+        cached += run.cached_tokens or 0
+    return cached / prompt if prompt else None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def turn_breakdown(runs: Iterable[RunRecord]) -> dict[str, Any]:
+    """Mean seconds per turn: wall, held, queued, prefill, decode, other; plus counts."""
+    turns = [t for r in runs for t in r.turn_records]
+    out: dict[str, Any] = {"turns": len(turns), "wall_s": _r(_mean([t.wall_s for t in turns]))}
+    for name in BREAKDOWN:
+        if name == "other_s":
+            vals = [t.other_s for t in turns]
+        else:
+            vals = [v for t in turns if (v := getattr(t, name)) is not None]
+        # A part nobody reported stays None (e.g. held_s without luftpause in the path).
+        out[name] = _r(_mean(vals)) if vals else None
+    return out
+
+
+def summarise_runs(
+    runs: Sequence[RunRecord], errors: Sequence[ErrorRecord], window_s: float
+) -> dict[str, Any]:
+    durations = [r.duration_s for r in runs]
+    tool_s = [r.tool_s for r in runs]
+    turn_s = [r.turn_s for r in runs if r.turn_s is not None]
+    return {
+        "runs": len(runs),
+        "runs_per_min": round(runs_per_min(len(runs), window_s), 3),
+        "run_s": {
+            "p50": _r(percentile(durations, 50)),
+            "p95": _r(percentile(durations, 95)),
+            "mean": _r(_mean(durations)),
+            "min": _r(min(durations) if durations else None),
+            "max": _r(max(durations) if durations else None),
+        },
+        "turns_per_run": _r(_mean([float(r.turns) for r in runs])),
+        "tool_calls_per_run": _r(_mean([float(r.tool_calls) for r in runs])),
+        "tool_s_per_run": _r(_mean(tool_s)),
+        "turn_s_per_run": _r(_mean(turn_s)) if turn_s else None,
+        "cached_share": _r(cached_share(runs), 4),
+        "turn": turn_breakdown(runs),
+        "errors": dict(sorted(Counter(e.kind for e in errors).items())),
+        "error_count": len(errors),
+    }
+
+
+def in_window(run: RunRecord, start_s: float, end_s: float) -> bool:
+    return start_s <= run.end_s <= end_s
+
+
+def summarise(
+    runs: Sequence[RunRecord],
+    errors: Sequence[ErrorRecord],
+    window: tuple[float, float],
+    groups: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """Per class and per group (``groups``: (name, class) pairs, in order)."""
+    start, end = window
+    counted = [r for r in runs if in_window(r, start, end)]
+    span = end - start
+    classes = sorted({r.cls for r in runs} | {e.cls for e in errors} | {c for _, c in groups})
+    by_class = {
+        c: summarise_runs(
+            [r for r in counted if r.cls == c], [e for e in errors if e.cls == c], span
+        )
+        for c in sorted(classes, key=lambda c: (CLASSES.index(c) if c in CLASSES else 9, c))
+    }
+    by_group = {
+        name: summarise_runs(
+            [r for r in counted if r.group == name], [e for e in errors if e.group == name], span
+        )
+        for name, _ in groups
+    }
+    return {
+        "window_s": round(span, 3),
+        "classes": by_class,
+        "groups": by_group,
+        "errors": dict(sorted(Counter(e.kind for e in errors).items())),
+        "error_count": len(errors),
+        "runs_outside_window": len(runs) - len(counted),
+    }
+
+
+def run_json(run: RunRecord) -> dict[str, Any]:
+    out = {
+        "group": run.group,
+        "class": run.cls,
+        "kind": run.kind,
+        "start_s": round(run.start_s, 3),
+        "duration_s": round(run.duration_s, 3),
+        "turns": run.turns,
+        "tool_calls": run.tool_calls,
+        "tool_s": round(run.tool_s, 3),
+        "prompt_tokens": run.prompt_tokens,
+        "cached_tokens": run.cached_tokens,
+        "replicas": run.replicas(),
+    }
+    if run.turn_records:
+        out["turn_records"] = [
+            {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(t).items()}
+            for t in run.turn_records
+        ]
+    if run.turn_s is not None:
+        out["turn_s"] = round(run.turn_s, 3)
+    return out
+
+
+def error_json(error: ErrorRecord) -> dict[str, Any]:
+    return {
+        "group": error.group,
+        "class": error.cls,
+        "kind": error.kind,
+        "at_s": round(error.at_s, 3),
+        "message": error.message[:500],
+    }
+
+
+# ------------------------------------------------------------------ table
+
+
+def _fmt(value: Any, digits: int = 1, pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    if pct:
+        return f"{value * 100:.0f}%"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The final table: one row per class, then one per group if there are several."""
+    head = (
+        "| | runs | runs/min | p50 s | p95 s | turns | cached | held s | queued s | "
+        "prefill s | decode s | other s | tool s/run | errors |"
+    )
+    lines = [head, "|" + "---|" * 14]
+
+    def row(name: str, s: dict[str, Any]) -> str:
+        t = s["turn"]
+        errs = ", ".join(f"{k} {v}" for k, v in s["errors"].items()) or "0"
+        cells = [
+            name,
+            str(s["runs"]),
+            _fmt(s["runs_per_min"]),
+            _fmt(s["run_s"]["p50"]),
+            _fmt(s["run_s"]["p95"]),
+            _fmt(s["turns_per_run"]),
+            _fmt(s["cached_share"], pct=True),
+            _fmt(t["held_s"], 2),
+            _fmt(t["queued_s"], 2),
+            _fmt(t["prefill_s"], 2),
+            _fmt(t["decode_s"], 2),
+            _fmt(t["other_s"], 2),
+            _fmt(s["tool_s_per_run"], 2),
+            errs,
+        ]
+        return "| " + " | ".join(cells) + " |"
+
+    for name, s in summary["classes"].items():
+        lines.append(row(name, s))
+    if len(summary["groups"]) > 1:
+        for name, s in summary["groups"].items():
+            lines.append(row(f"group {name}", s))
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""H3: groups for the load generator - --group strings, mix files, flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from luftpause.loadgen import content
+from luftpause.loadgen.main import add_arguments, build_groups, parse_priority
+from luftpause.loadgen.mix import Defaults, MixError, ToolCalls, load_mix, parse_group, parse_mix
+
+
+def args_of(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_parse_group_forms() -> None:
+    g = parse_group("48:batch:crowd", 0)
+    assert (g.count, g.cls, g.caller, g.kind) == (48, "batch", "crowd", "agents")
+    g = parse_group("4:interactive", 1, Defaults(context_chars=2000))
+    assert g.caller == g.name == "interactive-1" and g.context_chars == 2000
+    g = parse_group("2:interactive:me:subagents", 2)
+    assert g.kind == "subagents"
+    for bad in ("48", "x:batch", "4:gold", "0:batch", "4:batch:me:robots", "1:batch:a:b:c"):
+        with pytest.raises(MixError):
+            parse_group(bad, 0)
+
+
+def test_tool_calls_fixed_and_range() -> None:
+    assert ToolCalls.parse("3") == ToolCalls(3, 3)
+    assert ToolCalls.parse(2) == ToolCalls(2, 2)
+    r = ToolCalls.parse("1-3")
+    picks = {r.pick(i) for i in range(200)}
+    assert picks == {1, 2, 3}
+    assert r.pick(7) == r.pick(7)
+    for bad in ("3-1", "-1", "a", "1-2-3"):
+        with pytest.raises(MixError):
+            ToolCalls.parse(bad)
+
+
+def test_mix_file(tmp_path: Path) -> None:
+    path = tmp_path / "mix.toml"
+    path.write_text(
+        '[[group]]\ncount = 48\nclass = "batch"\ncaller = "crowd"\n'
+        '[[group]]\ncount = 4\nclass = "interactive"\ncontext_chars = 2000\ntool_calls = "1-3"\n'
+        '[[group]]\ncount = 2\nclass = "batch"\nname = "crowd"\nkind = "subagents"\n'
+    )
+    groups = load_mix(path, Defaults(max_tokens=64))
+    assert [(g.name, g.count, g.cls) for g in groups] == [
+        ("batch-0", 48, "batch"),
+        ("interactive-1", 4, "interactive"),
+        ("crowd", 2, "batch"),
+    ]
+    assert groups[0].caller == "crowd" and groups[0].max_tokens == 64
+    assert groups[1].context_chars == 2000 and groups[1].tool_calls == ToolCalls(1, 3)
+    assert groups[2].kind == "subagents"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {"group": []},
+        {"group": [{"class": "batch"}]},
+        {"group": [{"count": 1, "class": "batch", "colour": "red"}]},
+        {"group": [{"count": 1, "class": "batch"}], "duration": 3},
+        {"group": [{"count": "many", "class": "batch"}]},
+    ],
+)
+def test_bad_mix_is_refused(data: dict[str, object]) -> None:
+    with pytest.raises(MixError):
+        parse_mix(data)
+
+
+def test_bad_mix_file(tmp_path: Path) -> None:
+    with pytest.raises(MixError, match="cannot read"):
+        load_mix(tmp_path / "missing.toml")
+    (tmp_path / "bad.toml").write_text("[[group]\n")
+    with pytest.raises(MixError, match="not valid TOML"):
+        load_mix(tmp_path / "bad.toml")
+
+
+def test_flags_build_groups_with_unique_names() -> None:
+    groups = build_groups(
+        args_of(
+            "--agents", "3", "--class", "interactive", "--caller", "me",
+            "--group", "5:batch:crowd", "--group", "5:batch:crowd", "--context-chars", "2000",
+        )
+    )  # fmt: skip
+    assert [g.name for g in groups] == ["batch-0", "batch-1", "interactive-agents"]
+    assert groups[2].caller == "me" and groups[2].count == 3
+    assert all(g.context_chars == 2000 for g in groups)
+
+
+def test_priority_flag() -> None:
+    assert parse_priority("interactive=10,batch=0") == {"interactive": 10, "batch": 0}
+    for bad in ("gold=1", "interactive", "interactive=x", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_priority(bad)
+
+
+def test_prompts_have_the_asked_size_and_share_only_the_preamble() -> None:
+    a = content.messages(8000, "run-a")
+    b = content.messages(8000, "run-b")
+    assert sum(len(m["content"]) for m in a) == 8000
+    assert a[0] == b[0]  # the shared preamble
+    assert a[1]["content"] != b[1]["content"]
+    assert content.messages(8000, "run-a") == a  # deterministic
+    small = content.messages(2000, "x")
+    assert sum(len(m["content"]) for m in small) == 2000

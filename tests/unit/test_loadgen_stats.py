@@ -1,0 +1,121 @@
+"""H3: the load generator's numbers - percentiles, runs/min, cached share, breakdowns."""
+
+from __future__ import annotations
+
+import pytest
+
+from luftpause.loadgen.stats import (
+    ErrorRecord,
+    RunRecord,
+    TurnRecord,
+    cached_share,
+    percentile,
+    runs_per_min,
+    summarise,
+    table,
+    turn_breakdown,
+)
+
+
+def run(
+    cls: str = "batch",
+    start: float = 0.0,
+    end: float = 10.0,
+    turns: list[TurnRecord] | None = None,
+    group: str = "g",
+) -> RunRecord:
+    turns = turns if turns is not None else [TurnRecord(1.0, prompt_tokens=100, cached_tokens=50)]
+    return RunRecord(
+        group=group,
+        cls=cls,
+        kind="agent",
+        start_s=start,
+        end_s=end,
+        turns=len(turns),
+        tool_calls=max(0, len(turns) - 1),
+        turn_records=turns,
+        prompt_tokens=sum(t.prompt_tokens or 0 for t in turns),
+        cached_tokens=sum(t.cached_tokens or 0 for t in turns),
+    )
+
+
+def test_percentile_interpolates_between_order_statistics() -> None:
+    assert percentile([], 50) is None
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0) == 1.0
+    assert percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 95) == pytest.approx(95.05)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_runs_per_min_scales_by_window() -> None:
+    assert runs_per_min(10, 60.0) == pytest.approx(10.0)
+    assert runs_per_min(10, 30.0) == pytest.approx(20.0)
+    assert runs_per_min(0, 5.0) == 0.0
+    with pytest.raises(ValueError):
+        runs_per_min(1, 0.0)
+
+
+def test_cached_share_weights_by_tokens_and_skips_unknown_usage() -> None:
+    a = run(turns=[TurnRecord(1.0, prompt_tokens=100, cached_tokens=0)])
+    b = run(turns=[TurnRecord(1.0, prompt_tokens=300, cached_tokens=300)])
+    unknown = RunRecord("g", "batch", "subagent", 0, 1, 1, 0)
+    assert cached_share([a, b, unknown]) == pytest.approx(0.75)
+    assert cached_share([unknown]) is None
+
+
+def test_turn_breakdown_means_and_other_time() -> None:
+    turns = [
+        TurnRecord(2.0, held_s=0.5, queued_s=0.5, prefill_s=0.25, decode_s=0.5),
+        TurnRecord(1.0, held_s=0.0, queued_s=0.0, prefill_s=0.25, decode_s=0.5),
+    ]
+    out = turn_breakdown([run(turns=turns)])
+    assert out["turns"] == 2
+    assert out["wall_s"] == pytest.approx(1.5)
+    assert out["held_s"] == pytest.approx(0.25)
+    assert out["queued_s"] == pytest.approx(0.25)
+    assert out["other_s"] == pytest.approx((0.25 + 0.25) / 2)
+    # Nothing in the path reported held time: stays unknown, not zero.
+    direct = turn_breakdown([run(turns=[TurnRecord(1.0, queued_s=0.1)])])
+    assert direct["held_s"] is None and direct["queued_s"] == pytest.approx(0.1)
+
+
+def test_summarise_counts_only_runs_ending_in_the_window_and_every_error() -> None:
+    runs = [
+        run("interactive", 0, 4),  # ends in the warm-up: not counted
+        run("interactive", 1, 12),
+        run("interactive", 2, 20),
+        run("batch", 5, 30),
+        run("batch", 5, 61),  # ends after the window
+    ]
+    errors = [
+        ErrorRecord("g", "batch", "connect", 1.0, "refused"),  # in the warm-up: still counted
+        ErrorRecord("g", "batch", "http_502", 20.0, "bad gateway"),
+        ErrorRecord("g", "interactive", "connect", 30.0, "refused"),
+    ]
+    s = summarise(runs, errors, (10.0, 40.0), [("g", "batch")])
+    assert s["window_s"] == 30.0
+    inter, batch = s["classes"]["interactive"], s["classes"]["batch"]
+    assert inter["runs"] == 2 and inter["runs_per_min"] == pytest.approx(4.0)
+    assert inter["run_s"]["p50"] == pytest.approx((11 + 18) / 2)
+    assert batch["runs"] == 1 and batch["errors"] == {"connect": 1, "http_502": 1}
+    assert s["errors"] == {"connect": 2, "http_502": 1} and s["error_count"] == 3
+    assert s["runs_outside_window"] == 2
+    assert list(s["classes"]) == ["interactive", "batch"]
+    assert s["classes"]["batch"]["cached_share"] == pytest.approx(0.5)
+
+
+def test_table_shows_classes_and_errors() -> None:
+    s = summarise(
+        [run("batch", 0, 5, group="a"), run("interactive", 0, 5, group="b")],
+        [ErrorRecord("a", "batch", "connect", 1.0, "x")],
+        (0.0, 10.0),
+        [("a", "batch"), ("b", "interactive")],
+    )
+    text = table(s)
+    assert "| interactive |" in text and "| batch |" in text
+    assert "connect 1" in text
+    assert "| group a |" in text and "| group b |" in text
