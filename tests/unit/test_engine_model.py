@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from luftpause.fakes.engine.model import (
     CLIP_MAX_NEW_TOKENS,
+    DECODE_LOG_INTERVAL,
     INIT_NEW_TOKEN_RATIO,
     EngineModel,
     EngineParams,
@@ -621,3 +622,24 @@ def test_classify_is_deterministic_distribution() -> None:
     assert (label, probs) == classify("hello", ["a", "b", "c"])
     assert sum(probs) == pytest.approx(1.0)
     assert label == ["a", "b", "c"][probs.index(max(probs))]
+
+
+def test_metric_gauges_show_the_queue_as_of_the_last_scheduling_decision() -> None:
+    """H1, S2, S9: like SGLang's gauges, the reported queue is what was left waiting
+    after a scheduling decision (a prefill formed, every DECODE_LOG_INTERVAL decode
+    steps, or idle), not a request that merely arrived mid-step."""
+    engine = EngineModel(EngineParams(max_running=1))
+    engine.submit(EngineRequest("r1", text("a", 400), reply_tokens=200, max_new_tokens=256), 0.0)
+    step = engine.step(0.0)
+    assert step.kind is StepKind.PREFILL
+    assert (engine.metrics().running_gauge, engine.metrics().queue_gauge) == (1, 0)
+    engine.submit(EngineRequest("r2", text("b", 400), reply_tokens=5, max_new_tokens=16), step.end)
+    assert engine.metrics().waiting == 1 and engine.metrics().queue_gauge == 0
+    t = step.end
+    for _ in range(DECODE_LOG_INTERVAL):
+        t = engine.step(t).end
+    assert engine.metrics().queue_gauge == 1  # it really is queued: now the gauge says so
+    while engine.has_work():
+        t = engine.step(t).end
+    engine.step(t)  # idle
+    assert (engine.metrics().running_gauge, engine.metrics().queue_gauge) == (0, 0)

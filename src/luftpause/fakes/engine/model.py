@@ -112,6 +112,7 @@ MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 RETRACT_DECODE_STEPS = 20
 CLIP_MAX_NEW_TOKENS = 4096
+DECODE_LOG_INTERVAL = 40  # SGLang --decode-log-interval: decode steps between gauge updates
 
 
 class StepKind(StrEnum):
@@ -263,6 +264,11 @@ class EngineMetrics:
     new_token_ratio: float
     steps: int
     retractions: int
+    # What SGLang's gauges show: the counts as of the last scheduling decision (a
+    # prefill batch formed, every DECODE_LOG_INTERVAL decode steps, or idle), so a
+    # request that arrived mid-step and will be admitted next step is not "queued".
+    running_gauge: int = 0
+    queue_gauge: int = 0
 
 
 @dataclass(frozen=True)
@@ -411,6 +417,8 @@ class EngineModel:
         self._queries = 0
         self._hits = 0
         self._steps = 0
+        self._decode_steps = 0
+        self._gauge = (0, 0)  # (running, queued) as SGLang's gauges last showed them
         self._retractions = 0
 
     # ----------------------------------------------------------------- inputs
@@ -493,6 +501,8 @@ class EngineModel:
             new_token_ratio=self.new_token_ratio,
             steps=self._steps,
             retractions=self._retractions,
+            running_gauge=self._gauge[0],
+            queue_gauge=self._gauge[1],
         )
 
     def requests(self, now: float) -> list[RequestState]:
@@ -526,12 +536,20 @@ class EngineModel:
         prefill = self._try_prefill(now, factor)
         if prefill is not None:
             self._steps += 1
+            self._gauges()  # SGLang log_prefill_stats: after the batch is formed
             return prefill
         if any(r.phase is Phase.DECODE for r in self._running):
             self._steps += 1
+            self._decode_steps += 1
+            if self._decode_steps % DECODE_LOG_INTERVAL == 0:
+                self._gauges()  # SGLang log_decode_stats
             return self._decode(now, factor)
         self.new_token_ratio = self._init_ratio
+        self._gauges()  # idle: SGLang refreshes its gauges when it has nothing to run
         return StepResult(StepKind.IDLE, now, 0.0)
+
+    def _gauges(self) -> None:
+        self._gauge = (len(self._running), len(self._waiting))
 
     # --------------------------------------------------------------- internal
 

@@ -154,6 +154,7 @@ class EngineDriver:
     async def _loop(self) -> None:
         while True:
             if not self.model.has_work():
+                self.model.step(self.now())  # an idle step: refreshes the metric gauges
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -307,8 +308,8 @@ class _EngineCollector(Collector):
             labels = ["model_name", "engine"]
             values = [model_name, "0"]
             gauges = (
-                ("vllm:num_requests_running", "Requests in the running batch", m.running),
-                ("vllm:num_requests_waiting", "Requests waiting to be scheduled", m.waiting),
+                ("vllm:num_requests_running", "Requests in the running batch", m.running_gauge),
+                ("vllm:num_requests_waiting", "Requests waiting to be scheduled", m.queue_gauge),
                 ("vllm:kv_cache_usage_perc", "KV cache usage (1 = full)", m.token_usage),
             )
             for name, doc, value in gauges:
@@ -331,8 +332,12 @@ class _EngineCollector(Collector):
         labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
         values = [model_name, "unified", "0", "0"]
         sglang_gauges: tuple[tuple[str, str, float], ...] = (
-            ("sglang:num_running_reqs", "The number of running requests.", m.running),
-            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", m.waiting),
+            ("sglang:num_running_reqs", "The number of running requests.", m.running_gauge),
+            (
+                "sglang:num_queue_reqs",
+                "The number of requests in the waiting queue.",
+                m.queue_gauge,
+            ),
             ("sglang:token_usage", "The token usage.", m.token_usage),
             ("sglang:num_used_tokens", "The number of used tokens.", m.used_tokens),
             (
