@@ -111,6 +111,7 @@ class SchedulerSettings(_Frozen):
     turn_timeout_s: Seconds = 600.0  # a turn never reported finished is dropped (S10)
     run_idle_expiry_s: Seconds = 1800.0  # a run with no turn is forgotten (S10)
     cap_raise_step: Annotated[int, Field(ge=1)] = 1  # S2: slots added per quiet probe at the cap
+    queue_probes: Annotated[int, Field(ge=1)] = 2  # S2: probes in a row with a queue to cap
 
 
 class DataplaneSettings(_Frozen):

@@ -196,7 +196,7 @@ async def start_scheduler(
         ReplicaSpec("engine-a", CoreKind.GENERATIVE, frozenset({MODEL})),
         ReplicaSpec("classifier", CoreKind.SINGLE_PASS, frozenset({"clf"})),
     )
-    host = Host(initial_state(specs, Params(), time.monotonic()), time.monotonic)
+    host = Host(initial_state(specs, Params(queue_probes=1), time.monotonic()), time.monotonic)
     writer = asyncio.create_task(host.run())
     server, _ = await start_grpc(host, {e.name: e.url for e in endpoints(url)}, address)
     for name in ("engine-a", "classifier"):

@@ -56,7 +56,8 @@ class Sched:
 
 
 async def start_sched() -> Sched:
-    host = Host(initial_state(SPECS, Params(), time.monotonic()), time.monotonic)
+    # One probe with a queue caps here (the persistence rule is the core's, tested there).
+    host = Host(initial_state(SPECS, Params(queue_probes=1), time.monotonic()), time.monotonic)
     writer = asyncio.create_task(host.run())
     server, port = await start_grpc(host, URLS, "127.0.0.1:0")
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

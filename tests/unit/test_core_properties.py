@@ -62,7 +62,9 @@ INT = ServiceClass.INTERACTIVE
 BAT = ServiceClass.BATCH
 
 # short timeouts so that ticks reach them within a few steps
-PARAMS = Params(turn_timeout_s=30.0, run_idle_expiry_s=60.0, cap_raise_step=1)
+# One probe with a queue caps (the model below follows that); S2's persistence rule
+# has its own example tests.
+PARAMS = Params(turn_timeout_s=30.0, run_idle_expiry_s=60.0, cap_raise_step=1, queue_probes=1)
 MODELS = ("m0", "m1")
 CALLERS = ("c0", "c1", "c2")
 DATAPLANES = ("dp0", "dp1")

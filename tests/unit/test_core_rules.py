@@ -8,6 +8,7 @@ must agree with their from-scratch definition after every event.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from luftpause.scheduler.core import (
@@ -60,8 +61,13 @@ def single(name: str, *models: str) -> ReplicaSpec:
 class Sim:
     """A tiny host: holds the state and the clock, checks invariants after each event."""
 
-    def __init__(self, *specs: ReplicaSpec, params: Params | None = None) -> None:
-        self.state: State = initial_state(specs, params or Params())
+    def __init__(
+        self, *specs: ReplicaSpec, params: Params | None = None, queue_probes: int = 1
+    ) -> None:
+        # One probe with a queue sets the cap here, so each rule's test stays short;
+        # the S2 persistence rule (default 2 probes) has tests of its own below.
+        params = replace(params or Params(), queue_probes=queue_probes)
+        self.state: State = initial_state(specs, params)
         self.t = 0.0
 
     def __call__(self, ev: Event) -> tuple[Action, ...]:
@@ -148,6 +154,35 @@ def test_s2_empty_queue_without_cap_stays_unlimited() -> None:
     sim = Sim(gen("a"))
     sim.probe("a", True, running=7, waiting=0)
     assert sim.replica("a")["capacity"] is None
+
+
+def test_s2_a_passing_queue_sets_no_cap() -> None:
+    """S2: with the default rule a queue must be seen on two probes in a row before the
+    replica is capped; a queue that a burst of prefills leaves for one probe does not."""
+    sim = Sim(gen("a"), queue_probes=2)
+    sim.probe("a", True, running=3, waiting=4)
+    assert sim.replica("a")["capacity"] is None
+    sim.probe("a", True, running=7, waiting=0)  # drained: the count starts again
+    sim.probe("a", True, running=8, waiting=1)
+    assert sim.replica("a")["capacity"] is None
+    sim.probe("a", True, running=8, waiting=2)  # a queue that stays
+    assert sim.replica("a")["capacity"] == 8
+
+
+def test_s3_new_runs_spread_over_replicas_by_the_runs_living_there() -> None:
+    """S3: an idle pool where most runs sit in tool calls (no turn in flight): new runs
+    go to the replica with the fewest runs generating or paused there, ties rotating,
+    instead of piling onto the first replica by name."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a")
+    sim.probe("b")
+    placed: dict[str, int] = {"a": 0, "b": 0}
+    for i in range(8):
+        replica = admits(sim.req(f"t{i}", f"r{i}"))[f"t{i}"]
+        placed[replica] += 1
+        sim.finish(f"t{i}", paused=True)  # the run now waits on a tool there
+    assert placed == {"a": 4, "b": 4}
+    assert sim.replica("a")["runs_pinned"] == 4
 
 
 def test_s2_queue_sets_cap_to_running() -> None:
@@ -267,9 +302,9 @@ def test_s3_paused_run_stays_on_its_replica_even_when_other_idle() -> None:
     sim = Sim(gen("a"), gen("b"))
     capped(sim, "a", 1)
     sim.req("t1", "r")
-    sim.probe("b", True)
     sim.finish("t1", paused=True)
-    assert admits(sim.req("x", "other")) == {"x": "a"}  # least loaded, tie by name
+    assert admits(sim.req("x", "other")) == {"x": "a"}  # b is not healthy yet
+    sim.probe("b", True)
     assert sim.req("t2", "r") == ()  # b is idle, but r waits for a
     assert sim.replica("b")["in_flight"] == 0
     assert admits(sim.finish("x")) == {"t2": "a"}
@@ -280,9 +315,9 @@ def test_s3_idle_run_may_move() -> None:
     sim = Sim(gen("a"), gen("b"))
     capped(sim, "a", 1)
     sim.req("t1", "r")
-    sim.probe("b", True)
     sim.finish("t1")  # idle
-    sim.req("x", "other")  # fills a
+    sim.req("x", "other")  # fills a (b is not healthy yet)
+    sim.probe("b", True)
     assert admits(sim.req("t2", "r")) == {"t2": "b"}
 
 
@@ -379,8 +414,8 @@ def test_s3_run_with_a_held_turn_is_not_forgotten() -> None:
     assert admits(sim.finish("t0")) == {"t1": "a"}
     sim.t = 14
     sim.finish("t1", paused=True)  # r1 is paused on a tool on a
+    assert admits(sim.req("x", "rx")) == {"x": "a"}  # fills a (b is not healthy yet)
     sim.probe("b", True)
-    sim.req("x", "rx")  # a (tie by name)
     acts = sim.req("t2", "r1")
     assert "t2" not in admits(acts)  # must wait for a, where r1 is paused
     assert ForgetRun("r1") not in forgot
@@ -634,7 +669,11 @@ def test_s10_idle_run_forgotten_and_next_turn_starts_without_affinity() -> None:
     assert sim.tick(1809) == ()
     assert sim.tick(1810) == (ForgetRun("r"),)
     assert sim.view()["runs_total"] == 0
-    assert admits(sim.req("t2", "r")) == {"t2": "a"}  # fresh run: least loaded, tie by name
+    assert admits(sim.req("y", "ry")) == {"y": "b"}  # tie: rotates with arrival order
+    sim.finish("y", paused=True)  # ry lives on b now
+    # A remembered idle run would go back to b (it has room); a fresh one goes to the
+    # least loaded replica.
+    assert admits(sim.req("t2", "r")) == {"t2": "a"}
 
 
 def test_s10_run_with_in_flight_turn_not_forgotten() -> None:
@@ -979,6 +1018,7 @@ def test_status_view_shape() -> None:
         "in_flight": 1,
         "capacity": 1,
         "reserved_for_interactive": 0,
+        "runs_pinned": 1,
         "engine_running": 1,
         "engine_waiting": 1,
         "kv_usage": None,

@@ -29,14 +29,18 @@ replica is unhealthy, every other replica serving the model may draw from that
 lane (the run may move); once it is healthy again the lane is its alone, so a
 probe blip costs no affinity. A run's held turns follow it: pinned where it is
 admitted, freed when it goes idle. A free turn prefers its run's last replica
-(its prefix may still be cached), else the least loaded replica, ties by name.
+(its prefix may still be cached), else the least loaded replica: fewest runs
+living there (generating or paused on a tool, because they come back), then fewest
+turns in flight, ties rotating with arrival order.
 
 Run lifetime (S10, D8): a held turn counts as activity, so a run waiting for a
 slot is not forgotten. ``RunEnded`` forgets a run at once unless turns of it are
 still admitted; then it is marked and forgotten after the last of them.
 
-The cap (S2): a probe showing a waiting queue sets ``cap = max(1, running)``.
-A probe with an empty queue never lowers the cap; it raises it by
+The cap (S2): a queue seen on ``Params.queue_probes`` consecutive probes (default
+2: one probe period) sets ``cap = max(1, running)``; a passing queue, such as a
+burst of prompts being prefilled in chunks, does not. A probe with an empty queue
+never lowers the cap; it raises it by
 ``Params.cap_raise_step`` when the replica is running at the cap (``running`` or
 luftpause's own in-flight count ≥ cap), so capacity is found step by step
 instead of letting the next burst straight back into the engine's queue. A
@@ -249,17 +253,21 @@ class _Tx:
             return name if _has_room(self.replicas[name], held.service_class) else None
         # Free, or pinned to an unhealthy replica (S3: then the run may move).
         run = self.runs.get(held.run_id) if held.kind is EndpointKind.GENERATIVE else None
-        best: tuple[int, str] | None = None
-        for name in self.serving[(held.kind, held.model)]:
+        names = self.serving[(held.kind, held.model)]
+        best: tuple[int, int, int] | None = None
+        choice = None
+        for i, name in enumerate(names):
             rep = self.replicas[name]
             if not _has_room(rep, held.service_class):
                 continue
             if run is not None and run.replica == name:
                 return name  # its prefix may still be cached there
-            key = (rep.in_flight + rep.reserved, name)
+            # Least loaded: runs living there (generating or paused on a tool: they come
+            # back), then turns in flight; ties rotate with the arrival order.
+            key = (rep.pinned_runs, rep.in_flight + rep.reserved, (i + 1 - held.seq) % len(names))
             if best is None or key < best:
-                best = key
-        return None if best is None else best[1]
+                best, choice = key, name
+        return choice
 
     def _hold(self, held: HeldTurn) -> None:
         qkey = (held.lane, held.service_class, held.caller)
@@ -340,12 +348,12 @@ class _Tx:
                 # sound, and forget the run again once its last turn is over.
                 self._touch_run(held.run_id, held.service_class, held.caller)
                 ended = _run_with(self.runs[held.run_id], ended=True)
-                self.runs = self.runs.set(held.run_id, ended)
+                self._put_run(held.run_id, ended)
             run = self.runs.get(held.run_id)
             if run is not None:
                 self._release_reservation(run)
                 run = self.runs[held.run_id]
-                self.runs = self.runs.set(
+                self._put_run(
                     run.run_id,
                     _run_with(
                         run,
@@ -368,7 +376,7 @@ class _Tx:
             self._unhold(held)
             run = self.runs.get(held.run_id)
             if run is not None:  # a held turn was a turn: the idle clock starts now (S10)
-                self.runs = self.runs.set(run.run_id, _run_with(run, last_active=self.now))
+                self._put_run(run.run_id, _run_with(run, last_active=self.now))
                 self._schedule_run_expiry(held.run_id)
             return
         turn = self.turns.get(ev.turn_id)
@@ -408,7 +416,7 @@ class _Tx:
         in_flight = max(0, run.in_flight - 1)
         if run.ended and in_flight == 0:  # RunEnded arrived while this turn ran
             self._release_reservation(run)
-            self.runs = self.runs.delete(run.run_id)
+            self._drop_run(run.run_id)
             self._move_run_held(run.run_id, None)
             return turn
         if in_flight > 0:
@@ -427,7 +435,7 @@ class _Tx:
         ):
             reserved_on = turn.replica  # S4: keep a slot for its return
             self._bump_replica(turn.replica, reserved=1)
-        self.runs = self.runs.set(
+        self._put_run(
             run.run_id,
             _run_with(
                 run,
@@ -458,8 +466,27 @@ class _Tx:
             )
         else:  # ended=False: a new turn after RunEnded, the run lives on
             run = _run_with(run, caller=caller, last_active=self.now, ended=False)
-        self.runs = self.runs.set(run_id, run)
+        self._put_run(run_id, run)
         self._schedule_run_expiry(run_id)
+
+    def _put_run(self, run_id: str, run: RunState) -> None:
+        """Every run write goes here, so each replica's count of pinned runs stays true."""
+        before = _pinned_to(self.runs.get(run_id))
+        self.runs = self.runs.set(run_id, run)
+        self._repin(before, _pinned_to(run))
+
+    def _drop_run(self, run_id: str) -> None:
+        before = _pinned_to(self.runs.get(run_id))
+        self.runs = self.runs.delete(run_id)
+        self._repin(before, None)
+
+    def _repin(self, before: str | None, after: str | None) -> None:
+        if before == after:
+            return
+        if before is not None and before in self.replicas:
+            self._bump_replica(before, pinned=-1)
+        if after is not None and after in self.replicas:
+            self._bump_replica(after, pinned=1)
 
     def forget_run(self, run_id: str) -> None:
         """D8/S10: forget affinity and reservation. A run with turns still in flight is
@@ -470,9 +497,9 @@ class _Tx:
         self._release_reservation(run)
         run = self.runs[run_id]
         if run.in_flight > 0:
-            self.runs = self.runs.set(run_id, _run_with(run, ended=True))
+            self._put_run(run_id, _run_with(run, ended=True))
             return
-        self.runs = self.runs.delete(run_id)
+        self._drop_run(run_id)
         self._move_run_held(run_id, None)
 
     def _release_reservation(self, run: RunState) -> None:
@@ -480,7 +507,7 @@ class _Tx:
             return
         if run.reserved_on in self.replicas:
             self._bump_replica(run.reserved_on, reserved=-1)
-        self.runs = self.runs.set(run.run_id, _run_with(run, reserved_on=None))
+        self._put_run(run.run_id, _run_with(run, reserved_on=None))
 
     def _schedule_run_expiry(self, run_id: str) -> None:
         due = self.now + self.params.run_idle_expiry_s
@@ -493,12 +520,17 @@ class _Tx:
         if rep is None:
             return
         cap = rep.cap
+        queued = rep.queued_probes
         if ev.running is None or ev.waiting is None:
-            cap = None  # S2: a replica that reports no load is not limited
+            cap, queued = None, 0  # S2: a replica that reports no load is not limited
         elif ev.waiting > 0:
-            cap = max(1, ev.running)  # the engine queues: hold the rest ourselves
-        elif cap is not None and (ev.running >= cap or rep.in_flight >= cap):
-            cap += self.params.cap_raise_step  # quiet at the cap: probe for more
+            queued += 1
+            if queued >= self.params.queue_probes:
+                cap = max(1, ev.running)  # the engine keeps a queue: hold the rest ourselves
+        else:
+            queued = 0
+            if cap is not None and (ev.running >= cap or rep.in_flight >= cap):
+                cap += self.params.cap_raise_step  # quiet at the cap: probe for more
         health_changed = rep.healthy != ev.healthy
         if health_changed and rep.spec.kind is EndpointKind.GENERATIVE:
             self.unhealthy = (
@@ -514,6 +546,8 @@ class _Tx:
                 cap=cap,
                 in_flight=rep.in_flight,
                 reserved=rep.reserved,
+                pinned_runs=rep.pinned_runs,
+                queued_probes=queued,
                 running=ev.running,
                 waiting=ev.waiting,
                 kv_usage=ev.kv_usage,
@@ -526,7 +560,9 @@ class _Tx:
         elif health_changed or cap != rep.cap:
             self.dirty.add(ev.replica)
 
-    def _bump_replica(self, name: str, *, in_flight: int = 0, reserved: int = 0) -> None:
+    def _bump_replica(
+        self, name: str, *, in_flight: int = 0, reserved: int = 0, pinned: int = 0
+    ) -> None:
         rep = self.replicas[name]
         self.replicas = self.replicas.set(
             name,
@@ -536,6 +572,8 @@ class _Tx:
                 cap=rep.cap,
                 in_flight=max(0, rep.in_flight + in_flight),
                 reserved=max(0, rep.reserved + reserved),
+                pinned_runs=max(0, rep.pinned_runs + pinned),
+                queued_probes=rep.queued_probes,
                 running=rep.running,
                 waiting=rep.waiting,
                 kv_usage=rep.kv_usage,
@@ -670,7 +708,7 @@ class _Tx:
                 reserved_on = replica
                 self._bump_replica(replica, reserved=1)
             in_flight = per_run.get(snap.run_id, 0)
-            self.runs = self.runs.set(
+            self._put_run(
                 snap.run_id,
                 RunState(
                     run_id=snap.run_id,
@@ -741,7 +779,7 @@ class _Tx:
                 last_active=self.now,
                 in_flight=run.in_flight + 1,
             )
-        self.runs = self.runs.set(t.run_id, run)
+        self._put_run(t.run_id, run)
         self._schedule_run_expiry(t.run_id)
 
 
@@ -835,6 +873,13 @@ def _run_with(
         reserved_on=r.reserved_on if isinstance(reserved_on, _Keep) else reserved_on,
         ended=r.ended if isinstance(ended, _Keep) else ended,
     )
+
+
+def _pinned_to(run: RunState | None) -> str | None:
+    """The replica a run is pinned to (S3): generating or paused there."""
+    if run is None or run.phase is RunPhase.IDLE:
+        return None
+    return run.replica
 
 
 def _turn_with(t: TurnState, *, started: bool, first_token_at: float | None = None) -> TurnState:

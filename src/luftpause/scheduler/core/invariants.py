@@ -35,7 +35,15 @@ def violations(state: State) -> list[str]:
             )
         if r.in_flight > 0 and r.phase is not RunPhase.GENERATING:
             problems.append(f"run {r.run_id} has turns in flight but is {r.phase.value}")
+    pinned: dict[str, int] = {}
+    for r in state.runs.values():
+        if r.phase is not RunPhase.IDLE and r.replica is not None:
+            pinned[r.replica] = pinned.get(r.replica, 0) + 1
     for name, rep in state.replicas.items():
+        if rep.pinned_runs != pinned.get(name, 0):
+            problems.append(
+                f"replica {name} counts {rep.pinned_runs} pinned runs, has {pinned.get(name, 0)}"
+            )
         if rep.in_flight != in_flight.get(name, 0):
             problems.append(
                 f"replica {name} counts {rep.in_flight} in flight, has {in_flight.get(name, 0)}"

@@ -93,6 +93,8 @@ class ReplicaState:
     cap: int | None = None  # S2: None = not limited
     in_flight: int = 0  # admitted turns not yet ended
     reserved: int = 0  # S4: interactive runs paused on a tool here
+    pinned_runs: int = 0  # S3: runs generating or paused on a tool here (placement load)
+    queued_probes: int = 0  # S2: consecutive probes that saw a queue
     running: int | None = None  # last probe
     waiting: int | None = None
     kv_usage: float | None = None

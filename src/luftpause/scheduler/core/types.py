@@ -56,3 +56,4 @@ class Params:
     turn_timeout_s: float = 600.0  # S10
     run_idle_expiry_s: float = 1800.0  # S10
     cap_raise_step: int = 1  # S2: slots added per quiet probe while running at the cap
+    queue_probes: int = 2  # S2: consecutive probes with a queue before the cap is set

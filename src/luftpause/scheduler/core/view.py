@@ -23,6 +23,7 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "in_flight": rep.in_flight,
                 "capacity": rep.cap,  # null: not limited
                 "reserved_for_interactive": rep.reserved,
+                "runs_pinned": rep.pinned_runs,
                 "engine_running": rep.running,
                 "engine_waiting": rep.waiting,
                 "kv_usage": rep.kv_usage,

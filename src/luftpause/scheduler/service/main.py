@@ -72,6 +72,7 @@ def main(args: argparse.Namespace) -> int:
             turn_timeout_s=settings.turn_timeout_s,
             run_idle_expiry_s=settings.run_idle_expiry_s,
             cap_raise_step=settings.cap_raise_step,
+            queue_probes=settings.queue_probes,
         )
         host = Host(initial_state(replica_specs(config), params, clock()), clock)
         writer = asyncio.create_task(host.run(), name="writer")
