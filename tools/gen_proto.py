@@ -1,7 +1,7 @@
 """Generate the committed gRPC code from proto/, or check that it is current.
 
-    python tools/gen_proto.py          # regenerate src/luftpause/_proto
-    python tools/gen_proto.py --check  # exit 1 if the committed code is stale
+python tools/gen_proto.py          # regenerate src/luftpause/_proto
+python tools/gen_proto.py --check  # exit 1 if the committed code is stale
 """
 
 from __future__ import annotations
