@@ -40,3 +40,17 @@ def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
 def test_no_command_prints_help() -> None:
     out = run()
     assert out.returncode == 2 and "COMMAND" in out.stdout
+
+
+def test_bad_numbers_are_argparse_errors_naming_the_value() -> None:
+    """Bad input gets a clear error naming the problem, never a traceback."""
+    for args in (
+        ["fake-engine", "--time-scale", "0"],
+        ["fake-mcp", "--lookup-delay-s", "-1"],
+        ["fake-engine", "--max-running", "many"],
+        ["loadgen", "--duration-s", "inf"],
+    ):
+        out = run(*args)
+        assert out.returncode == 2, args
+        assert "expected" in out.stderr and repr(args[-1]) in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr

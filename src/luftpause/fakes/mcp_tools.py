@@ -61,6 +61,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
+from luftpause.cliargs import non_negative_float as _non_negative_float
+from luftpause.cliargs import positive_float as _positive_float
 from luftpause.serving import (
     add_service_arguments,
     bind_socket,
@@ -419,23 +421,6 @@ def build_app(tools: FakeTools, *, host: str = DEFAULT_HOST) -> Starlette:
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -46,6 +46,9 @@ from typing import Any, TextIO
 import httpx
 import openai
 
+from luftpause.cliargs import non_negative_float as _non_negative_float
+from luftpause.cliargs import positive_float as _positive_float
+from luftpause.cliargs import positive_int as _positive_int
 from luftpause.loadgen import agents, content, spawn, stats
 from luftpause.loadgen.mix import (
     CLASSES,
@@ -64,33 +67,6 @@ ERROR_BACKOFF_S = 0.5  # a failed run's agent waits this long before its next ru
 
 
 # ------------------------------------------------------------------ arguments
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def _tool_calls(text: str) -> ToolCalls:
