@@ -296,28 +296,31 @@ async def test_interactive_goes_before_held_batch(services: Any, tmp_path: Path)
     client = openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused", timeout=120)
     done: dict[str, float] = {}
 
-    async def turn(name: str, cls: str) -> None:
+    # The first wave's long replies keep both engine slots busy while the second wave
+    # arrives (so all of it is held); the interactive reply is short, the second wave's
+    # long, so "admitted first" shows as "finished first" whatever the machine's speed.
+    async def turn(name: str, cls: str, tokens: int) -> None:
         await client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": name}],
-            max_tokens=40,
+            max_tokens=tokens,
             extra_headers={"x-luftpause-class": cls, "x-luftpause-caller": name},
         )
         done[name] = time.monotonic()
 
-    first = [asyncio.create_task(turn(f"a{i}", "batch")) for i in range(6)]
+    first = [asyncio.create_task(turn(f"a{i}", "batch", 400)) for i in range(6)]
 
     async def capped() -> bool:
         return (await stack.status())["replicas"][0]["capacity"] == 2  # type: ignore[no-any-return]
 
     await eventually(capped, what="the scheduler to cap the queueing engine")
-    later = [asyncio.create_task(turn(f"b{i}", "batch")) for i in range(6)]
+    later = [asyncio.create_task(turn(f"b{i}", "batch", 200)) for i in range(6)]
 
     async def held() -> bool:
         return (await stack.status())["held_total"] >= 6  # type: ignore[no-any-return]
 
     await eventually(held, what="the second batch wave to be held")
-    interactive = asyncio.create_task(turn("interactive", "interactive"))
+    interactive = asyncio.create_task(turn("interactive", "interactive", 20))
     await asyncio.wait_for(asyncio.gather(*first, *later, interactive), 120)
     assert all(done["interactive"] < done[f"b{i}"] for i in range(6)), done
 
