@@ -246,7 +246,11 @@ async def _admit(
     return outcome
 
 
-async def _chat(dp: Dataplane, request: Request) -> Response:
+async def _turn_request(
+    dp: Dataplane, request: Request
+) -> tuple[str | None, dict[str, Any]] | Response:
+    """What every turn route does first (D9, then the body): the run header and the
+    parsed JSON body, or the error response to send instead."""
     header_run = request.headers.get(identity.RUN_HEADER) or None
     denied = _authorize(dp, request, header_run)
     if denied is not None:
@@ -254,6 +258,14 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
     body = await _read_json(request)
     if isinstance(body, str):
         return error(400, body, header_run)
+    return header_run, body
+
+
+async def _chat(dp: Dataplane, request: Request) -> Response:
+    parsed = await _turn_request(dp, request)
+    if isinstance(parsed, Response):
+        return parsed
+    header_run, body = parsed
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return error(400, "'model' is required and must be a string", header_run)
@@ -441,13 +453,10 @@ def _failure_outcome(failure: str) -> Outcome:
 
 async def _decide(dp: Dataplane, request: Request) -> Response:
     """D7: a single-pass turn to a classifier replica (vLLM ``/classify`` format)."""
-    header_run = request.headers.get(identity.RUN_HEADER) or None
-    denied = _authorize(dp, request, header_run)
-    if denied is not None:
-        return denied
-    body = await _read_json(request)
-    if isinstance(body, str):
-        return error(400, body, header_run)
+    parsed = await _turn_request(dp, request)
+    if isinstance(parsed, Response):
+        return parsed
+    header_run, body = parsed
     if "input" not in body:
         return error(400, "'input' is required (a string or a list of strings)", header_run)
     model = body.get("model") or (dp.single_pass_models[0] if dp.single_pass_models else "")
