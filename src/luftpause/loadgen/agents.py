@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 import httpx2
 import openai
-from mcp import Client
 
 from luftpause.loadgen import content
 from luftpause.loadgen.mix import Group
+from luftpause.loadgen.pool import ClientPool
 from luftpause.loadgen.stats import RunRecord, TurnRecord
 
 HELD_HEADER = "x-luftpause-held-ms"
@@ -76,36 +76,15 @@ async def end_runs(options: AgentOptions, timeout_s: float = 5.0) -> int:
     return ended
 
 
-class ToolPool:
+class ToolPool(ClientPool):
     """A few MCP sessions to the tool server, shared round robin by the agents."""
 
     def __init__(self, url: str, size: int, timeout_s: float = 120.0) -> None:
-        self.url = url
-        self.size = max(1, size)
-        self.timeout_s = timeout_s
-        self.clients: list[Client] = []
+        super().__init__(url, size, timeout_s)
         self.tools: list[Any] = []
-        self._next = 0
-        self._stack = contextlib.AsyncExitStack()
 
-    async def __aenter__(self) -> ToolPool:
-        try:
-            for _ in range(self.size):
-                client = Client(self.url, mode="legacy", read_timeout_seconds=self.timeout_s)
-                self.clients.append(await self._stack.enter_async_context(client))
-            self.tools = list((await self.clients[0].list_tools()).tools)
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
-
-    def pick(self) -> Client:
-        client = self.clients[self._next % len(self.clients)]
-        self._next += 1
-        return client
+    async def _opened(self) -> None:
+        self.tools = list((await self.clients[0].list_tools()).tools)
 
     async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         """The tool's text result and whether the server marked it an error."""

@@ -29,6 +29,7 @@ from mcp import Client
 from luftpause.loadgen import content
 from luftpause.loadgen.agents import RunFailed
 from luftpause.loadgen.mix import Group
+from luftpause.loadgen.pool import ClientPool
 from luftpause.loadgen.stats import RunRecord
 
 AWAIT_TIMEOUT_S = 60.0
@@ -133,17 +134,12 @@ async def subagent_once(
     return record_of(run, group, start, clock())
 
 
-class SessionPool:
+class SessionPool(ClientPool):
     """MCP sessions to the runtime; each is one caller to the dataplane."""
 
     def __init__(self, url: str, size: int, timeout_s: float = AWAIT_TIMEOUT_S + 60) -> None:
-        self.url = url
-        self.size = max(1, size)
-        self.timeout_s = timeout_s
-        self.clients: list[Client] = []
+        super().__init__(url, size, timeout_s)
         self.live: dict[str, Client] = {}  # handle -> session, for runs not yet awaited to end
-        self._next = 0
-        self._stack = contextlib.AsyncExitStack()
 
     async def cancel_live(self) -> int:
         """Cancel the sub-agents still running (the load's deadline cut them off)."""
@@ -154,24 +150,6 @@ class SessionPool:
                 cancelled += 1
             self.live.pop(handle, None)
         return cancelled
-
-    async def __aenter__(self) -> SessionPool:
-        try:
-            for _ in range(self.size):
-                client = Client(self.url, mode="legacy", read_timeout_seconds=self.timeout_s)
-                self.clients.append(await self._stack.enter_async_context(client))
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
-
-    def pick(self) -> Client:
-        client = self.clients[self._next % len(self.clients)]
-        self._next += 1
-        return client
 
 
 @dataclass
