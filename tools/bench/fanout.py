@@ -86,6 +86,36 @@ def runtime_config(path: Path, dataplane: str, tools: str, state: Path) -> Path:
     return path
 
 
+def start_runtime(
+    suffix: str, engine: str, tool_delay_s: float, tmp: Path, started: list[ServiceProcess]
+) -> tuple[ServiceProcess, ServiceProcess]:
+    """Fake tools with a fixed lookup delay, and a runtime using them and ``engine``."""
+    tools = start(
+        f"fake-mcp{suffix}",
+        [
+            "fake-mcp",
+            "--port",
+            "0",
+            "--lookup-delay-s",
+            str(tool_delay_s),
+            "--log-level",
+            "WARNING",
+        ],
+        tmp,
+        started,
+    )
+    cfg = runtime_config(
+        tmp / f"rt{suffix}.toml", engine, tools.urls["http"], tmp / f"state{suffix}"
+    )
+    rt = start(
+        f"runtime{suffix}",
+        ["runtime", "--config", str(cfg), "--port", "0", "--log-level", "WARNING"],
+        tmp,
+        started,
+    )
+    return tools, rt
+
+
 def payload(result: Any) -> dict[str, Any]:
     if result.is_error:
         raise SystemExit(f"tool error: {result.content[0].text}")
@@ -182,29 +212,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 tmp,
                 started,
             )
-            tools = start(
-                "fake-mcp",
-                [
-                    "fake-mcp",
-                    "--port",
-                    "0",
-                    "--lookup-delay-s",
-                    str(args.tool_delay_s),
-                    "--log-level",
-                    "WARNING",
-                ],
-                tmp,
-                started,
-            )
-            cfg = runtime_config(
-                tmp / "rt.toml", engine.urls["http"], tools.urls["http"], tmp / "state"
-            )
-            rt = start(
-                "runtime",
-                ["runtime", "--config", str(cfg), "--port", "0", "--log-level", "WARNING"],
-                tmp,
-                started,
-            )
+            _tools, rt = start_runtime("", engine.urls["http"], args.tool_delay_s, tmp, started)
             url = rt.urls["http"] + "/mcp"
             if not args.skip_sequential:
                 wall, results = await sequential(url, args.runs, args.max_tool_calls)
@@ -217,29 +225,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             if "sequential_s" in out:
                 out["speedup"] = round(out["sequential_s"] / out["fanout_s"], 2)
             if args.concurrent > 0:
-                slow = start(
-                    "fake-mcp-slow",
-                    [
-                        "fake-mcp",
-                        "--port",
-                        "0",
-                        "--lookup-delay-s",
-                        "3600",
-                        "--log-level",
-                        "WARNING",
-                    ],
-                    tmp,
-                    started,
-                )
-                cfg2 = runtime_config(
-                    tmp / "rt2.toml", engine.urls["http"], slow.urls["http"], tmp / "state2"
-                )
-                rt2 = start(
-                    "runtime-memory",
-                    ["runtime", "--config", str(cfg2), "--port", "0", "--log-level", "WARNING"],
-                    tmp,
-                    started,
-                )
+                slow, rt2 = start_runtime("-memory", engine.urls["http"], 3600.0, tmp, started)
                 out["memory"] = await memory(
                     rt2.urls["http"] + "/mcp", slow.urls["http"], rt2.pid, args.concurrent
                 )
