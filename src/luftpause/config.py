@@ -64,6 +64,28 @@ def _check_url(value: str) -> str:
     return value.rstrip("/")
 
 
+class ClassPriority(_Frozen):
+    """The ``priority`` the dataplane sends an engine for each class's turns.
+
+    For engines that order their own waiting queue by request priority: SGLang
+    started with ``--enable-priority-scheduling`` (higher first, unless
+    ``--schedule-low-priority-values-first``) or vLLM with ``--scheduling-policy
+    priority`` (lower first). Pick the values in the engine's direction.
+    """
+
+    interactive: int
+    batch: int
+
+    @model_validator(mode="after")
+    def _differ(self) -> Self:
+        if self.interactive == self.batch:
+            raise ValueError("interactive and batch must differ, or the engine cannot order them")
+        return self
+
+    def for_class(self, service_class: str) -> int:
+        return self.interactive if service_class == "interactive" else self.batch
+
+
 class Endpoint(_Frozen):
     """A replica: an engine, a router in front of engines, or a hosted API."""
 
@@ -76,6 +98,9 @@ class Endpoint(_Frozen):
     metrics: MetricsFlavour = MetricsFlavour.AUTO
     metrics_path: str = "/metrics"
     load_from: tuple[str, ...] = ()  # base URLs whose /metrics describe this replica's load
+    # The engine orders its queue by request priority: send each turn its class's value
+    # (unless the client set one) and never hold interactive turns for the cap (S4).
+    class_priority: ClassPriority | None = None
 
     @field_validator("url")
     @classmethod
@@ -100,6 +125,12 @@ class Endpoint(_Frozen):
         if any(not m for m in value):
             raise ValueError("model names must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _priority_kind(self) -> Self:
+        if self.class_priority is not None and self.kind is not EndpointKind.GENERATIVE:
+            raise ValueError("class_priority applies to generative endpoints only")
+        return self
 
 
 class SchedulerSettings(_Frozen):

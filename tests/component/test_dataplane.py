@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from luftpause.config import (
+    ClassPriority,
     DataplaneSettings,
     Endpoint,
     EndpointKind,
@@ -422,6 +423,30 @@ async def test_streaming_asks_engine_for_usage(stack: Stack) -> None:
         "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})
     )
     assert asked.content == body
+
+
+async def test_class_priority_is_sent_to_engines_that_order_by_it(stack: Stack) -> None:
+    """S4, D1: an endpoint with class_priority gets each turn's class priority in the
+    body; a client's own priority is kept; an endpoint without it gets the body as sent."""
+    raw = json.dumps(chat()).encode()
+    await stack.client.post("/v1/chat/completions", content=raw)
+    assert stack.engine.seen[-1].content == raw  # untouched without class_priority
+    stack.dp.endpoints["engine-a"] = stack.dp.endpoints["engine-a"].model_copy(
+        update={"class_priority": ClassPriority(interactive=10, batch=0)}
+    )
+    for cls, expected in (("interactive", 10), ("batch", 0)):
+        resp = await stack.client.post(
+            "/v1/chat/completions", json=chat(), headers={"x-luftpause-class": cls}
+        )
+        assert resp.status_code == 200
+        assert json.loads(stack.engine.seen[-1].content)["priority"] == expected
+    await stack.client.post(
+        "/v1/chat/completions", json=chat(priority=3), headers={"x-luftpause-class": "batch"}
+    )
+    assert json.loads(stack.engine.seen[-1].content)["priority"] == 3
+    await stack.client.post("/v1/chat/completions", json=chat(stream=True))
+    sent = json.loads(stack.engine.seen[-1].content)
+    assert sent["priority"] == 0 and sent["stream_options"] == {"include_usage": True}
 
 
 async def test_models_run_end_and_metrics(stack: Stack) -> None:

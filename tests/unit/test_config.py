@@ -94,6 +94,23 @@ kind = "generator"
         ("[dataplane]\nprot=1", "dataplane.prot", "unknown field"),
         ('[[runtime.tool_servers]]\nname="t"', "runtime.tool_servers[0]", "exactly one"),
         ('[[endpoints]]\nname="a b"\nurl="http://x"\nmodels=["m"]', "endpoints[0].name", "match"),
+        (
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\n'
+            "class_priority={interactive=1, batch=1}",
+            "endpoints[0].class_priority",
+            "must differ",
+        ),
+        (
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nclass_priority={interactive=1}',
+            "endpoints[0].class_priority.batch",
+            "required",
+        ),
+        (
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nkind="single_pass"\n'
+            "class_priority={interactive=1, batch=0}",
+            "endpoints[0]",
+            "generative endpoints only",
+        ),
     ],
 )
 def test_field_errors(tmp_path: Path, toml: str, field: str, problem: str) -> None:
@@ -130,3 +147,21 @@ def test_secrets_come_from_the_environment_only() -> None:
     assert secrets.otel_endpoint == "http://otel:4317"
     with pytest.raises(ConfigError, match="'HK'"):
         load_secrets(config, {})
+
+
+def test_class_priority_reaches_the_scheduler_as_engine_ordering(tmp_path: Path) -> None:
+    """S4: an endpoint with class_priority is one whose engine orders classes."""
+    from luftpause.scheduler.service.main import replica_specs
+
+    config, _ = load_config(
+        write(
+            tmp_path,
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\n'
+            "class_priority={interactive=10, batch=0}\n"
+            '[[endpoints]]\nname="b"\nurl="http://y"\nmodels=["m"]\n',
+        )
+    )
+    a = config.endpoints[0]
+    assert a.class_priority is not None and a.class_priority.for_class("interactive") == 10
+    assert a.class_priority.for_class("batch") == 0
+    assert [s.orders_classes for s in replica_specs(config)] == [True, False]

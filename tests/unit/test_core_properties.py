@@ -71,23 +71,27 @@ DATAPLANES = ("dp0", "dp1")
 SP_MODEL = "cls"
 
 
-def pool(n_generative: int) -> tuple[ReplicaSpec, ...]:
+def pool(n_generative: int, ordering: str = "--") -> tuple[ReplicaSpec, ...]:
+    """``ordering``: per generative replica, "o" if its engine orders classes, else "-"."""
     specs = [
-        ReplicaSpec("g0", GEN, frozenset({"m0", "m1"})),
-        ReplicaSpec("g1", GEN, frozenset({"m0"})),
+        ReplicaSpec("g0", GEN, frozenset({"m0", "m1"}), orders_classes=ordering[0] == "o"),
+        ReplicaSpec("g1", GEN, frozenset({"m0"}), orders_classes=ordering[1] == "o"),
     ]
     if n_generative == 3:
-        specs.append(ReplicaSpec("g2", GEN, frozenset({"m0", "m1"})))
+        specs.append(
+            ReplicaSpec("g2", GEN, frozenset({"m0", "m1"}), orders_classes=ordering[2:] == "o")
+        )
     specs.append(ReplicaSpec("sp", SP, frozenset({SP_MODEL})))
     return tuple(specs)
 
 
 def has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
     """S2/S4 room, restated from the spec: healthy, and below the cap (batch counting
-    the slots reserved for paused interactive runs)."""
+    the slots reserved for paused interactive runs); interactive turns ignore the cap
+    where the engine orders its queue by class."""
     if not rep.healthy:
         return False
-    if rep.cap is None:
+    if rep.cap is None or (cls is INT and rep.spec.orders_classes):
         return True
     used = rep.in_flight + (rep.reserved if cls is BAT else 0)
     return used < rep.cap
@@ -238,7 +242,7 @@ class CoreMachine(RuleBasedStateMachine):
         # S9/S6/S13: healthy, serves the turn's model, of the turn's kind
         assert rep.healthy, a
         assert rep.spec.kind is m.kind and m.model in rep.spec.models, (a, m)
-        if rep.cap is not None:
+        if rep.cap is not None and not (m.cls is INT and rep.spec.orders_classes):
             # S2/S4: admitted only while in_flight < cap (batch: + reserved). In-flight only
             # grows during the event's admissions, reservations only shrink: these are the
             # in-flight count at this admission, and a lower bound of its reservations.
@@ -318,11 +322,13 @@ class CoreMachine(RuleBasedStateMachine):
     @initialize(
         n_generative=st.sampled_from([2, 3]),
         caps=st.lists(st.sampled_from([None, None, 1, 2]), min_size=4, max_size=4),
+        ordering=st.sampled_from(["---", "---", "o--", "-oo"]),
     )
-    def setup(self, n_generative: int, caps: list[int | None]) -> None:
+    def setup(self, n_generative: int, caps: list[int | None], ordering: str) -> None:
         """Most histories start with every replica probed healthy (some capped), so that
-        turns flow; the probe rule makes them unhealthy or changes caps later."""
-        self.specs = pool(n_generative)
+        turns flow; the probe rule makes them unhealthy or changes caps later. Some
+        replicas' engines order their queue by class."""
+        self.specs = pool(n_generative, ordering)
         self.restart_core()
         for spec, cap in zip(self.specs, caps, strict=False):
             ev = ReplicaProbed(self.now, spec.name, True, cap, None if cap is None else 1)

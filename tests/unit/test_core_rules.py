@@ -477,6 +477,36 @@ def test_s4_interactive_turn_of_another_run_may_use_a_reserved_slot() -> None:
     assert admits(sim.req("i1", "I", cls=INT)) == {"i1": "a"}
 
 
+def test_s4_interactive_is_not_held_for_the_cap_where_the_engine_orders_classes() -> None:
+    """S4/S2: on a replica whose engine orders its queue by class (the dataplane sends a
+    per-class priority), an interactive turn is admitted over the cap, where it waits in
+    the engine only behind interactive work; batch is still held at the cap, and a
+    replica without engine ordering still holds interactive turns."""
+    sim = Sim(replace(gen("a"), orders_classes=True), gen("b"))
+    capped(sim, "a", 1)
+    capped(sim, "b", 1)
+    sim.req("a0", "ra", caller="x")
+    sim.req("b0", "rb", caller="y")
+    assert sim.replica("a")["in_flight"] == 1 and sim.replica("b")["in_flight"] == 1
+    held_batch = sim.req("b1", "rbatch")
+    assert admits(held_batch) == {}
+    # The interactive run's first turn: placed on a (b would hold it), over a's cap.
+    assert admits(sim.req("i1", "ri", cls=INT)) == {"i1": "a"}
+    assert sim.replica("a")["in_flight"] == 2
+    sim.finish("i1", paused=True)
+    # Its return after the tool is admitted at once, though a is still full.
+    assert admits(sim.req("i2", "ri", cls=INT)) == {"i2": "a"}
+    # Batch waits for the cap: freeing one slot of a (now 2 in flight, cap 1) admits none.
+    assert "b1" not in admits(sim.finish("a0"))
+    assert admits(sim.finish("i2")) == {"b1": "a"}
+    # Without engine ordering the same interactive turn waits for the cap.
+    plain = Sim(gen("b"))
+    capped(plain, "b", 1)
+    plain.req("x0", "rx")
+    assert admits(plain.req("j1", "rj", cls=INT)) == {}
+    assert admits(plain.finish("x0")) == {"j1": "b"}
+
+
 def test_s4_batch_runs_paused_on_a_tool_reserve_nothing() -> None:
     """S4: only interactive paused runs reserve a slot."""
     sim = Sim(gen("a"))
@@ -1017,6 +1047,7 @@ def test_status_view_shape() -> None:
         "healthy": True,
         "in_flight": 1,
         "capacity": 1,
+        "engine_orders_classes": False,
         "reserved_for_interactive": 0,
         "runs_pinned": 1,
         "engine_running": 1,

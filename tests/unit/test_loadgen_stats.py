@@ -9,6 +9,7 @@ from luftpause.loadgen.stats import (
     RunRecord,
     TurnRecord,
     cached_share,
+    closed_loop_rate,
     percentile,
     runs_per_min,
     summarise,
@@ -119,3 +120,28 @@ def test_table_shows_classes_and_errors() -> None:
     assert "| interactive |" in text and "| batch |" in text
     assert "connect 1" in text
     assert "| group a |" in text and "| group b |" in text
+
+
+def test_closed_loop_rate_is_agents_over_mean_run_time() -> None:
+    """H3: runs/min of a closed loop from Little's law, per class summed over its groups."""
+    assert closed_loop_rate(4, [30.0, 60.0]) == pytest.approx(4 * 60 / 45)
+    assert closed_loop_rate(2, []) is None
+    with pytest.raises(ValueError):
+        closed_loop_rate(0, [1.0])
+    runs = [
+        run("batch", 0, 20, group="a"),
+        run("batch", 10, 40, group="b"),
+        run("interactive", 5, 15, group="c"),
+    ]
+    groups = [("a", "batch"), ("b", "batch"), ("c", "interactive")]
+    s = summarise(runs, [], (0.0, 60.0), groups, {"a": 3, "b": 5, "c": 2})
+    # batch: 8 agents, runs of 20 and 30 s -> 8 * 60 / 25
+    assert s["classes"]["batch"]["runs_per_min_closed"] == pytest.approx(8 * 60 / 25)
+    assert s["classes"]["interactive"]["runs_per_min_closed"] == pytest.approx(2 * 60 / 10)
+    assert s["groups"]["b"]["runs_per_min_closed"] == pytest.approx(5 * 60 / 30)
+    # A class with a group of unknown size (a one-shot fan-out) gets no estimate.
+    partial = summarise(runs, [], (0.0, 60.0), groups, {"a": 3})
+    assert partial["classes"]["batch"]["runs_per_min_closed"] is None
+    unknown = summarise(runs, [], (0.0, 60.0), groups)
+    assert unknown["classes"]["batch"]["runs_per_min_closed"] is None
+    assert "agents×60/mean" in table(s)

@@ -170,6 +170,8 @@ def _config(path: Path, stack: Stack, probe_s: float) -> Path:
         text += (
             f'[[endpoints]]\nname = "engine-{"ab"[i]}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
             'metrics = "sglang"\n'
+            # The engines run --priority-scheduling (higher first), as in every arm.
+            "class_priority = { interactive = 10, batch = 0 }\n"
         )
     path.write_text(text)
     return path
@@ -499,7 +501,7 @@ def _f(value: float | None, digits: int = 1, pct: bool = False) -> str:
 
 def aggregate(results: list[dict[str, Any]], cls: str, scale: float) -> dict[str, Any]:
     """Across repetitions: rates and times in model time."""
-    rpm, p50, p95, cached = [], [], [], []
+    rpm, rate, p50, p95, cached = [], [], [], [], []
     parts: dict[str, list[float]] = {
         k: [] for k in ("held_s", "queued_s", "prefill_s", "decode_s", "other_s")
     }
@@ -509,6 +511,8 @@ def aggregate(results: list[dict[str, Any]], cls: str, scale: float) -> dict[str
         if s is None:
             continue
         rpm.append(s["runs_per_min"] / scale)
+        if s.get("runs_per_min_closed") is not None:
+            rate.append(s["runs_per_min_closed"] / scale)
         if s["run_s"]["p50"] is not None:
             p50.append(s["run_s"]["p50"] * scale)
             p95.append(s["run_s"]["p95"] * scale)
@@ -530,6 +534,7 @@ def aggregate(results: list[dict[str, Any]], cls: str, scale: float) -> dict[str
                 cached.append(e["cached_share"])
     return {
         "rpm": rpm,
+        "rate": rate,
         "p50": p50,
         "p95": p95,
         "cached": _m(cached),
@@ -543,9 +548,9 @@ def arm_table(
     rows: list[tuple[str, list[dict[str, Any]]]], scale: float, floor_s: float | None
 ) -> list[str]:
     lines = [
-        "| arm | class | runs | runs/min | p50 s | p95 s | p50 / floor | cached | "
-        "held s | queued s | prefill s | decode s | other s | errors | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | class | runs | runs/min | agents×60/mean | p50 s | p95 s | p50 / floor | "
+        "cached | held s | queued s | prefill s | decode s | other s | errors | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, results in rows:
         loads = [r["load_avg"][0] for r in results]
@@ -556,7 +561,8 @@ def arm_table(
             p50 = _m(a["p50"])
             slow = (p50 / floor_s) if (p50 is not None and floor_s) else None
             lines.append(
-                f"| {name} | {cls} | {a['runs']} | {_spread(a['rpm'])} | {_spread(a['p50'])} | "
+                f"| {name} | {cls} | {a['runs']} | {_spread(a['rpm'])} | {_spread(a['rate'])} | "
+                f"{_spread(a['p50'])} | "
                 f"{_spread(a['p95'])} | {_f(slow, 2)} | {_f(a['cached'], pct=True)} | "
                 f"{_f(a['held_s'], 2)} | {_f(a['queued_s'], 2)} | {_f(a['prefill_s'], 2)} | "
                 f"{_f(a['decode_s'], 2)} | {_f(a['other_s'], 2)} | {a['errors']} | "
@@ -565,9 +571,17 @@ def arm_table(
     return lines
 
 
+def rate(result: dict[str, Any], cls: str) -> float:
+    """A closed loop's runs/min: agents × 60 / mean run time where known (it does not
+    carry the window's rounding of up to one run per agent), else the count."""
+    s = result["classes"][cls]
+    closed = s.get("runs_per_min_closed")
+    return float(closed if closed is not None else s["runs_per_min"])
+
+
 def ratio(results_a: list[dict[str, Any]], results_b: list[dict[str, Any]], cls: str) -> float:
-    a = _m([r["classes"][cls]["runs_per_min"] for r in results_a if cls in r["classes"]])
-    b = _m([r["classes"][cls]["runs_per_min"] for r in results_b if cls in r["classes"]])
+    a = _m([rate(r, cls) for r in results_a if cls in r["classes"]])
+    b = _m([rate(r, cls) for r in results_b if cls in r["classes"]])
     return (a / b) if a is not None and b else float("nan")
 
 
@@ -673,9 +687,14 @@ def report(
         "~1 s each), replies capped at 256 tokens; interactive agents: "
         f"{INTERACTIVE_AGENTS}",
         "",
-        "Columns: *p50 / floor* divides the arm's p50 run time by the same run alone on an idle "
-        "engine; *held* is time a turn waited in luftpause, *queued* in the engine's waiting "
-        "queue, *prefill*/*decode* the engine's work, *other* the rest of the turn's wall time "
+        "Columns: *runs/min* counts the runs that finished inside the window; "
+        "*agents×60/mean* is the same closed loop's rate from its mean run time (Little's "
+        "law), which does not carry the window's rounding of up to one run per agent - "
+        "with 4 interactive agents that rounding alone is worth tens of percent, so **the "
+        "goal ratios use agents×60/mean**. *p50 / floor* divides the arm's p50 run time by "
+        "the same run alone on an idle engine; *held* is time a turn waited in luftpause, "
+        "*queued* in the engine's waiting queue, *prefill*/*decode* the engine's work, "
+        "*other* the rest of the turn's wall time "
         "(proxy, router, streaming, client, and CPU contention: the engines are Python "
         "processes on shared cores) - means per turn. Own-loop arms report "
         "these per class from the load generator; sub-agent arms report the engine's side for "

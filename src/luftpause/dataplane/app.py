@@ -324,13 +324,19 @@ async def _forward_chat(
     stream = bool(body.get("stream"))
     hide_usage = False
     raw = await request.body()
+    changed = False
     if stream:
         options = body.get("stream_options")
         if not (isinstance(options, dict) and options.get("include_usage")):
             # Ask for usage for our reports; the client will not see the extra chunk.
             body = {**body, "stream_options": {**(options or {}), "include_usage": True}}
-            raw = json.dumps(body).encode()
-            hide_usage = True
+            changed = hide_usage = True
+    if endpoint is not None and endpoint.class_priority is not None and "priority" not in body:
+        # The engine orders its own queue by class; a client's own priority is kept.
+        body = {**body, "priority": endpoint.class_priority.for_class(turn.service_class)}
+        changed = True
+    if changed:
+        raw = json.dumps(body).encode()
     url = f"{base}/v1/chat/completions"
     reported = False
 

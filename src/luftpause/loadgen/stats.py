@@ -8,6 +8,11 @@ numbers the table and the JSON show, per class and per group:
 * ``runs_per_min``: runs that *finished* inside the measured window, divided by
   the window's length (closed loop: a run in flight when the window closes is
   not counted);
+* ``runs_per_min_closed``: for closed-loop groups, ``agents * 60 / mean run
+  time`` over the same runs (Little's law with no think time). It estimates the
+  same rate without the window's rounding: with 4 agents and runs of about half
+  the window, the count is off by up to one run per agent (tens of percent),
+  while the mean run time over the same runs is off by a few percent;
 * ``run_s``: p50/p95/mean of those runs' wall time;
 * ``cached_share``: cached prompt tokens / prompt tokens over all their turns;
 * ``turn``: where an average turn's time went - held in luftpause
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -135,15 +140,29 @@ def turn_breakdown(runs: Iterable[RunRecord]) -> dict[str, Any]:
     return out
 
 
+def closed_loop_rate(agents: int, durations: Sequence[float]) -> float | None:
+    """Runs per minute of ``agents`` closed-loop agents whose runs took ``durations``."""
+    if agents < 1:
+        raise ValueError(f"agents must be at least 1, got {agents}")
+    mean = _mean(durations)
+    return None if not mean else agents * 60.0 / mean
+
+
 def summarise_runs(
-    runs: Sequence[RunRecord], errors: Sequence[ErrorRecord], window_s: float
+    runs: Sequence[RunRecord],
+    errors: Sequence[ErrorRecord],
+    window_s: float,
+    agents: int | None = None,
 ) -> dict[str, Any]:
+    """``agents``: how many closed-loop agents produced ``runs`` (None: not a closed loop)."""
     durations = [r.duration_s for r in runs]
     tool_s = [r.tool_s for r in runs]
     turn_s = [r.turn_s for r in runs if r.turn_s is not None]
+    closed = closed_loop_rate(agents, durations) if agents else None
     return {
         "runs": len(runs),
         "runs_per_min": round(runs_per_min(len(runs), window_s), 3),
+        "runs_per_min_closed": _r(closed),
         "run_s": {
             "p50": _r(percentile(durations, 50)),
             "p95": _r(percentile(durations, 95)),
@@ -171,21 +190,41 @@ def summarise(
     errors: Sequence[ErrorRecord],
     window: tuple[float, float],
     groups: Sequence[tuple[str, str]] = (),
+    agents: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Per class and per group (``groups``: (name, class) pairs, in order)."""
+    """Per class and per group (``groups``: (name, class) pairs, in order).
+
+    ``agents``: agents per closed-loop group name; a class's count is the sum over
+    its groups, and only a class whose every group is listed gets
+    ``runs_per_min_closed``.
+    """
     start, end = window
+    agents = agents or {}
     counted = [r for r in runs if in_window(r, start, end)]
     span = end - start
     classes = sorted({r.cls for r in runs} | {e.cls for e in errors} | {c for _, c in groups})
+
+    def class_agents(c: str) -> int | None:
+        names = {g for g, gc in groups if gc == c} | {r.group for r in counted if r.cls == c}
+        if not names or any(n not in agents for n in names):
+            return None
+        return sum(agents[n] for n in names)
+
     by_class = {
         c: summarise_runs(
-            [r for r in counted if r.cls == c], [e for e in errors if e.cls == c], span
+            [r for r in counted if r.cls == c],
+            [e for e in errors if e.cls == c],
+            span,
+            class_agents(c),
         )
         for c in sorted(classes, key=lambda c: (CLASSES.index(c) if c in CLASSES else 9, c))
     }
     by_group = {
         name: summarise_runs(
-            [r for r in counted if r.group == name], [e for e in errors if e.group == name], span
+            [r for r in counted if r.group == name],
+            [e for e in errors if e.group == name],
+            span,
+            agents.get(name),
         )
         for name, _ in groups
     }
@@ -249,10 +288,10 @@ def _fmt(value: Any, digits: int = 1, pct: bool = False) -> str:
 def table(summary: dict[str, Any]) -> str:
     """The final table: one row per class, then one per group if there are several."""
     head = (
-        "| | runs | runs/min | p50 s | p95 s | turns | cached | held s | queued s | "
-        "prefill s | decode s | other s | tool s/run | errors |"
+        "| | runs | runs/min | agents×60/mean | p50 s | p95 s | turns | cached | held s | "
+        "queued s | prefill s | decode s | other s | tool s/run | errors |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 15]
 
     def row(name: str, s: dict[str, Any]) -> str:
         t = s["turn"]
@@ -261,6 +300,7 @@ def table(summary: dict[str, Any]) -> str:
             name,
             str(s["runs"]),
             _fmt(s["runs_per_min"]),
+            _fmt(s.get("runs_per_min_closed")),
             _fmt(s["run_s"]["p50"]),
             _fmt(s["run_s"]["p95"]),
             _fmt(s["turns_per_run"]),

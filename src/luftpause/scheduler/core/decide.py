@@ -16,7 +16,11 @@ Room on a replica (S2, S4): an unhealthy replica has none. A replica with no cap
 (it reports no load, or its engine never queued) has unlimited room. Otherwise
 an interactive turn fits while ``in_flight < cap``; a batch turn fits while
 ``in_flight + reserved < cap``, where ``reserved`` counts interactive runs paused
-on a tool there: they will come back and find a slot.
+on a tool there: they will come back and find a slot. On a replica whose engine
+orders its own queue by class (``ReplicaSpec.orders_classes``: the dataplane
+sends a per-class ``priority``), an interactive turn always fits: in the engine's
+queue it waits only behind other interactive turns, while here it would wait for
+the cap to clear. The cap and the reservations still bound batch work there.
 
 Which held turn goes first when a replica has room (S4, S5): interactive before
 batch; within a class, the caller with the fewest in-flight turns; ties by
@@ -805,7 +809,9 @@ def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
     if rep.cap is None:
         return True
     if cls is ServiceClass.INTERACTIVE:
-        return rep.in_flight < rep.cap
+        # An engine that orders its queue by class puts the turn ahead of every batch
+        # request it has queued: holding it here could only add a wait.
+        return rep.spec.orders_classes or rep.in_flight < rep.cap
     return rep.in_flight + rep.reserved < rep.cap
 
 

@@ -42,11 +42,18 @@ class DropReason(Enum):
 
 @dataclass(frozen=True, slots=True)
 class ReplicaSpec:
-    """A configured endpoint as the core sees it: a name, a kind, the models it serves."""
+    """A configured endpoint as the core sees it: a name, a kind, the models it serves.
+
+    ``orders_classes``: the engine orders its own waiting queue by class (the
+    dataplane sends each turn a ``priority`` from the endpoint's
+    ``class_priority``), so an interactive turn there waits only behind other
+    interactive turns and is never held for the cap (S4).
+    """
 
     name: str
     kind: EndpointKind
     models: frozenset[str]
+    orders_classes: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "healthy": rep.healthy,
                 "in_flight": rep.in_flight,
                 "capacity": rep.cap,  # null: not limited
+                "engine_orders_classes": rep.spec.orders_classes,
                 "reserved_for_interactive": rep.reserved,
                 "runs_pinned": rep.pinned_runs,
                 "engine_running": rep.running,

@@ -46,6 +46,7 @@ def replica_specs(config: StackConfig) -> tuple[ReplicaSpec, ...]:
             if e.kind is ConfigKind.SINGLE_PASS
             else EndpointKind.GENERATIVE,
             models=frozenset(e.models),
+            orders_classes=e.class_priority is not None,
         )
         for e in config.endpoints
     )
