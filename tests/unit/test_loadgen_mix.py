@@ -112,3 +112,40 @@ def test_prompts_have_the_asked_size_and_share_only_the_preamble() -> None:
     assert content.messages(8000, "run-a") == a  # deterministic
     small = content.messages(2000, "x")
     assert sum(len(m["content"]) for m in small) == 2000
+
+
+async def test_ramp_spreads_a_groups_first_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """H3: --ramp-s starts slot i of N after i/N of the ramp; without it, all at once."""
+    import asyncio
+
+    from luftpause.loadgen import main as loadgen_main
+    from luftpause.loadgen.stats import RunRecord
+
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(delay: float) -> None:
+        delays.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(loadgen_main.asyncio, "sleep", fake_sleep)
+    group = parse_group("4:batch", 0)
+    started: list[int] = []
+
+    for ramp in (2.0, 0.0):
+        delays.clear()
+        rec = loadgen_main.Recorder()
+
+        async def once(key: str, number: int, slot: list[int] = started) -> RunRecord:
+            slot.append(number)
+            raise asyncio.CancelledError
+
+        tasks = [
+            asyncio.create_task(loadgen_main._closed_loop(rec, group, i, once, "n", ramp))
+            for i in range(4)
+        ]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert sorted(delays) == ([0.0, 0.5, 1.0, 1.5] if ramp else [])
+    assert args_of("--agents", "1").ramp_s == 0.0
+    with pytest.raises(SystemExit):
+        args_of("--agents", "1", "--ramp-s", "-1")

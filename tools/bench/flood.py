@@ -99,8 +99,13 @@ class Plan:
         return model_s / self.time_scale
 
     def warmup_for(self, load: int) -> float:
-        """Model seconds of warm-up: at least one saturated run's length (~0.8 s per agent)."""
-        return max(self.warmup_s, 0.8 * load)
+        """Model seconds of warm-up: at least one saturated run's length (~0.9 s per agent
+        at 48, less above). The agents start spread over its first half (``ramp_for``),
+        so the first runs do not all finish together inside the window."""
+        return max(self.warmup_s, 1.0 * load)
+
+    def ramp_for(self, load: int) -> float:
+        return self.warmup_for(load) / 2
 
     def window_for(self, load: int) -> float:
         """Model seconds measured: at least about two saturated run lengths."""
@@ -262,23 +267,32 @@ class EngineWatch:
         self.engines = engines
         self.period_s = period_s
         self.seen: dict[str, dict[str, Any]] = {}
+        self.before: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._lost = 0
 
+    def _recent(self, c: httpx.Client) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for url in self.engines:
+            try:
+                rows.extend(c.get(f"{url}/debug/state").json().get("recent", []))
+            except (httpx.HTTPError, ValueError):
+                continue
+        return rows
+
     def _run(self) -> None:
         with httpx.Client(timeout=5) as c:
             while not self._stop.is_set():
-                for url in self.engines:
-                    try:
-                        recent = c.get(f"{url}/debug/state").json().get("recent", [])
-                    except (httpx.HTTPError, ValueError):
-                        continue
-                    for r in recent:
+                for r in self._recent(c):
+                    if r["request_id"] not in self.before:
                         self.seen.setdefault(r["request_id"], r)
                 self._stop.wait(self.period_s)
 
     def __enter__(self) -> EngineWatch:
+        # The engines' recent list still holds earlier arms' requests: not this arm's.
+        with httpx.Client(timeout=5) as c:
+            self.before = {r["request_id"] for r in self._recent(c)}
         self._thread.start()
         return self
 
@@ -390,11 +404,12 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
 def own_arms(stack: Stack, bench: str, load: int, context: int) -> list[Arm]:
     plan = stack.plan
     window = plan.light_window_s if bench == "light" else plan.window_for(load)
+    warmup = plan.warmup_for(load)
     common = [
         "--tools-url", stack.tools_url, "--context-chars", str(context),
         "--tool-calls", str(TOOL_CALLS), "--group", f"{load}:batch:crowd",
         "--group", f"{INTERACTIVE_AGENTS}:interactive:people",
-        "--warmup-s", f"{plan.real(plan.warmup_for(load)):g}",
+        "--warmup-s", f"{plan.real(warmup):g}", "--ramp-s", f"{plan.real(warmup / 2):g}",
         "--duration-s", f"{plan.real(window):g}",
     ]  # fmt: skip
     router = stack.routers["cache_aware"].url
@@ -417,6 +432,7 @@ def mcp_arms(stack: Stack, load: int, context: int) -> list[Arm]:
         "--context-chars", str(context), "--group", f"{load}:batch:crowd:subagents",
         "--group", f"{INTERACTIVE_AGENTS}:interactive:people:subagents",
         "--warmup-s", f"{plan.real(plan.warmup_for(load)):g}",
+        "--ramp-s", f"{plan.real(plan.ramp_for(load)):g}",
         "--duration-s", f"{plan.real(plan.window_for(load)):g}",
     ]  # fmt: skip
     return [
@@ -436,6 +452,7 @@ def routing_arms(stack: Stack) -> list[Arm]:
     common = [
         "--context-chars", "8000", "--subagents", str(plan.routing_agents), "--class", "batch",
         "--warmup-s", f"{plan.real(plan.warmup_s / 2):g}",
+        "--ramp-s", f"{plan.real(plan.warmup_s / 4):g}",
         "--duration-s", f"{plan.real(plan.routing_window_s):g}",
     ]  # fmt: skip
     return [
@@ -680,7 +697,8 @@ def report(
         f"- repetitions: {plan.reps} per arm and load point, arms alternated (order reversed "
         "every other block); a cell with several repetitions shows mean (min–max)",
         f"- window: max({plan.window_s:g} s, 1.5 s × batch agents) measured after "
-        f"max({plan.warmup_s:g} s, 0.8 s × batch agents) of warm-up (floods); "
+        f"max({plan.warmup_s:g} s, 1 s × batch agents) of warm-up (floods), the agents "
+        "starting spread over its first half; "
         f"{plan.light_window_s:g} s (light), {plan.routing_window_s:g} s (routing); closed loop: "
         "a finished run is replaced at once; runs in flight at the end are not counted",
         f"- every run: system preamble + own task, {TOOL_CALLS} `lookup` calls (fake-mcp, "

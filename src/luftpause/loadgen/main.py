@@ -143,6 +143,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 0)",
     )
     load.add_argument(
+        "--ramp-s",
+        type=_non_negative_float,
+        default=0.0,
+        help="start each group's agents spread evenly over this many seconds instead of all "
+        "at once, so their runs do not finish in waves (default: 0; keep it inside --warmup-s)",
+    )
+    load.add_argument(
         "--max-runs",
         type=_positive_int,
         help="stop once this many runs have finished in the window (all groups together)",
@@ -284,8 +291,12 @@ async def _closed_loop(
     index: int,
     once: Runner,
     nonce: str,
+    ramp_s: float = 0.0,
 ) -> None:
-    """One slot of a group: run after run until cancelled."""
+    """One slot of a group: run after run until cancelled; slot ``index`` of ``count``
+    starts ``index / count * ramp_s`` seconds in."""
+    if ramp_s > 0:
+        await asyncio.sleep(ramp_s * index / group.count)
     number = 0
     while True:
         key = f"{nonce}-{group.name}-{index}-{number}"
@@ -483,7 +494,9 @@ async def run_load(args: argparse.Namespace, groups: list[Group], stderr: TextIO
                         slot += 1
                     else:
                         once = _subagent_runner(sessions[g.name], g, spawn_options, rec.clock)
-                    tasks.append(asyncio.create_task(_closed_loop(rec, g, i, once, nonce)))
+                    tasks.append(
+                        asyncio.create_task(_closed_loop(rec, g, i, once, nonce, args.ramp_s))
+                    )
             if tasks:
                 rec.t0 = time.monotonic()
                 ticker = None if args.quiet else asyncio.create_task(_progress(rec, stderr))
