@@ -1,7 +1,7 @@
 """Side-by-side benchmarks of luftpause against the SGLang router and engine priority (H4).
 
     python tools/bench/flood.py --quick      # time-scaled engines, fewer points: < 10 min
-    python tools/bench/flood.py              # full: every load point, 2 repetitions (~3.5 h)
+    python tools/bench/flood.py              # full: every load point, 2 repetitions (~4 h)
     python tools/bench/flood.py --benches own,light --reps 1 --time-scale 4
 
 Every arm runs on the same two fake engines (``--priority-scheduling`` on, as in
@@ -684,7 +684,7 @@ def report(
         f"- command: `{command}`",
         "- full mode (not what this file shows unless the command above says so): "
         "`python tools/bench/flood.py` - time scale 1, loads 24/48/96/144 for both floods, "
-        "2 repetitions, about 3.5 hours; `--quick` is time scale 5, loads 48 and 144 "
+        "2 repetitions, about 4 hours (estimated from the plan; never run here); `--quick` is time scale 5, loads 48 and 144 "
         "(MCP: 48), 1 repetition, under 10 minutes",
         f"- date: {started}; duration {minutes:.1f} min",
         f"- machine: {machine()}; load average before the run "
