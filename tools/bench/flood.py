@@ -684,8 +684,8 @@ def report(
         f"- command: `{command}`",
         "- full mode (not what this file shows unless the command above says so): "
         "`python tools/bench/flood.py` - time scale 1, loads 24/48/96/144 for both floods, "
-        "2 repetitions, about 4 hours (estimated from the plan; never run here); `--quick` is time scale 5, loads 48 and 144 "
-        "(MCP: 48), 1 repetition, under 10 minutes",
+        "2 repetitions, about 4 hours (estimated from the plan; never run here); "
+        "`--quick` is time scale 5, loads 48 and 144 (MCP: 48), 1 repetition, under 10 minutes",
         f"- date: {started}; duration {minutes:.1f} min",
         f"- machine: {machine()}; load average before the run "
         f"{' / '.join(f'{x:.2f}' for x in load_before)} (other work shares these cores: "
