@@ -404,12 +404,12 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
 def own_arms(stack: Stack, bench: str, load: int, context: int) -> list[Arm]:
     plan = stack.plan
     window = plan.light_window_s if bench == "light" else plan.window_for(load)
-    warmup = plan.warmup_for(load)
     common = [
         "--tools-url", stack.tools_url, "--context-chars", str(context),
         "--tool-calls", str(TOOL_CALLS), "--group", f"{load}:batch:crowd",
         "--group", f"{INTERACTIVE_AGENTS}:interactive:people",
-        "--warmup-s", f"{plan.real(warmup):g}", "--ramp-s", f"{plan.real(warmup / 2):g}",
+        "--warmup-s", f"{plan.real(plan.warmup_for(load)):g}",
+        "--ramp-s", f"{plan.real(plan.ramp_for(load)):g}",
         "--duration-s", f"{plan.real(window):g}",
     ]  # fmt: skip
     router = stack.routers["cache_aware"].url
@@ -690,7 +690,9 @@ def report(
         f"- machine: {machine()}; load average before the run "
         f"{' / '.join(f'{x:.2f}' for x in load_before)} (other work shares these cores: "
         "each table lists the 1-minute load average of its arms)",
-        f"- engines: two fake engines (`docs/calibration.md` defaults, `--priority-scheduling`), "
+        "- engines: two fake engines (`docs/calibration.md` defaults, `--priority-scheduling`; "
+        "luftpause's endpoints declare it with `class_priority`, so the dataplane sends "
+        "interactive turns priority 10 and batch 0, and the router arm sends none), "
         f"time scale {sc:g}: tools, engines and the scheduler's probe period run {sc:g}× faster "
         "than real time. **Every time and rate below is in the engine model's time** "
         f"(measured seconds × {sc:g}, runs/min ÷ {sc:g}).",
