@@ -449,6 +449,62 @@ async def test_class_priority_is_sent_to_engines_that_order_by_it(stack: Stack) 
     assert sent["priority"] == 0 and sent["stream_options"] == {"include_usage": True}
 
 
+async def test_turn_admitted_as_its_client_leaves_frees_its_slot(stack: Stack) -> None:
+    """D4, S10 (BUG): a client that leaves while its turn waits cancels the Admit call.
+    If the scheduler admitted the turn before that cancel reached it (or its answer
+    arrived as the client left), nothing ever reported the turn: its slot stayed taken
+    until the 10-minute turn timeout, and under load such slots piled up. The dataplane
+    now reports the abandoned turn as failed, which frees an admitted one."""
+    real_admit = stack.dp.link.admit
+
+    async def admitted_but_answer_lost(req: Any) -> Any:
+        await real_admit(req)  # the scheduler admits and counts it in flight ...
+        await asyncio.Event().wait()  # ... but the answer is still on its way
+
+    stack.dp.link.admit = admitted_but_answer_lost  # type: ignore[method-assign]
+    body = json.dumps(chat()).encode()
+    leave = asyncio.Event()
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    statuses: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"x-luftpause-run-id", b"r-left")],
+        "client": ("127.0.0.1", 1),
+        "server": ("dp", 80),
+    }
+    replica = lambda: stack.host.state.replicas["engine-a"]  # noqa: E731
+    call = asyncio.create_task(create_app(stack.dp)(scope, receive, send))
+    await settle(stack.host, lambda: replica().in_flight == 1)
+    leave.set()
+    await asyncio.wait_for(call, 5)
+    assert statuses == [499]
+    await settle(stack.host, lambda: replica().in_flight == 0)
+    assert "r-left" not in {t.run_id for t in stack.host.state.turns.values()}
+    assert stack.engine.seen == []  # the engine never heard of it
+
+
 async def test_models_run_end_and_metrics(stack: Stack) -> None:
     """D1 /v1/models, D8 DELETE /v1/runs/{id}, D10 /metrics."""
     models = (await stack.client.get("/v1/models")).json()

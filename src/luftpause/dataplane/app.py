@@ -246,6 +246,21 @@ async def _admit(
     return outcome
 
 
+def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
+    """The client left while its turn was held. Cancelling the Admit call abandons a
+    turn the scheduler still holds, but not one it admitted while the cancel was on its
+    way (or whose answer arrived as the client left): report that one as failed, so its
+    slot is freed now rather than at the turn timeout. A held or unknown turn ignores it.
+    """
+    dp.link.report(
+        pb.TurnEvent(
+            turn_id=turn_id,
+            run_id=run_id,
+            failed=pb.TurnFailed(reason="client left while the turn was held"),
+        )
+    )
+
+
 async def _turn_request(
     dp: Dataplane, request: Request
 ) -> tuple[str | None, dict[str, Any]] | Response:
@@ -301,6 +316,7 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
     finally:
         dp.metrics.holding.labels(cls).dec()
     if outcome is None:  # D4: the client left while held; no engine request
+        _abandoned(dp, turn_id, run_id)
         dp.metrics.turns.labels(cls, Outcome.ABANDONED.value).inc()
         return Response(status_code=499)
     if isinstance(outcome, Rejected):
@@ -487,6 +503,7 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
         ),
     )
     if outcome is None:
+        _abandoned(dp, turn_id, run_id)
         return Response(status_code=499)
     if isinstance(outcome, Rejected):
         return error(404 if outcome.unknown_model else 400, outcome.message, run_id)
