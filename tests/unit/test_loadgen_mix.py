@@ -130,22 +130,23 @@ async def test_ramp_spreads_a_groups_first_runs(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(loadgen_main.asyncio, "sleep", fake_sleep)
     group = parse_group("4:batch", 0)
-    started: list[int] = []
+    started: list[str] = []
+
+    async def once(key: str, number: int) -> RunRecord:
+        started.append(key)
+        raise asyncio.CancelledError  # one run per slot is enough
 
     for ramp in (2.0, 0.0):
         delays.clear()
+        started.clear()
         rec = loadgen_main.Recorder()
-
-        async def once(key: str, number: int, slot: list[int] = started) -> RunRecord:
-            slot.append(number)
-            raise asyncio.CancelledError
-
         tasks = [
             asyncio.create_task(loadgen_main._closed_loop(rec, group, i, once, "n", ramp))
             for i in range(4)
         ]
         await asyncio.gather(*tasks, return_exceptions=True)
         assert sorted(delays) == ([0.0, 0.5, 1.0, 1.5] if ramp else [])
+        assert sorted(started) == [f"n-{group.name}-{i}-0" for i in range(4)]
     assert args_of("--agents", "1").ramp_s == 0.0
     with pytest.raises(SystemExit):
         args_of("--agents", "1", "--ramp-s", "-1")

@@ -520,7 +520,8 @@ async def run_load(args: argparse.Namespace, groups: list[Group], stderr: TextIO
             # Tool calls cut off by the deadline make the MCP client log their late replies.
             logging.getLogger("mcp").setLevel(logging.CRITICAL)
             await stack.aclose()
-    closed_loop = {g.name: g.count for g in groups if not (args.spawn and g.name == "fan-out")}
+    # A --spawn fan-out is one-shot (it admits no closed-loop groups): no agent counts.
+    closed_loop = {} if args.spawn else {g.name: g.count for g in groups}
     summary = stats.summarise(
         rec.runs, rec.errors, rec.window, [(g.name, g.cls) for g in groups], closed_loop
     )
