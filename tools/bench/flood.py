@@ -260,6 +260,11 @@ def wait_idle(stack: Stack, timeout_s: float = 120.0) -> None:
     print("warning: engines still busy after the idle wait", file=sys.stderr)
 
 
+# Step counters every fake engine keeps (``/debug/state``): model seconds busy, seconds
+# steps started late, model seconds of prefill, decode steps and their summed batch size.
+COUNTERS = ("busy_s", "late_s", "prefill_s", "decode_steps", "decode_seqs")
+
+
 class EngineWatch:
     """Collects every request the engines finish (``/debug/state`` recent) while it runs."""
 
@@ -270,21 +275,27 @@ class EngineWatch:
         self.before: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._lost = 0
+        self._start = dict.fromkeys(COUNTERS, 0.0)
+        self.counters = dict.fromkeys(COUNTERS, 0.0)  # the engines' step counters over the arm
 
-    def _recent(self, c: httpx.Client) -> list[dict[str, Any]]:
+    def _poll(self, c: httpx.Client) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """The engines' recently finished requests, and their step counters summed."""
         rows: list[dict[str, Any]] = []
+        counters = dict.fromkeys(COUNTERS, 0.0)
         for url in self.engines:
             try:
-                rows.extend(c.get(f"{url}/debug/state").json().get("recent", []))
+                state = c.get(f"{url}/debug/state").json()
             except (httpx.HTTPError, ValueError):
                 continue
-        return rows
+            rows.extend(state.get("recent", []))
+            for k in COUNTERS:
+                counters[k] += float(state.get(k, 0.0))
+        return rows, counters
 
     def _run(self) -> None:
         with httpx.Client(timeout=5) as c:
             while not self._stop.is_set():
-                for r in self._recent(c):
+                for r in self._poll(c)[0]:
                     if r["request_id"] not in self.before:
                         self.seen.setdefault(r["request_id"], r)
                 self._stop.wait(self.period_s)
@@ -292,18 +303,25 @@ class EngineWatch:
     def __enter__(self) -> EngineWatch:
         # The engines' recent list still holds earlier arms' requests: not this arm's.
         with httpx.Client(timeout=5) as c:
-            self.before = {r["request_id"] for r in self._recent(c)}
+            rows, self._start = self._poll(c)
+        self.before = {r["request_id"] for r in rows}
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        with httpx.Client(timeout=5) as c:
+            _, end = self._poll(c)
+        self.counters = {k: end[k] - self._start[k] for k in COUNTERS}
 
     def summary(self, scale: float) -> dict[str, Any]:
         rows = list(self.seen.values())
         prompt = sum(int(r["prompt_tokens"]) for r in rows)
         cached = sum(int(r["cached_tokens"]) for r in rows)
+
+        c = self.counters
+        busy, late = c["busy_s"], c["late_s"]
 
         def mean(key: str) -> float | None:
             vals = [float(r["timing"][key]) * scale for r in rows]
@@ -315,6 +333,11 @@ class EngineWatch:
             "queued_s": mean("queued_s"),
             "prefill_s": mean("prefill_s"),
             "decode_s": mean("decode_s"),
+            # The share of the engines' busy wall time lost to steps starting late (the
+            # host's CPU could not keep up with the model): 0 when the model ran exactly.
+            "behind": late / (busy + late) if busy else None,
+            "prefill_share": c["prefill_s"] / busy if busy else None,
+            "decode_batch": c["decode_seqs"] / c["decode_steps"] if c["decode_steps"] else None,
         }
 
 

@@ -56,6 +56,7 @@ from luftpause.fakes.engine.model import (
     EngineParams,
     EngineRequest,
     FinishedRequest,
+    StepKind,
     SubmitError,
 )
 from luftpause.fakes.engine.script import (
@@ -114,6 +115,16 @@ class EngineDriver:
         self._task: asyncio.Task[None] | None = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=keep_finished)
         self.submitted = 0
+        # Steps run back to back in model time; the host's own work (HTTP, streaming,
+        # other processes on the same cores) can still make one start late. ``late_s``
+        # sums how far each step started behind the previous one's end, against
+        # ``busy_s`` of model time: the share of wall time the model fell behind.
+        self.busy_s = 0.0
+        self.late_s = 0.0
+        self.steps = 0
+        self.prefill_s = 0.0  # model time spent in prefill steps (the rest of busy_s decodes)
+        self.decode_steps = 0
+        self.decode_seqs = 0  # summed batch size over decode steps
 
     def now(self) -> float:
         return self._clock()
@@ -155,17 +166,29 @@ class EngineDriver:
             raise
 
     async def _loop(self) -> None:
+        prev_end: float | None = None
         while True:
             if not self.model.has_work():
                 self.model.step(self.now())  # an idle step: refreshes the metric gauges
                 self._wake.clear()
                 await self._wake.wait()
+                prev_end = None
                 continue
-            step = self.model.step(self.now())
-            if step.duration > 0:
-                await asyncio.sleep(step.duration)
-            else:
-                await asyncio.sleep(0)
+            now = self.now()
+            if prev_end is not None and now > prev_end:
+                self.late_s += now - prev_end
+            step = self.model.step(now)
+            self.busy_s += step.duration
+            self.steps += 1
+            if step.kind is StepKind.PREFILL:
+                self.prefill_s += step.duration
+            elif step.kind is StepKind.DECODE:
+                self.decode_steps += 1
+                self.decode_seqs += len(step.tokens)
+            prev_end = step.end
+            # Sleep until the step's modelled end, not for its duration after the
+            # bookkeeping: the time ``step`` itself took is part of the step.
+            await asyncio.sleep(max(0.0, step.end - self.now()))
             counts: dict[str, int] = {}
             for rid in step.tokens:
                 counts[rid] = counts.get(rid, 0) + 1
@@ -514,6 +537,12 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
             "models": list(config.models),
             "metrics": asdict(m),
             "submitted": engine_driver.submitted,
+            "steps": engine_driver.steps,
+            "busy_s": round(engine_driver.busy_s, 6),
+            "late_s": round(engine_driver.late_s, 6),
+            "prefill_s": round(engine_driver.prefill_s, 6),
+            "decode_steps": engine_driver.decode_steps,
+            "decode_seqs": engine_driver.decode_seqs,
             "requests": [
                 {
                     "request_id": r.request_id,
