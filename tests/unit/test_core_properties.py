@@ -97,6 +97,14 @@ def has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
     return used < rep.cap
 
 
+def may_start_run(rep: ReplicaState, cls: ServiceClass) -> bool:
+    """Prefix keeping, restated: a capped replica takes a batch run not pinned there only
+    while fewer runs than its cap are pinned there (interactive runs are exempt)."""
+    if rep.cap is None or cls is INT:
+        return True
+    return rep.pinned_runs < rep.cap
+
+
 @dataclass
 class MTurn:
     turn_id: str
@@ -262,6 +270,15 @@ class CoreMachine(RuleBasedStateMachine):
                 )
                 assert not (pinned_here or free_here), (a, h)
         run = self.runs.get(m.run_id) if m.kind is GEN else None
+        continuing = run is not None and run.phase is not RunPhase.IDLE and run.replica == a.replica
+        if m.kind is GEN and not continuing and rep.cap is not None and m.cls is BAT:
+            # prefix keeping: a run new here only while fewer than cap runs are pinned
+            pinned_then = sum(
+                1
+                for r in self.runs.values()
+                if r.phase is not RunPhase.IDLE and r.replica == a.replica
+            )
+            assert pinned_then < rep.cap, (a, pinned_then, rep.cap)
         if run is not None:
             # S3: a generating or paused run goes only to its replica while that is healthy
             if (
@@ -304,7 +321,12 @@ class CoreMachine(RuleBasedStateMachine):
             else:
                 names = post.serving[(h.kind, h.model)]
             for name in names:
-                assert not has_room(post.replicas[name], h.service_class), (h, name)
+                rep = post.replicas[name]
+                own = h.lane == ("pin", name)
+                could = has_room(rep, h.service_class) and (
+                    own or may_start_run(rep, h.service_class)
+                )
+                assert not could, (h, name)
         if ticked:
             # S10: every due turn and idle run was swept by this tick
             due = int(self.now)
@@ -369,14 +391,21 @@ class CoreMachine(RuleBasedStateMachine):
         self.request(turn)
 
     @precondition(lambda self: bool(self.live("admitted")))
-    @rule(data=st.data(), how=st.sampled_from(["idle", "paused", "paused", "failed"]))
-    def finish(self, data: st.DataObject, how: str) -> None:
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["idle", "paused", "paused", "failed"]),
+        cached=st.sampled_from([None, 0, 10, 90]),
+    )
+    def finish(self, data: st.DataObject, how: str, cached: int | None) -> None:
+        """``cached``: of 100 prompt tokens (None: no usage reported); a continuing turn
+        with few cached lowers its replica's cap (prefix keeping)."""
         m = self.turns[data.draw(st.sampled_from(self.live("admitted")))]
         self.end_turn(m, paused=how == "paused")
         if how == "failed":
             self.step(TurnFailed(self.now, m.turn_id, "boom"))
         else:
-            self.step(TurnFinished(self.now, m.turn_id, paused_on_tool=how == "paused"))
+            usage = {} if cached is None else {"prompt_tokens": 100, "cached_tokens": cached}
+            self.step(TurnFinished(self.now, m.turn_id, paused_on_tool=how == "paused", **usage))
 
     @precondition(lambda self: bool(self.live("held") or self.live("admitted")))
     @rule(data=st.data())

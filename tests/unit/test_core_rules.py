@@ -97,8 +97,14 @@ class Sim:
     ) -> tuple[Action, ...]:
         return self(ReplicaProbed(self.t, replica, healthy, running, waiting))
 
-    def finish(self, turn: str, paused: bool = False) -> tuple[Action, ...]:
-        return self(TurnFinished(self.t, turn, paused_on_tool=paused))
+    def finish(
+        self, turn: str, paused: bool = False, prompt: int = 0, cached: int = 0
+    ) -> tuple[Action, ...]:
+        return self(
+            TurnFinished(
+                self.t, turn, paused_on_tool=paused, prompt_tokens=prompt, cached_tokens=cached
+            )
+        )
 
     def tick(self, at: float) -> tuple[Action, ...]:
         self.t = at
@@ -120,6 +126,11 @@ def admits(actions: tuple[Action, ...]) -> dict[str, str]:
 
 def admitted_order(actions: tuple[Action, ...]) -> list[str]:
     return [a.turn_id for a in actions if isinstance(a, Admit)]
+
+
+# The spec's rules alone, without prefix keeping (whose gate on new batch runs would
+# hold the extra runs these tests use to fill a replica); prefix keeping has its own tests.
+SPEC_RULES = Params(keep_prefixes=False)
 
 
 def capped(sim: Sim, replica: str, cap: int) -> None:
@@ -283,6 +294,117 @@ def test_s2_unhealthy_replica_gets_no_turns() -> None:
     assert admits(sim.probe("a", True)) == {"t2": "a"}
 
 
+# ======================================================= prefix keeping
+
+
+def test_prefix_keeping_continuing_turn_goes_before_an_older_new_run() -> None:
+    """S2/S5 extension (prefix keeping): within a caller, a held turn of a run pinned to
+    the replica (its prefix is cached there) is admitted before an older turn of a run
+    new to it; caller fairness (S5) still comes first."""
+    for x_caller, first in (("c", "p3"), ("other", "x1")):
+        sim = Sim(gen("a"))
+        capped(sim, "a", 2)
+        sim.req("p1", "P")
+        sim.req("p2", "P")  # two turns of one run in flight: one run pinned, cap full
+        sim.req("x1", "X", caller=x_caller)  # a new run, held for the slot
+        sim.req("p3", "P")  # P's next turn, after X's
+        assert admitted_order(sim.finish("p1")) == [first], x_caller
+
+
+def test_prefix_keeping_new_batch_runs_wait_while_cap_runs_are_pinned() -> None:
+    """Prefix keeping: a capped replica starts no new batch run while as many runs as its
+    cap are pinned there (generating or paused on a tool), even with a slot free; one
+    going idle lets the next in. Interactive runs are exempt (S4)."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    sim.req("p1", "P")
+    sim.req("q1", "Q")
+    sim.finish("p1", paused=True)
+    assert sim.replica("a")["in_flight"] == 1
+    assert sim.req("x1", "X") == ()  # a slot is free, but P and Q keep theirs
+    assert admits(sim.req("i1", "I", cls=INT)) == {"i1": "a"}
+    sim.finish("i1")  # I ends idle: not pinned any more
+    assert admits(sim.finish("q1")) == {"x1": "a"}  # Q idle: X may start
+
+
+def test_prefix_keeping_off_admits_new_runs_by_slots_alone() -> None:
+    """keep_prefixes = false: S2's in-flight cap alone decides, as the spec states it."""
+    sim = Sim(gen("a"), params=SPEC_RULES)
+    capped(sim, "a", 2)
+    sim.req("p1", "P")
+    sim.req("q1", "Q")
+    sim.finish("p1", paused=True)
+    assert admits(sim.req("x1", "X")) == {"x1": "a"}
+
+
+def test_prefix_keeping_an_evicted_prefix_lowers_the_cap_once_per_probe() -> None:
+    """Prefix keeping: a continuing turn that finds less than prefix_miss_share of its
+    prompt cached lowers its replica's cap by one; more misses before the next probe
+    lower it no further, that probe does not raise it, and a later quiet probe at the
+    cap raises it again (S2)."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 4)
+    for run in "PQR":
+        sim.req(f"{run}1", run)
+    for run in "PQR":
+        sim.finish(f"{run}1", paused=True, prompt=1000, cached=900)
+    for run in "PQR":
+        sim.req(f"{run}2", run)
+    sim.finish("P2", paused=True, prompt=1100, cached=400)  # evicted while on its tool
+    assert sim.replica("a")["capacity"] == 3
+    assert sim.replica("a")["prefix_misses"] == 1
+    sim.finish("Q2", paused=True, prompt=1100, cached=100)
+    assert sim.replica("a")["capacity"] == 3  # the same over-full moment
+    assert sim.replica("a")["prefix_misses"] == 2
+    sim.probe("a", True, running=3, waiting=0)
+    assert sim.replica("a")["capacity"] == 3  # no raise right after a miss
+    sim.probe("a", True, running=3, waiting=0)
+    assert sim.replica("a")["capacity"] == 4
+    sim.finish("R2", paused=True, prompt=1100, cached=1000)  # a hit changes nothing
+    assert sim.replica("a")["capacity"] == 4
+
+
+def test_prefix_keeping_only_continuing_turns_on_caching_engines_count() -> None:
+    """Prefix keeping: a run's first turn on a replica has nothing cached to lose, and an
+    engine that has never reported a cached token says nothing about its cache: neither
+    lowers the cap. Nor does anything on an uncapped replica."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 4)
+    sim.req("p1", "P")
+    sim.finish("p1", paused=True, prompt=1000, cached=0)  # first turn, and no cache seen
+    sim.req("p2", "P")
+    sim.finish("p2", paused=True, prompt=1100, cached=0)  # continuing, but no cache seen
+    assert sim.replica("a")["capacity"] == 4
+    sim.req("q1", "Q")
+    sim.finish("q1", paused=True, prompt=1000, cached=10)  # first turn: the engine caches
+    assert sim.replica("a")["capacity"] == 4
+    sim.req("q2", "Q")
+    sim.finish("q2", paused=True, prompt=1100, cached=10)
+    assert sim.replica("a")["capacity"] == 3
+    free = Sim(gen("b"))
+    free.probe("b", True)  # reports no load: never capped
+    free.req("u1", "U")
+    free.finish("u1", paused=True, prompt=1000, cached=10)
+    free.req("u2", "U")
+    free.finish("u2", paused=True, prompt=1100, cached=10)
+    assert free.replica("b")["capacity"] is None
+    assert free.replica("b")["prefix_misses"] == 0
+
+
+def test_prefix_keeping_quiet_probe_raises_the_cap_while_new_runs_wait() -> None:
+    """Prefix keeping with S2's raise: new runs held by the pinned-run gate count as
+    running at the cap, so a quiet probe without misses raises the cap and lets one in."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    sim.req("p1", "P")
+    sim.req("q1", "Q")
+    sim.finish("p1", paused=True)
+    sim.finish("q1", paused=True)  # both on tools: nothing in flight
+    assert sim.req("x1", "X") == ()
+    assert admits(sim.probe("a", True, running=0, waiting=0)) == {"x1": "a"}
+    assert sim.replica("a")["capacity"] == 3
+
+
 # ===================================================================== S3
 
 
@@ -299,7 +421,7 @@ def test_s3_generating_run_stays_on_its_replica_even_when_other_idle() -> None:
 
 def test_s3_paused_run_stays_on_its_replica_even_when_other_idle() -> None:
     """S3: a run paused on a tool returns only to the replica that served it."""
-    sim = Sim(gen("a"), gen("b"))
+    sim = Sim(gen("a"), gen("b"), params=SPEC_RULES)
     capped(sim, "a", 1)
     sim.req("t1", "r")
     sim.finish("t1", paused=True)
@@ -336,7 +458,7 @@ def test_s3_idle_run_prefers_last_replica_when_it_has_room() -> None:
 def test_s3_run_on_unhealthy_replica_moves_with_its_held_turns() -> None:
     """S3: when a run's replica turns unhealthy, turns already held for it move elsewhere,
     and the run's next turns are no longer pinned."""
-    sim = Sim(gen("a"), gen("b"))
+    sim = Sim(gen("a"), gen("b"), params=SPEC_RULES)
     capped(sim, "a", 1)
     sim.req("t1", "r")
     sim.req("u1", "q")  # held: a is full, b not healthy
@@ -369,7 +491,7 @@ def test_s3_turn_held_through_a_health_blip_keeps_affinity() -> None:
     healthy again, not to another replica: the run is paused on a healthy replica at the
     moment of admission. The core moves the held turn to the free lane when the replica
     turns unhealthy and never pins it again, so one failed probe loses affinity."""
-    sim = Sim(gen("a"), gen("b"))
+    sim = Sim(gen("a"), gen("b"), params=SPEC_RULES)
     capped(sim, "a", 1)
     capped(sim, "b", 1)
     sim.req("t1", "r")  # a
@@ -404,7 +526,7 @@ def test_s3_run_with_a_held_turn_is_not_forgotten() -> None:
     expiry must not forget it. The core forgets it (ForgetRun while its turn waits),
     admits the held turn without run state, and so loses the run's affinity: after that
     turn ends paused on a tool, the run's next turn goes to another replica."""
-    params = Params(turn_timeout_s=10_000, run_idle_expiry_s=10)
+    params = Params(turn_timeout_s=10_000, run_idle_expiry_s=10, keep_prefixes=False)
     sim = Sim(gen("a"), gen("b"), params=params)
     capped(sim, "a", 1)
     sim.req("t0", "r0")  # a is full
@@ -509,7 +631,7 @@ def test_s4_interactive_is_not_held_for_the_cap_where_the_engine_orders_classes(
 
 def test_s4_batch_runs_paused_on_a_tool_reserve_nothing() -> None:
     """S4: only interactive paused runs reserve a slot."""
-    sim = Sim(gen("a"))
+    sim = Sim(gen("a"), params=SPEC_RULES)
     capped(sim, "a", 1)
     sim.req("p1", "P", cls=BAT)
     sim.finish("p1", paused=True)
@@ -1053,6 +1175,7 @@ def test_status_view_shape() -> None:
         "engine_running": 1,
         "engine_waiting": 1,
         "kv_usage": None,
+        "prefix_misses": 0,
         "probed_s_ago": 5.0,
     }
     sp = v["replicas"][1]

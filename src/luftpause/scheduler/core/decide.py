@@ -264,6 +264,10 @@ class _Tx:
             rep = self.replicas[name]
             if not _has_room(rep, held.service_class):
                 continue
+            if held.kind is EndpointKind.GENERATIVE and not self._may_start_run(
+                rep, held.service_class
+            ):
+                continue
             if run is not None and run.replica == name:
                 return name  # its prefix may still be cached there
             # Least loaded: runs living there (generating or paused on a tool: they come
@@ -341,6 +345,7 @@ class _Tx:
                 dataplane_id=held.dataplane_id,
                 admitted_at=now,
                 deadline=deadline,
+                continuing=held.lane == pin_lane(replica),
             ),
         )
         self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, held.turn_id)
@@ -401,7 +406,42 @@ class _Tx:
             )
 
     def on_finished(self, ev: TurnFinished) -> None:
-        self.end_turn(ev.turn_id, paused_on_tool=ev.paused_on_tool)
+        turn = self.end_turn(ev.turn_id, paused_on_tool=ev.paused_on_tool)
+        if turn is not None and self.params.keep_prefixes:
+            self._prefix_feedback(turn, ev)
+
+    def _prefix_feedback(self, turn: TurnState, ev: TurnFinished) -> None:
+        """Prefix keeping: a continuing turn on a capped replica that found most of its
+        prompt evicted shows the engine's cache is over-committed: one slot less (at most
+        one per probe period), and no raise at the next probe."""
+        rep = self.replicas.get(turn.replica)
+        if rep is None or ev.prompt_tokens <= 0:
+            return
+        reports_cache = rep.reports_cache or ev.cached_tokens > 0
+        missed = (
+            turn.continuing
+            and reports_cache  # an engine that never reports cached tokens says nothing
+            and rep.cap is not None
+            and ev.cached_tokens < self.params.prefix_miss_share * ev.prompt_tokens
+        )
+        if not missed and reports_cache == rep.reports_cache:
+            return
+        cap = rep.cap
+        if missed and cap is not None and not rep.missed_since_probe:
+            # One step per probe period, as the raise: misses come in bursts (one
+            # over-full moment evicts several paused runs), and each would otherwise
+            # take a slot away for the same cause.
+            cap = max(1, cap - 1)
+        self.replicas = self.replicas.set(
+            turn.replica,
+            _replica_with(
+                rep,
+                cap=cap,
+                reports_cache=reports_cache,
+                prefix_misses=rep.prefix_misses + (1 if missed else 0),
+                missed_since_probe=rep.missed_since_probe or missed,
+            ),
+        )
 
     def end_turn(self, turn_id: str, *, paused_on_tool: bool) -> TurnState | None:
         """Free an admitted turn's slot and move its run on (D5)."""
@@ -533,7 +573,16 @@ class _Tx:
                 cap = max(1, ev.running)  # the engine keeps a queue: hold the rest ourselves
         else:
             queued = 0
-            if cap is not None and (ev.running >= cap or rep.in_flight >= cap):
+            if (
+                cap is not None
+                and (
+                    ev.running >= cap
+                    or rep.in_flight >= cap
+                    # prefix keeping: new runs wait for the cap too
+                    or (self.params.keep_prefixes and rep.pinned_runs >= cap)
+                )
+                and not rep.missed_since_probe  # prefix keeping: the cache is full already
+            ):
                 cap += self.params.cap_raise_step  # quiet at the cap: probe for more
         health_changed = rep.healthy != ev.healthy
         if health_changed and rep.spec.kind is EndpointKind.GENERATIVE:
@@ -556,6 +605,9 @@ class _Tx:
                 waiting=ev.waiting,
                 kv_usage=ev.kv_usage,
                 probed_at=self.now,
+                reports_cache=rep.reports_cache,
+                prefix_misses=rep.prefix_misses,
+                missed_since_probe=False,
             ),
         )
         if health_changed and not ev.healthy:
@@ -570,21 +622,15 @@ class _Tx:
         rep = self.replicas[name]
         self.replicas = self.replicas.set(
             name,
-            ReplicaState(
-                spec=rep.spec,
-                healthy=rep.healthy,
+            _replica_with(
+                rep,
                 cap=rep.cap,
                 in_flight=max(0, rep.in_flight + in_flight),
                 reserved=max(0, rep.reserved + reserved),
                 pinned_runs=max(0, rep.pinned_runs + pinned),
-                queued_probes=rep.queued_probes,
-                running=rep.running,
-                waiting=rep.waiting,
-                kv_usage=rep.kv_usage,
-                probed_at=rep.probed_at,
             ),
         )
-        if in_flight < 0 or reserved < 0:
+        if in_flight < 0 or reserved < 0 or pinned < 0:
             self.dirty.add(name)
 
     def _count_caller(self, caller: str, delta: int) -> None:
@@ -611,7 +657,7 @@ class _Tx:
             for cls in _CLASS_ORDER:
                 if not _has_room(rep, cls):
                     continue
-                held = self._best_held(rep, cls)
+                held = self._best_held(rep, cls, self._may_start_run(rep, cls))
                 if held is not None:
                     self._unhold(held)
                     self._admit(held, name)
@@ -619,13 +665,30 @@ class _Tx:
             else:
                 return
 
-    def _best_held(self, rep: ReplicaState, cls: ServiceClass) -> HeldTurn | None:
-        """Of the turns ``rep`` may serve in class ``cls``: fewest caller in-flight, then oldest."""
-        best: tuple[int, int] | None = None
+    def _may_start_run(self, rep: ReplicaState, cls: ServiceClass) -> bool:
+        """Prefix keeping: a capped replica takes a batch run that is not already there
+        only while fewer runs than its cap are pinned there, so the prefixes of the runs
+        it serves stay in the engine's cache between their turns."""
+        if not self.params.keep_prefixes or rep.cap is None:
+            return True
+        if cls is ServiceClass.INTERACTIVE:
+            return True  # S4: interactive first, new runs included; they are few
+        return rep.pinned_runs < rep.cap
+
+    def _best_held(
+        self, rep: ReplicaState, cls: ServiceClass, new_runs: bool = True
+    ) -> HeldTurn | None:
+        """Of the turns ``rep`` may serve in class ``cls``: fewest caller in-flight, then
+        (prefix keeping) a turn whose run's prefix is here, then oldest. ``new_runs``:
+        whether turns of runs not pinned here may be taken."""
+        best: tuple[int, int, int] | None = None
         best_turn: str | None = None
-        lanes = [pin_lane(rep.spec.name)]
-        lanes.extend(free_lane(rep.spec.kind, m) for m in rep.spec.models)
-        if rep.spec.kind is EndpointKind.GENERATIVE:
+        own = pin_lane(rep.spec.name)
+        keep = self.params.keep_prefixes
+        lanes = [own]
+        if new_runs:
+            lanes.extend(free_lane(rep.spec.kind, m) for m in rep.spec.models)
+        if new_runs and rep.spec.kind is EndpointKind.GENERATIVE:
             # S3: turns pinned to an unhealthy replica may move here (if we serve the model).
             lanes.extend(pin_lane(name) for name in sorted(self.unhealthy) if name != rep.spec.name)
         for lane in lanes:
@@ -642,7 +705,11 @@ class _Tx:
                     self.queues = self.queues.set(qkey, fifo)  # keep the hole-skipping
                 if self.held[turn_id].model not in rep.spec.models:
                     continue  # a moved turn of another model: not ours to take
-                key = (self.caller_in_flight.get(caller, 0), self.held[turn_id].seq)
+                key = (
+                    self.caller_in_flight.get(caller, 0),
+                    0 if keep and lane == own else 1,
+                    self.held[turn_id].seq,
+                )
                 if best is None or key < best:
                     best, best_turn = key, turn_id
         return None if best_turn is None else self.held[best_turn]
@@ -888,6 +955,37 @@ def _pinned_to(run: RunState | None) -> str | None:
     return run.replica
 
 
+def _replica_with(
+    rep: ReplicaState,
+    *,
+    cap: int | None,
+    in_flight: int | None = None,
+    reserved: int | None = None,
+    pinned_runs: int | None = None,
+    reports_cache: bool | None = None,
+    prefix_misses: int | None = None,
+    missed_since_probe: bool | None = None,
+) -> ReplicaState:
+    return ReplicaState(
+        spec=rep.spec,
+        healthy=rep.healthy,
+        cap=cap,
+        in_flight=rep.in_flight if in_flight is None else in_flight,
+        reserved=rep.reserved if reserved is None else reserved,
+        pinned_runs=rep.pinned_runs if pinned_runs is None else pinned_runs,
+        queued_probes=rep.queued_probes,
+        running=rep.running,
+        waiting=rep.waiting,
+        kv_usage=rep.kv_usage,
+        probed_at=rep.probed_at,
+        reports_cache=rep.reports_cache if reports_cache is None else reports_cache,
+        prefix_misses=rep.prefix_misses if prefix_misses is None else prefix_misses,
+        missed_since_probe=(
+            rep.missed_since_probe if missed_since_probe is None else missed_since_probe
+        ),
+    )
+
+
 def _turn_with(t: TurnState, *, started: bool, first_token_at: float | None = None) -> TurnState:
     return TurnState(
         turn_id=t.turn_id,
@@ -902,4 +1000,5 @@ def _turn_with(t: TurnState, *, started: bool, first_token_at: float | None = No
         deadline=t.deadline,
         started=started,
         first_token_at=first_token_at if first_token_at is not None else t.first_token_at,
+        continuing=t.continuing,
     )

@@ -99,6 +99,9 @@ class ReplicaState:
     waiting: int | None = None
     kv_usage: float | None = None
     probed_at: float | None = None
+    reports_cache: bool = False  # a turn here has reported cached prompt tokens
+    prefix_misses: int = 0  # continuing turns that found their prefix evicted (cumulative)
+    missed_since_probe: bool = False  # one did since the last probe: the cap may not rise
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,7 @@ class TurnState:
     deadline: float
     started: bool = False
     first_token_at: float | None = None
+    continuing: bool = False  # its run's previous turn ran here: its prefix should be cached
 
 
 @dataclass(frozen=True, slots=True)

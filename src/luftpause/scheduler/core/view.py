@@ -28,6 +28,7 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "engine_running": rep.running,
                 "engine_waiting": rep.waiting,
                 "kv_usage": rep.kv_usage,
+                "prefix_misses": rep.prefix_misses,
                 "probed_s_ago": None if rep.probed_at is None else round(now - rep.probed_at, 3),
             }
         )

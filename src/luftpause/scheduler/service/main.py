@@ -73,6 +73,8 @@ def main(args: argparse.Namespace) -> int:
             turn_timeout_s=settings.turn_timeout_s,
             run_idle_expiry_s=settings.run_idle_expiry_s,
             cap_raise_step=settings.cap_raise_step,
+            keep_prefixes=settings.keep_prefixes,
+            prefix_miss_share=settings.prefix_miss_share,
             queue_probes=settings.queue_probes,
         )
         host = Host(initial_state(replica_specs(config), params, clock()), clock)
