@@ -292,7 +292,8 @@ async def test_metrics_sglang_and_vllm_names() -> None:
 
 
 async def test_debug_state_lists_recent_timing() -> None:
-    """H1: /debug/state shows running/waiting requests and recent per-request timing."""
+    """H1: /debug/state shows running/waiting requests, recent per-request timing and the
+    step counters the benchmarks read (busy, late and prefill seconds, decode batches)."""
     async with asgi_client() as client:
         await client.post(
             "/v1/chat/completions", json={"model": MODEL, "messages": user("x"), "max_tokens": 3}
@@ -303,6 +304,12 @@ async def test_debug_state_lists_recent_timing() -> None:
         recent = state["recent"][-1]
         assert recent["completion_tokens"] == 3
         assert set(recent["timing"]) == {"queued_s", "prefill_s", "decode_s"}
+        # step counters: one prefill, then decode steps of a batch of one
+        assert state["decode_steps"] >= 1
+        assert state["decode_seqs"] == state["decode_steps"]
+        assert state["steps"] >= state["decode_steps"] + 1
+        assert 0 < state["prefill_s"] < state["busy_s"]
+        assert state["late_s"] >= 0
 
 
 # --------------------------------------------------------------- streaming

@@ -101,12 +101,14 @@ async def finish(stub: pb_grpc.SchedulerStub, *events: pb.TurnEvent) -> None:
     await stub.Report(gen())
 
 
-def finished(turn: str, run: str, paused: bool = False) -> pb.TurnEvent:
+def finished(
+    turn: str, run: str, paused: bool = False, prompt: int = 10, cached: int = 0
+) -> pb.TurnEvent:
     return pb.TurnEvent(
         turn_id=turn,
         run_id=run,
         finished=pb.TurnFinished(
-            usage=pb.Usage(prompt_tokens=10, completion_tokens=5),
+            usage=pb.Usage(prompt_tokens=prompt, completion_tokens=5, cached_tokens=cached),
             finish_reason="stop",
             paused_on_tool=paused,
         ),
@@ -141,6 +143,21 @@ async def test_held_turn_is_admitted_when_a_slot_frees(sched: Sched) -> None:
     assert resp.admitted.replica == first.admitted.replica
     assert {first.admitted.replica, second.admitted.replica} == {"a", "b"}
     assert resp.admitted.held_s > 0
+
+
+async def test_reported_cached_tokens_drive_prefix_keeping(sched: Sched) -> None:
+    """Prefix keeping through the wire: the cached tokens a dataplane reports for a
+    run's continuing turn reach the core; an evicted prefix lowers that replica's cap."""
+    await sched.probe("a", 4, 1)
+    await sched.probe("b", 4, 1)
+    first = await sched.stub.Admit(admit_req("t1", "r1"))
+    replica = first.admitted.replica
+    await finish(sched.stub, finished("t1", "r1", paused=True, prompt=1000, cached=900))
+    again = await sched.stub.Admit(admit_req("t2", "r1"))
+    assert again.admitted.replica == replica  # S3: back to its prefix
+    await finish(sched.stub, finished("t2", "r1", paused=True, prompt=1100, cached=100))
+    await wait_for(lambda: sched.host.state.replicas[replica].prefix_misses == 1)
+    assert sched.host.state.replicas[replica].cap == 3
 
 
 async def test_cancelled_admit_abandons_the_held_turn(sched: Sched) -> None:

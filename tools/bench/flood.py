@@ -149,6 +149,7 @@ class Stack:
     engines: list[str] = field(default_factory=list)
     tools_url: str = ""
     dataplane: str = ""
+    dataplane_no_pk: str = ""  # a second scheduler and dataplane without prefix keeping
     runtimes: dict[str, str] = field(default_factory=dict)  # arm -> /mcp URL
 
     def start(self, *args: str, name: str) -> ServiceProcess:
@@ -169,8 +170,12 @@ class Stack:
         stop_all(self.services)
 
 
-def _config(path: Path, stack: Stack, probe_s: float) -> Path:
-    text = f"[scheduler]\nprobe_period_s = {probe_s:g}\n[dataplane]\nreport_reconnect_s = 0.2\n"
+def _config(path: Path, stack: Stack, probe_s: float, keep_prefixes: bool = True) -> Path:
+    text = (
+        f"[scheduler]\nprobe_period_s = {probe_s:g}\n"
+        f"keep_prefixes = {str(keep_prefixes).lower()}\n"
+        "[dataplane]\nreport_reconnect_s = 0.2\n"
+    )
     for i, url in enumerate(stack.engines):
         text += (
             f'[[endpoints]]\nname = "engine-{"ab"[i]}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
@@ -182,7 +187,21 @@ def _config(path: Path, stack: Stack, probe_s: float) -> Path:
     return path
 
 
-def start_stack(plan: Plan, tmp: Path, benches: set[str]) -> Stack:
+def _luftpause(s: Stack, config: Path, name: str) -> str:
+    """A scheduler and a dataplane on ``config``; the dataplane's URL."""
+    sched = s.start(
+        "scheduler", "--config", str(config), "--port", "0", "--http-port", "0",
+        "--log-level", "WARNING", name=f"scheduler{name}",
+    )  # fmt: skip
+    dp = s.start(
+        "dataplane", "--config", str(config), "--port", "0",
+        "--scheduler", f"127.0.0.1:{sched.ports['grpc']}", "--log-level", "WARNING",
+        name=f"dataplane{name}",
+    )  # fmt: skip
+    return dp.urls["http"]
+
+
+def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) -> Stack:
     s = Stack(tmp, plan)
     ts = f"{plan.time_scale:g}"
     for name in ("engine-a", "engine-b"):
@@ -198,17 +217,11 @@ def start_stack(plan: Plan, tmp: Path, benches: set[str]) -> Stack:
     )
     s.tools_url = f"{tools.urls['http']}/mcp"
     # The scheduler's probe period scales with the engines (2 s of model time).
-    config = _config(tmp / "stack.toml", s, max(0.05, 2.0 / plan.time_scale))
-    sched = s.start(
-        "scheduler", "--config", str(config), "--port", "0", "--http-port", "0",
-        "--log-level", "WARNING", name="scheduler",
-    )  # fmt: skip
-    dp = s.start(
-        "dataplane", "--config", str(config), "--port", "0",
-        "--scheduler", f"127.0.0.1:{sched.ports['grpc']}", "--log-level", "WARNING",
-        name="dataplane",
-    )  # fmt: skip
-    s.dataplane = dp.urls["http"]
+    probe_s = max(0.05, 2.0 / plan.time_scale)
+    s.dataplane = _luftpause(s, _config(tmp / "stack.toml", s, probe_s), "")
+    if ablate:
+        config = _config(tmp / "stack-no-pk.toml", s, probe_s, keep_prefixes=False)
+        s.dataplane_no_pk = _luftpause(s, config, "-no-pk")
     s.routers["cache_aware"] = launch_sglang_router(
         s.engines, "cache_aware", tmp / "router-cache_aware.log", MODEL
     )
@@ -376,6 +389,7 @@ class Arm:
     argv: list[str]
     kind: str = "agents"  # or "subagents"
     fan: bool = False
+    dataplane: str = ""  # the luftpause dataplane it goes through, if any (held times)
 
 
 def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
@@ -395,7 +409,7 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     with (
         EngineWatch(stack.engines) as watch,
-        held_delta(stack.dataplane, held),
+        held_delta(arm.dataplane or stack.dataplane, held),
         contextlib.redirect_stdout(io.StringIO()) as table,
     ):
         rc = loadgen.main(parser.parse_args(argv))
@@ -437,9 +451,23 @@ def own_arms(stack: Stack, bench: str, load: int, context: int) -> list[Arm]:
     ]  # fmt: skip
     router = stack.routers["cache_aware"].url
     engines = ",".join(stack.engines)
+    ablation = (
+        [
+            Arm(
+                bench,
+                "luftpause-no-pk",
+                load,
+                ["--target", stack.dataplane_no_pk, *common],
+                dataplane=stack.dataplane_no_pk,
+            )
+        ]
+        if stack.dataplane_no_pk
+        else []
+    )
     return [
         Arm(bench, "router", load, ["--target", router, "--no-class-headers", *common]),
         Arm(bench, "luftpause", load, ["--target", stack.dataplane, *common]),
+        *ablation,
         Arm(
             bench,
             "engine-prio",
@@ -674,6 +702,26 @@ def goals_own(
     return cells, verdicts, why
 
 
+def engine_lines(by_arm: dict[str, list[dict[str, Any]]], load: int) -> list[str]:
+    """What the two engines did during each arm (all classes): the share of their busy
+    time spent prefilling, their mean decode batch, the cached share of the prompt tokens
+    they served, and how far the host's CPU let them fall behind the model."""
+    parts = []
+    for name, results in by_arm.items():
+        sides = [r.get("engine_side", {}) for r in results]
+        pre = _m([e["prefill_share"] for e in sides if e.get("prefill_share") is not None])
+        batch = _m([e["decode_batch"] for e in sides if e.get("decode_batch") is not None])
+        cached = _m([e["cached_share"] for e in sides if e.get("cached_share") is not None])
+        behind = _m([e["behind"] for e in sides if e.get("behind") is not None])
+        if pre is None:
+            continue
+        parts.append(
+            f"{name} prefill {_f(pre, pct=True)} of busy time, decode batch {_f(batch)}, "
+            f"cached {_f(cached, pct=True)}, behind {_f(behind, pct=True)}"
+        )
+    return [f"Engines at {load}: " + "; ".join(parts) + ".", ""] if parts else []
+
+
 def machine() -> str:
     cpu = platform.processor() or "?"
     try:
@@ -697,7 +745,10 @@ def report(
     started: str,
     minutes: float,
     load_before: tuple[float, ...],
+    rendered: str = "",
 ) -> str:
+    """The markdown report. ``rendered``: the ``--report-from`` command that re-rendered
+    a saved run (the results are that run's; only the text around them is newer)."""
     sc = plan.time_scale
     header = [
         "# Benchmarks",
@@ -705,6 +756,11 @@ def report(
         "Measured by `tools/bench/flood.py` (generated file: rerun the command to refresh it).",
         "",
         f"- command: `{command}`",
+        *(
+            [f"- this file: re-rendered from that run's raw results by `{rendered}`"]
+            if rendered
+            else []
+        ),
         "- full mode (not what this file shows unless the command above says so): "
         "`python tools/bench/flood.py` - time scale 1, loads 24/48/96/144 for both floods, "
         "2 repetitions, about 4 hours (estimated from the plan; never run here); "
@@ -719,6 +775,9 @@ def report(
         f"time scale {sc:g}: tools, engines and the scheduler's probe period run {sc:g}× faster "
         "than real time. **Every time and rate below is in the engine model's time** "
         f"(measured seconds × {sc:g}, runs/min ÷ {sc:g}).",
+        "- luftpause arm: the scheduler's defaults (prefix keeping on); an arm "
+        "`luftpause-no-pk`, where present (`--ablate-prefix-keeping`), is a second scheduler "
+        "and dataplane with `keep_prefixes = false` on the same engines",
         f"- repetitions: {plan.reps} per arm and load point, arms alternated (order reversed "
         "every other block); a cell with several repetitions shows mean (min–max)",
         f"- window: max({plan.window_s:g} s, 1.5 s × batch agents) measured after "
@@ -742,7 +801,11 @@ def report(
         "processes on shared cores) - means per turn. Own-loop arms report "
         "these per class from the load generator; sub-agent arms report the engine's side for "
         "all classes together (`/debug/state`) and held time per class from the dataplane's "
-        "metrics; their cached share is the engines' (all classes).",
+        "metrics; their cached share is the engines' (all classes). *Engines at N* lines "
+        "give, per arm, the share of the engines' busy time spent prefilling, their mean "
+        "decode batch, the cached share of all prompt tokens they served, and *behind*: "
+        "the share of wall time their steps started late because the host's CPU was busy "
+        "(0 % = the model ran exactly on time).",
         "",
     ]
     out: list[str] = []
@@ -773,6 +836,7 @@ def report(
                 cells, verdicts, why = goals_own(by_arm, sc, target)
                 goal_rows.append(f"| {load} | " + " | ".join(cells) + " |")
                 out += [f"Where the time went at {load}: " + "; ".join(why) + ".", ""]
+                out += engine_lines(by_arm, load)
                 summary.append(
                     f"- {bench} {load}: "
                     + ("met" if not verdicts else "missed (" + "; ".join(verdicts) + ")")
@@ -844,6 +908,11 @@ def main() -> int:
     parser.add_argument("--time-scale", type=float, help="engine/tool speed-up")
     parser.add_argument("--window-s", type=float, help="measured window, model seconds")
     parser.add_argument("--warmup-s", type=float, help="warm-up, model seconds")
+    parser.add_argument(
+        "--ablate-prefix-keeping",
+        action="store_true",
+        help="floods also run a luftpause arm with keep_prefixes = false (luftpause-no-pk)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks.md")
     parser.add_argument("--json", type=Path, help="also write every raw result here")
     parser.add_argument(
@@ -883,6 +952,7 @@ def main() -> int:
             saved["started"],
             saved["minutes"],
             tuple(saved["load_before"]),
+            rendered="python tools/bench/flood.py " + " ".join(sys.argv[1:]),
         )
         args.out.write_text(text)
         print(text)
@@ -902,7 +972,7 @@ def main() -> int:
         out = tmp / "results"
         out.mkdir()
         print(f"starting the stack (logs in {tmp})", file=sys.stderr)
-        stack = start_stack(plan, tmp, benches)
+        stack = start_stack(plan, tmp, benches, ablate=args.ablate_prefix_keeping)
         try:
             contexts = sorted(
                 {8000 for b in benches if b in ("own", "mcp", "routing")}

@@ -3,10 +3,11 @@
 The shell around the pure model (``model.py``) and script (``script.py``):
 
 * ``EngineDriver`` runs the model in real time: one asyncio task calls
-  ``model.step(now)``, sleeps the step's duration, then hands the produced
-  tokens to per-request queues. It sleeps on an event while the model is idle
-  (no busy loop). A request whose client leaves is cancelled in the model,
-  which frees its KV.
+  ``model.step(now)``, sleeps until the step's modelled end, then hands the
+  produced tokens to per-request queues. It sleeps on an event while the model
+  is idle (no busy loop). When the host's CPU makes a step start late, the delay
+  is counted (``late_s`` in ``/debug/state``), never hidden. A request whose
+  client leaves is cancelled in the model, which frees its KV.
 * ``create_app`` builds the FastAPI app: chat completions (streamed and not),
   ``/classify``, ``/health``, ``/metrics`` (SGLang or vLLM names), ``/v1/models``,
   what the SGLang router needs to register a worker (``/server_info``,
