@@ -143,8 +143,9 @@ class SchedulerSettings(_Frozen):
     run_idle_expiry_s: Seconds = 1800.0  # a run with no turn is forgotten (S10)
     cap_raise_step: Annotated[int, Field(ge=1)] = 1  # S2: slots added per quiet probe at the cap
     queue_probes: Annotated[int, Field(ge=1)] = 2  # S2: probes in a row with a queue to cap
-    # Prefix keeping (docs/scheduling.md): continuing turns first within a caller, and a
-    # continuing turn that finds less than this share of its prompt cached lowers the cap.
+    # Prefix keeping (docs/scheduling.md): continuing turns first (after S5), new batch
+    # runs gated by the runs pinned to a capped replica, and a turn back from a tool that
+    # finds less than this share of its run's previous prompt cached lowers the cap.
     keep_prefixes: bool = True
     prefix_miss_share: Annotated[float, Field(gt=0, le=1)] = 0.5
 

@@ -152,9 +152,11 @@ async def test_reported_cached_tokens_drive_prefix_keeping(sched: Sched) -> None
     await sched.probe("b", 4, 1)
     first = await sched.stub.Admit(admit_req("t1", "r1"))
     replica = first.admitted.replica
-    await finish(sched.stub, finished("t1", "r1", paused=True, prompt=1000, cached=900))
+    # a first turn has nothing of its own cached: little cached is no eviction
+    await finish(sched.stub, finished("t1", "r1", paused=True, prompt=1000, cached=10))
     again = await sched.stub.Admit(admit_req("t2", "r1"))
     assert again.admitted.replica == replica  # S3: back to its prefix
+    assert sched.host.state.replicas[replica].cap == 4
     await finish(sched.stub, finished("t2", "r1", paused=True, prompt=1100, cached=100))
     await wait_for(lambda: sched.host.state.replicas[replica].prefix_misses == 1)
     assert sched.host.state.replicas[replica].cap == 3

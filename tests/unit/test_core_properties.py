@@ -316,9 +316,9 @@ class CoreMachine(RuleBasedStateMachine):
             assert rep.reserved == want, (name, rep.reserved, want)
         # no held turn could be admitted now (the core's theory; what liveness rests on)
         for h in post.held.values():
-            if h.lane[0] == "pin":
+            if h.lane[0] == "pin" and post.replicas[h.lane[1]].healthy:
                 names: tuple[str, ...] = (h.lane[1],)
-            else:
+            else:  # free, or pinned to an unhealthy replica: any server of its model (S3)
                 names = post.serving[(h.kind, h.model)]
             for name in names:
                 rep = post.replicas[name]

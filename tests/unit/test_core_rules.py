@@ -391,6 +391,90 @@ def test_prefix_keeping_only_continuing_turns_on_caching_engines_count() -> None
     assert free.replica("b")["prefix_misses"] == 0
 
 
+def test_prefix_keeping_judges_the_previous_prompt_not_the_new_tail() -> None:
+    """Prefix keeping: what a turn back from a tool should find cached is its run's
+    previous prompt; a large tool result makes the new prompt long without any eviction.
+    A run's parallel first turns (admitted before any turn of it finished here) are not
+    judged."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 4)
+    sim.req("p1", "P")
+    sim.finish("p1", paused=True, prompt=1000, cached=900)
+    sim.req("p2", "P")
+    sim.finish("p2", paused=True, prompt=2700, cached=1000)  # +1,700 tokens of tool result
+    assert sim.replica("a")["capacity"] == 4
+    assert sim.replica("a")["prefix_misses"] == 0
+    sim.req("q1", "Q")
+    sim.req("q2", "Q")  # a second first turn, at once (it waits in Q's pin lane)
+    sim.finish("q1", paused=True, prompt=1000, cached=900)
+    sim.finish("q2", paused=True, prompt=1000, cached=0)  # nothing of Q's was cached yet
+    assert sim.replica("a")["capacity"] == 4
+
+
+def test_prefix_keeping_a_run_ending_opens_the_gate() -> None:
+    """Prefix keeping: a pinned run that ends (RunEnded, or forgotten by the idle expiry)
+    frees its place at once: the held new run goes in."""
+    sim = Sim(gen("a"), params=Params(run_idle_expiry_s=100))
+    capped(sim, "a", 2)
+    for run in "PQ":
+        sim.req(f"{run}1", run)
+        sim.finish(f"{run}1", paused=True)
+    assert sim.req("x1", "X") == ()
+    assert admits(sim(RunEnded(sim.t, "P"))) == {"x1": "a"}
+    sim.finish("x1", paused=True)  # X and Q pinned now
+    assert sim.req("y1", "Y") == ()
+    assert admits(sim.tick(150)) == {"y1": "a"}  # Q and X forgotten (idle 150 s)
+
+
+def test_prefix_keeping_a_run_moving_off_an_unhealthy_replica_is_new_elsewhere() -> None:
+    """Prefix keeping with S3: a held turn that may move because its replica turned
+    unhealthy is a new run to the other replicas, and waits for their gate."""
+    sim = Sim(gen("a"), gen("b"))
+    capped(sim, "a", 1)  # b is not healthy yet
+    sim.req("m1", "M")
+    assert sim.req("m2", "M") == ()  # held for a
+    capped(sim, "b", 2)
+    for run in "PQ":
+        assert admits(sim.req(f"{run}1", run)) == {f"{run}1": "b"}
+        sim.finish(f"{run}1", paused=True)
+    assert admits(sim.probe("a", False)) == {}  # b has slots, but P and Q hold its runs
+    assert admits(sim(RunEnded(sim.t, "P"))) == {"m2": "b"}
+
+
+def test_prefix_keeping_no_raise_while_no_new_run_waits() -> None:
+    """Prefix keeping with S2's raise: pinned runs at the cap raise it only while a new
+    run is actually held for it (otherwise the runs coming back would over-fill it)."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 2)
+    for run in "PQ":
+        sim.req(f"{run}1", run)
+        sim.finish(f"{run}1", paused=True)
+    sim.probe("a", True, running=0, waiting=0)
+    assert sim.replica("a")["capacity"] == 2
+
+
+def test_prefix_keeping_resync_pins_a_held_turn_with_its_run() -> None:
+    """S11 with prefix keeping: a resync that says a run is paused on a replica moves
+    that run's held turn to the replica's pin lane, so the gate on new runs does not
+    keep it out when a slot frees."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("x1", "X")
+    assert sim.req("r1", "R") == ()  # held as a new run: a is full
+    sim(
+        DataplaneResynced(
+            sim.t,
+            "dp",
+            runs=(
+                RunSnapshot("R", RunPhase.PAUSED_ON_TOOL, "a", BAT, "c"),
+                RunSnapshot("X", RunPhase.GENERATING, "a", BAT, "c"),
+            ),
+            in_flight=(TurnSnapshot("x1", "X", "a", "m", BAT, "c", started=True),),
+        )
+    )
+    assert admits(sim.finish("x1")) == {"r1": "a"}
+
+
 def test_prefix_keeping_quiet_probe_raises_the_cap_while_new_runs_wait() -> None:
     """Prefix keeping with S2's raise: new runs held by the pinned-run gate count as
     running at the cap, so a quiet probe without misses raises the cap and lets one in."""

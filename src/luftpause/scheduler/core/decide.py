@@ -345,7 +345,7 @@ class _Tx:
                 dataplane_id=held.dataplane_id,
                 admitted_at=now,
                 deadline=deadline,
-                continuing=held.lane == pin_lane(replica),
+                expect_cached=self._expect_cached(held, replica),
             ),
         )
         self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, held.turn_id)
@@ -379,6 +379,16 @@ class _Tx:
 
     # ------------------------------------------------------------ turn reports
 
+    def _expect_cached(self, held: HeldTurn, replica: str) -> int:
+        """Prefix keeping: a turn taken from its run's pin lane here (the run is back from
+        a tool) should find the run's previous prompt on this replica cached."""
+        if held.lane != pin_lane(replica):
+            return 0
+        run = self.runs.get(held.run_id)
+        if run is None or run.last_prompt_on != replica:
+            return 0
+        return run.last_prompt
+
     def on_abandoned(self, ev: TurnAbandoned) -> None:
         held = self.held.get(ev.turn_id)
         if held is not None:
@@ -406,23 +416,26 @@ class _Tx:
             )
 
     def on_finished(self, ev: TurnFinished) -> None:
-        turn = self.end_turn(ev.turn_id, paused_on_tool=ev.paused_on_tool)
+        turn = self.end_turn(
+            ev.turn_id, paused_on_tool=ev.paused_on_tool, prompt_tokens=ev.prompt_tokens
+        )
         if turn is not None and self.params.keep_prefixes:
             self._prefix_feedback(turn, ev)
 
     def _prefix_feedback(self, turn: TurnState, ev: TurnFinished) -> None:
-        """Prefix keeping: a continuing turn on a capped replica that found most of its
-        prompt evicted shows the engine's cache is over-committed: one slot less (at most
-        one per probe period), and no raise at the next probe."""
+        """Prefix keeping: a turn back from a tool on a capped replica that found less than
+        ``prefix_miss_share`` of its run's previous prompt cached shows the engine's cache
+        is over-committed: one slot less (at most one per probe period), and no raise at
+        the next probe. Judged only on an engine that reports caching at all."""
         rep = self.replicas.get(turn.replica)
-        if rep is None or ev.prompt_tokens <= 0:
+        if rep is None or ev.prompt_tokens <= 0:  # no usage reported: nothing to judge
             return
         reports_cache = rep.reports_cache or ev.cached_tokens > 0
         missed = (
-            turn.continuing
+            turn.expect_cached > 0
             and reports_cache  # an engine that never reports cached tokens says nothing
             and rep.cap is not None
-            and ev.cached_tokens < self.params.prefix_miss_share * ev.prompt_tokens
+            and ev.cached_tokens < self.params.prefix_miss_share * turn.expect_cached
         )
         if not missed and reports_cache == rep.reports_cache:
             return
@@ -443,8 +456,11 @@ class _Tx:
             ),
         )
 
-    def end_turn(self, turn_id: str, *, paused_on_tool: bool) -> TurnState | None:
-        """Free an admitted turn's slot and move its run on (D5)."""
+    def end_turn(
+        self, turn_id: str, *, paused_on_tool: bool, prompt_tokens: int = 0
+    ) -> TurnState | None:
+        """Free an admitted turn's slot and move its run on (D5). ``prompt_tokens``: the
+        finished turn's reported prompt, remembered for prefix keeping."""
         turn = self.turns.get(turn_id)
         if turn is None:
             return None
@@ -479,6 +495,8 @@ class _Tx:
         ):
             reserved_on = turn.replica  # S4: keep a slot for its return
             self._bump_replica(turn.replica, reserved=1)
+        if prompt_tokens > 0:
+            run = _run_with(run, last_prompt=prompt_tokens, last_prompt_on=turn.replica)
         self._put_run(
             run.run_id,
             _run_with(
@@ -579,7 +597,11 @@ class _Tx:
                     ev.running >= cap
                     or rep.in_flight >= cap
                     # prefix keeping: new runs wait for the cap too
-                    or (self.params.keep_prefixes and rep.pinned_runs >= cap)
+                    or (
+                        self.params.keep_prefixes
+                        and rep.pinned_runs >= cap
+                        and self._new_runs_waiting(rep)
+                    )
                 )
                 and not rep.missed_since_probe  # prefix keeping: the cache is full already
             ):
@@ -664,6 +686,13 @@ class _Tx:
                     break
             else:
                 return
+
+    def _new_runs_waiting(self, rep: ReplicaState) -> bool:
+        """Whether a batch turn of a run new to ``rep`` is held where ``rep`` could take
+        it: a free lane of a model it serves, or an unhealthy replica's pin lane."""
+        lanes = [free_lane(rep.spec.kind, m) for m in rep.spec.models]
+        lanes.extend(pin_lane(u) for u in self.unhealthy if u != rep.spec.name)
+        return any((lane, ServiceClass.BATCH) in self.waiting_callers for lane in lanes)
 
     def _may_start_run(self, rep: ReplicaState, cls: ServiceClass) -> bool:
         """Prefix keeping: a capped replica takes a batch run that is not already there
@@ -792,6 +821,8 @@ class _Tx:
                     reserved_on=reserved_on,
                 ),
             )
+            # S3: turns it has held follow it (the snapshot may pin a run held as idle)
+            self._move_run_held(snap.run_id, replica if phase is not RunPhase.IDLE else None)
             self._schedule_run_expiry(snap.run_id)
         for t in ev.in_flight:
             if t.turn_id in self.turns or t.replica not in self.replicas:
@@ -932,6 +963,8 @@ def _run_with(
     in_flight: int | _Keep = _KEEP,
     reserved_on: str | _Keep | None = _KEEP,
     ended: bool | _Keep = _KEEP,
+    last_prompt: int | _Keep = _KEEP,
+    last_prompt_on: str | _Keep | None = _KEEP,
 ) -> RunState:
     """A copy of ``r`` with some fields changed. Hand-written rather than
     ``dataclasses.replace``, which costs several microseconds per call on this path."""
@@ -945,6 +978,8 @@ def _run_with(
         in_flight=r.in_flight if isinstance(in_flight, _Keep) else in_flight,
         reserved_on=r.reserved_on if isinstance(reserved_on, _Keep) else reserved_on,
         ended=r.ended if isinstance(ended, _Keep) else ended,
+        last_prompt=r.last_prompt if isinstance(last_prompt, _Keep) else last_prompt,
+        last_prompt_on=r.last_prompt_on if isinstance(last_prompt_on, _Keep) else last_prompt_on,
     )
 
 
@@ -1000,5 +1035,5 @@ def _turn_with(t: TurnState, *, started: bool, first_token_at: float | None = No
         deadline=t.deadline,
         started=started,
         first_token_at=first_token_at if first_token_at is not None else t.first_token_at,
-        continuing=t.continuing,
+        expect_cached=t.expect_cached,
     )

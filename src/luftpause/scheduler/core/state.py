@@ -115,6 +115,10 @@ class RunState:
     in_flight: int = 0  # admitted turns of this run not yet ended
     reserved_on: str | None = None  # replica holding a slot for it (S4)
     ended: bool = False  # RunEnded arrived while turns were in flight: forget it after them
+    # Prefix keeping: the prompt tokens of its last finished turn and where it ran -
+    # what its next turn there should find cached.
+    last_prompt: int = 0
+    last_prompt_on: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,9 @@ class TurnState:
     deadline: float
     started: bool = False
     first_token_at: float | None = None
-    continuing: bool = False  # its run's previous turn ran here: its prefix should be cached
+    # Prefix keeping: back from a tool, the prompt tokens it should find cached here
+    # (its run's previous prompt on this replica when it was admitted); 0 = not judged.
+    expect_cached: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,8 +64,9 @@ class Params:
     run_idle_expiry_s: float = 1800.0  # S10
     cap_raise_step: int = 1  # S2: slots added per quiet probe while running at the cap
     queue_probes: int = 2  # S2: consecutive probes with a queue before the cap is set
-    # Prefix keeping (docs/scheduling.md): a capped replica's turns whose run's prefix
-    # should be cached there go first within their caller, and a continuing turn that
-    # finds less than this share of its prompt cached lowers the cap by one.
+    # Prefix keeping (docs/scheduling.md): on a capped replica, turns of runs pinned there
+    # go first (after S5's caller order), new batch runs start only while fewer runs than
+    # the cap are pinned there, and a turn back from a tool that finds less than this share
+    # of its run's previous prompt cached lowers the cap by one.
     keep_prefixes: bool = True
     prefix_miss_share: float = 0.5
