@@ -48,6 +48,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -722,6 +723,23 @@ def engine_lines(by_arm: dict[str, list[dict[str, Any]]], load: int) -> list[str
     return [f"Engines at {load}: " + "; ".join(parts) + ".", ""] if parts else []
 
 
+def code_version() -> str:
+    """The checkout's commit, marked when files differ from it (what a report measured)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return ""
+    return f"{head} (with uncommitted changes)" if head and dirty else head
+
+
 def machine() -> str:
     cpu = platform.processor() or "?"
     try:
@@ -746,6 +764,7 @@ def report(
     minutes: float,
     load_before: tuple[float, ...],
     rendered: str = "",
+    code: str = "",
 ) -> str:
     """The markdown report. ``rendered``: the ``--report-from`` command that re-rendered
     a saved run (the results are that run's; only the text around them is newer)."""
@@ -765,7 +784,8 @@ def report(
         "`python tools/bench/flood.py` - time scale 1, loads 24/48/96/144 for both floods, "
         "2 repetitions, about 4 hours (estimated from the plan; never run here); "
         "`--quick` is time scale 5, loads 48 and 144 (MCP: 48), 1 repetition, under 10 minutes",
-        f"- date: {started}; duration {minutes:.1f} min",
+        f"- date: {started}; duration {minutes:.1f} min"
+        + (f"; code: commit {code}" if code else ""),
         f"- machine: {machine()}; load average before the run "
         f"{' / '.join(f'{x:.2f}' for x in load_before)} (other work shares these cores: "
         "each table lists the 1-minute load average of its arms)",
@@ -953,6 +973,7 @@ def main() -> int:
             saved["minutes"],
             tuple(saved["load_before"]),
             rendered="python tools/bench/flood.py " + " ".join(sys.argv[1:]),
+            code=saved.get("code", ""),
         )
         args.out.write_text(text)
         print(text)
@@ -963,6 +984,7 @@ def main() -> int:
         parser.error(f"unknown bench(es): {', '.join(sorted(unknown))}")
     command = "python tools/bench/flood.py " + " ".join(sys.argv[1:])
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    code = code_version()
     load_before = os.getloadavg()
     t0 = time.monotonic()
     results: dict[str, dict[int, dict[str, list[dict[str, Any]]]]] = {}
@@ -1021,9 +1043,10 @@ def main() -> int:
             "started": started,
             "minutes": minutes,
             "load_before": list(load_before),
+            "code": code,
         }
         args.json.write_text(json.dumps(saved, indent=1))
-    text = report(plan, command, results, floors, started, minutes, load_before)
+    text = report(plan, command, results, floors, started, minutes, load_before, code=code)
     args.out.write_text(text)
     print(text)
     return 0
