@@ -646,7 +646,6 @@ class _Tx:
             name,
             _replica_with(
                 rep,
-                cap=rep.cap,
                 in_flight=max(0, rep.in_flight + in_flight),
                 reserved=max(0, rep.reserved + reserved),
                 pinned_runs=max(0, rep.pinned_runs + pinned),
@@ -993,30 +992,31 @@ def _pinned_to(run: RunState | None) -> str | None:
 def _replica_with(
     rep: ReplicaState,
     *,
-    cap: int | None,
-    in_flight: int | None = None,
-    reserved: int | None = None,
-    pinned_runs: int | None = None,
-    reports_cache: bool | None = None,
-    prefix_misses: int | None = None,
-    missed_since_probe: bool | None = None,
+    cap: int | _Keep | None = _KEEP,
+    in_flight: int | _Keep = _KEEP,
+    reserved: int | _Keep = _KEEP,
+    pinned_runs: int | _Keep = _KEEP,
+    reports_cache: bool | _Keep = _KEEP,
+    prefix_misses: int | _Keep = _KEEP,
+    missed_since_probe: bool | _Keep = _KEEP,
 ) -> ReplicaState:
+    """A copy of ``rep`` with some counters changed (hand-written, as ``_run_with``)."""
     return ReplicaState(
         spec=rep.spec,
         healthy=rep.healthy,
-        cap=cap,
-        in_flight=rep.in_flight if in_flight is None else in_flight,
-        reserved=rep.reserved if reserved is None else reserved,
-        pinned_runs=rep.pinned_runs if pinned_runs is None else pinned_runs,
+        cap=rep.cap if isinstance(cap, _Keep) else cap,
+        in_flight=rep.in_flight if isinstance(in_flight, _Keep) else in_flight,
+        reserved=rep.reserved if isinstance(reserved, _Keep) else reserved,
+        pinned_runs=rep.pinned_runs if isinstance(pinned_runs, _Keep) else pinned_runs,
         queued_probes=rep.queued_probes,
         running=rep.running,
         waiting=rep.waiting,
         kv_usage=rep.kv_usage,
         probed_at=rep.probed_at,
-        reports_cache=rep.reports_cache if reports_cache is None else reports_cache,
-        prefix_misses=rep.prefix_misses if prefix_misses is None else prefix_misses,
+        reports_cache=rep.reports_cache if isinstance(reports_cache, _Keep) else reports_cache,
+        prefix_misses=rep.prefix_misses if isinstance(prefix_misses, _Keep) else prefix_misses,
         missed_since_probe=(
-            rep.missed_since_probe if missed_since_probe is None else missed_since_probe
+            rep.missed_since_probe if isinstance(missed_since_probe, _Keep) else missed_since_probe
         ),
     )
 
