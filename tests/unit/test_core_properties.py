@@ -393,7 +393,7 @@ class CoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.live("admitted")))
     @rule(
         data=st.data(),
-        how=st.sampled_from(["idle", "paused", "paused", "failed"]),
+        how=st.sampled_from(["idle", "paused", "paused", "failed", "unreachable"]),
         cached=st.sampled_from([None, 0, 10, 90]),
     )
     def finish(self, data: st.DataObject, how: str, cached: int | None) -> None:
@@ -401,8 +401,9 @@ class CoreMachine(RuleBasedStateMachine):
         with few cached lowers its replica's cap (prefix keeping)."""
         m = self.turns[data.draw(st.sampled_from(self.live("admitted")))]
         self.end_turn(m, paused=how == "paused")
-        if how == "failed":
-            self.step(TurnFailed(self.now, m.turn_id, "boom"))
+        if how in ("failed", "unreachable"):
+            # D6: a refused connection also takes the replica out until its next probe
+            self.step(TurnFailed(self.now, m.turn_id, "boom", how == "unreachable"))
         else:
             usage = {} if cached is None else {"prompt_tokens": 100, "cached_tokens": cached}
             self.step(TurnFinished(self.now, m.turn_id, paused_on_tool=how == "paused", **usage))

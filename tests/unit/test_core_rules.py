@@ -242,16 +242,50 @@ def test_s2_cap_raised_step_by_step_at_the_cap() -> None:
     assert sim.replica("a")["capacity"] == 4
 
 
-def test_s2_cap_raise_counts_own_in_flight_and_step_param() -> None:
-    """S2: "at the cap" also means luftpause's own in-flight ≥ cap; the step is a parameter."""
-    sim = Sim(gen("a"), params=Params(cap_raise_step=3))
+def test_s2_cap_rises_only_on_the_engines_running_count() -> None:
+    """S2: a cap rises only on evidence from the engine (its running count at the cap,
+    queue empty), never because luftpause's own in-flight count is high (a turn
+    reported late, or leaked): the cap does not drift above what the engine runs.
+    The step is a parameter. (Prefix keeping's own raise has tests of its own.)"""
+    sim = Sim(gen("a"), params=Params(cap_raise_step=3, keep_prefixes=False))
     capped(sim, "a", 2)
     for i in range(6):
         sim.req(f"t{i}", f"r{i}")
-    # the engine reports fewer running than we admitted (some still in transit)
-    acts = sim.probe("a", True, running=1, waiting=0)
+    # our count says 2 in flight; the engine runs 1 and queues nothing: no raise
+    for _ in range(5):
+        assert sim.probe("a", True, running=1, waiting=0) == ()
+    assert sim.replica("a")["capacity"] == 2
+    # the engine itself at the cap with an empty queue: up by the step
+    acts = sim.probe("a", True, running=2, waiting=0)
     assert sim.replica("a")["capacity"] == 5
     assert admitted_order(acts) == ["t2", "t3", "t4"]
+
+
+def test_s2_s11_caps_are_learned_again_after_a_restart() -> None:
+    """S2, S11: the scheduler keeps nothing on disk, so a restarted one starts uncapped;
+    under load it learns each cap again from the engine within two probe periods
+    (the default ``queue_probes`` of 2), whatever its in-flight counts say."""
+    sim = Sim(gen("a"), gen("b"), queue_probes=2)
+    sim.probe("a", True, running=None, waiting=None)
+    sim.probe("b", True, running=None, waiting=None)
+    sim.tick(1.0)
+    sim(
+        DataplaneResynced(
+            sim.t,
+            "dp",
+            runs=tuple(RunSnapshot(f"r{i}", RunPhase.GENERATING, "a", BAT, "c") for i in range(6)),
+            in_flight=tuple(
+                TurnSnapshot(f"t{i}", f"r{i}", "a", "m", BAT, "c", started=True) for i in range(6)
+            ),
+        )
+    )
+    assert sim.replica("a")["capacity"] is None
+    sim.t = 2.0
+    sim.probe("a", True, running=4, waiting=2)
+    sim.t = 4.0
+    sim.probe("a", True, running=4, waiting=2)
+    assert sim.replica("a")["capacity"] == 4
+    assert sim.replica("a")["in_flight"] == 6
 
 
 def test_s2_cap_set_again_when_queue_reappears() -> None:
@@ -295,6 +329,52 @@ def test_s2_unhealthy_replica_gets_no_turns() -> None:
 
 
 # ======================================================= prefix keeping
+
+
+def test_d6_refused_connection_takes_the_replica_out_until_a_probe() -> None:
+    """D6, S9: a turn that failed because its replica refused the connection takes that
+    replica out of placement at once: the next turns go elsewhere, not to the dead
+    replica with the fewest turns in flight. A healthy probe brings it back."""
+    sim = Sim(gen("a"), gen("b"), params=SPEC_RULES)
+    sim.probe("a", True)
+    sim.probe("b", True)
+    for i in range(4):
+        sim.req(f"b{i}", f"rb{i}")
+    first = admits(sim.req("t0", "r0"))
+    dead = first["t0"]
+    alive = "b" if dead == "a" else "a"
+    sim(TurnFailed(sim.t, "t0", reason="connection refused", replica_unreachable=True))
+    assert sim.replica(dead)["healthy"] is False
+    assert admits(sim.req("t1", "r1")) == {"t1": alive}
+    assert admits(sim.req("t2", "r0")) == {"t2": alive}  # its idle run moves
+    sim.probe(dead, True)
+    assert sim.replica(dead)["healthy"] is True
+
+
+def test_d6_an_ordinary_failure_keeps_the_replica_in_placement() -> None:
+    """D6: an engine that answered (an error status, a broken stream) stays in rotation;
+    only a connection it could not make takes it out."""
+    sim = Sim(gen("a"))
+    sim.probe("a", True)
+    sim.req("t0", "r0")
+    sim(TurnFailed(sim.t, "t0", reason="engine a answered 503"))
+    assert sim.replica("a")["healthy"] is True
+    assert admits(sim.req("t1", "r1")) == {"t1": "a"}
+
+
+def test_d6_s3_turns_held_for_an_unreachable_replica_move() -> None:
+    """D6, S3: turns held for a replica found unreachable may move (its pin lane opens)."""
+    sim = Sim(gen("a"), gen("b"), params=SPEC_RULES)
+    capped(sim, "a", 1)
+    sim.req("t1", "r")  # on a, the only healthy replica
+    sim.finish("t1", paused=True)
+    sim.req("x", "other")  # fills a
+    sim.probe("b", True, running=1, waiting=1)
+    sim.req("y", "another")  # fills b
+    assert sim.req("t2", "r") == ()  # pinned to a, held
+    acts = sim(TurnFailed(sim.t, "x", reason="connection refused", replica_unreachable=True))
+    assert admits(acts) == {}  # b is full; a is out
+    assert admits(sim.finish("y")) == {"t2": "b"}  # the run moves with its held turn
 
 
 def test_prefix_keeping_continuing_turn_goes_before_an_older_new_run() -> None:
@@ -1092,6 +1172,21 @@ def test_s13_single_pass_replicas_have_their_own_caps() -> None:
     assert sim.req("s2", "x2", model="cls", kind=SP) == ()
     assert admits(sim.req("t1", "r1")) == {"t1": "a"}
     assert admits(sim(TurnFinished(sim.t, "s1"))) == {"s2": "sp"}
+
+
+def test_s13_abandoned_single_pass_turn_does_not_keep_a_run_alive() -> None:
+    """S13, S10: a held single-pass turn that names a generative run and is abandoned
+    does not touch that run: it still expires on its own idle clock."""
+    sim = Sim(gen("a", "m"), single("sp", "cls"), params=Params(run_idle_expiry_s=60.0))
+    sim.probe("a")
+    capped(sim, "sp", 1)
+    sim.req("s1", "x", model="cls", kind=SP)
+    sim.req("t1", "r")
+    sim.finish("t1")  # r idle since t=0
+    sim.t = 30.0
+    assert sim.req("s2", "r", model="cls", kind=SP) == ()  # held behind s1
+    sim(TurnAbandoned(sim.t, "s2"))
+    assert any(isinstance(a, ForgetRun) and a.run_id == "r" for a in sim.tick(61.0))
 
 
 def test_s13_unknown_single_pass_model_rejected() -> None:

@@ -45,10 +45,18 @@ The cap (S2): a queue seen on ``Params.queue_probes`` consecutive probes (defaul
 2: one probe period) sets ``cap = max(1, running)``; a passing queue, such as a
 burst of prompts being prefilled in chunks, does not. A probe with an empty queue
 never lowers the cap; it raises it by
-``Params.cap_raise_step`` when the replica is running at the cap (``running`` or
-luftpause's own in-flight count ≥ cap), so capacity is found step by step
-instead of letting the next burst straight back into the engine's queue. A
-probe without load numbers removes the cap.
+``Params.cap_raise_step`` when the engine reports running at the cap
+(``running`` ≥ cap), so capacity is found step by step instead of letting the
+next burst straight back into the engine's queue. Only the engine's numbers
+raise it: luftpause's own in-flight count says what it sent, not what the
+engine can run. A probe without load numbers removes the cap. The scheduler
+keeps nothing on disk, so a restarted one starts uncapped and sets each cap
+again from the first queue it sees (``queue_probes`` probes under load).
+
+Health (S9, D6): a probe sets it; a turn that failed because the dataplane
+could not connect to its replica (``TurnFailed.replica_unreachable``) clears it
+at once, so the next turns do not follow the dead replica until its probe
+fails. The next healthy probe restores it.
 
 Expiry (S10) uses deadline buckets keyed by whole seconds and checked lazily:
 an entry whose turn ended, or whose run was active since, is skipped.
@@ -119,7 +127,7 @@ def decide(state: State, event: Event) -> tuple[State, tuple[Action, ...]]:
         case TurnFinished():
             tx.on_finished(event)
         case TurnFailed():
-            tx.end_turn(event.turn_id, paused_on_tool=False)
+            tx.on_failed(event)
         case RunEnded():
             tx.forget_run(event.run_id)
         case ReplicaProbed():
@@ -393,8 +401,10 @@ class _Tx:
         held = self.held.get(ev.turn_id)
         if held is not None:
             self._unhold(held)
-            run = self.runs.get(held.run_id)
-            if run is not None:  # a held turn was a turn: the idle clock starts now (S10)
+            # A held turn was a turn: the idle clock starts now (S10). A single-pass turn
+            # never enters run state (S13), even when it names a generative run.
+            run = self.runs.get(held.run_id) if held.kind is EndpointKind.GENERATIVE else None
+            if run is not None:
                 self._put_run(run.run_id, _run_with(run, last_active=self.now))
                 self._schedule_run_expiry(held.run_id)
             return
@@ -421,6 +431,11 @@ class _Tx:
         )
         if turn is not None and self.params.keep_prefixes:
             self._prefix_feedback(turn, ev)
+
+    def on_failed(self, ev: TurnFailed) -> None:
+        turn = self.end_turn(ev.turn_id, paused_on_tool=False)
+        if turn is not None and ev.replica_unreachable:
+            self._set_health(turn.replica, healthy=False)
 
     def _prefix_feedback(self, turn: TurnState, ev: TurnFinished) -> None:
         """Prefix keeping: a turn back from a tool on a capped replica that found less than
@@ -594,8 +609,9 @@ class _Tx:
             if (
                 cap is not None
                 and (
+                    # Evidence from the engine only: our own in-flight count may be
+                    # high for reasons of ours (a turn reported late, or never).
                     ev.running >= cap
-                    or rep.in_flight >= cap
                     # prefix keeping: new runs wait for the cap too
                     or (
                         self.params.keep_prefixes
@@ -606,13 +622,7 @@ class _Tx:
                 and not rep.missed_since_probe  # prefix keeping: the cache is full already
             ):
                 cap += self.params.cap_raise_step  # quiet at the cap: probe for more
-        health_changed = rep.healthy != ev.healthy
-        if health_changed and rep.spec.kind is EndpointKind.GENERATIVE:
-            self.unhealthy = (
-                self.unhealthy.delete(ev.replica)
-                if ev.healthy
-                else self.unhealthy.set(ev.replica, None)
-            )
+        self._set_health(ev.replica, healthy=ev.healthy)
         self.replicas = self.replicas.set(
             ev.replica,
             ReplicaState(
@@ -632,11 +642,25 @@ class _Tx:
                 missed_since_probe=False,
             ),
         )
-        if health_changed and not ev.healthy:
-            # S3: runs pinned there may move: every replica may now draw its pin lane.
-            self.dirty.update(self.replicas.keys())
-        elif health_changed or cap != rep.cap:
+        if cap != rep.cap:
             self.dirty.add(ev.replica)
+
+    def _set_health(self, name: str, *, healthy: bool) -> None:
+        """A replica became healthy (a probe) or not (a probe, or a connection the
+        dataplane could not make). Unhealthy: it gets no turns, and every other
+        replica may draw from its pin lane (S3: its runs may move)."""
+        rep = self.replicas.get(name)
+        if rep is None or rep.healthy == healthy:
+            return
+        self.replicas = self.replicas.set(name, _replica_with(rep, healthy=healthy))
+        if rep.spec.kind is EndpointKind.GENERATIVE:
+            self.unhealthy = (
+                self.unhealthy.delete(name) if healthy else self.unhealthy.set(name, None)
+            )
+        if healthy:
+            self.dirty.add(name)
+        else:
+            self.dirty.update(self.replicas.keys())
 
     def _bump_replica(
         self, name: str, *, in_flight: int = 0, reserved: int = 0, pinned: int = 0
@@ -992,6 +1016,7 @@ def _pinned_to(run: RunState | None) -> str | None:
 def _replica_with(
     rep: ReplicaState,
     *,
+    healthy: bool | _Keep = _KEEP,
     cap: int | _Keep | None = _KEEP,
     in_flight: int | _Keep = _KEEP,
     reserved: int | _Keep = _KEEP,
@@ -1003,7 +1028,7 @@ def _replica_with(
     """A copy of ``rep`` with some counters changed (hand-written, as ``_run_with``)."""
     return ReplicaState(
         spec=rep.spec,
-        healthy=rep.healthy,
+        healthy=rep.healthy if isinstance(healthy, _Keep) else healthy,
         cap=rep.cap if isinstance(cap, _Keep) else cap,
         in_flight=rep.in_flight if isinstance(in_flight, _Keep) else in_flight,
         reserved=rep.reserved if isinstance(reserved, _Keep) else reserved,

@@ -64,11 +64,18 @@ class TurnFinished:
 
 @dataclass(frozen=True, slots=True)
 class TurnFailed:
-    """The turn failed after admission; its slot is freed and its run left idle (D5)."""
+    """The turn failed after admission; its slot is freed and its run left idle (D5).
+
+    ``replica_unreachable``: the dataplane could not even connect to the turn's
+    replica (refused, connect timeout). The replica leaves placement at once and
+    stays out until a probe finds it healthy (D6: fail fast, as passive health
+    checking does), instead of drawing every new turn until its probe fails.
+    """
 
     at: float
     turn_id: str
     reason: str = ""
+    replica_unreachable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,12 @@ def turn_event(
             cached_tokens=f.usage.cached_tokens,
         )
     if which == "failed":
-        return TurnFailed(at=at, turn_id=msg.turn_id, reason=msg.failed.reason)
+        return TurnFailed(
+            at=at,
+            turn_id=msg.turn_id,
+            reason=msg.failed.reason,
+            replica_unreachable=msg.failed.replica_unreachable,
+        )
     return None
 
 

@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&luftpause/scheduler/v1/scheduler.proto\x12\x16luftpause.scheduler.v1\"\xea\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12;\n\rservice_class\x18\x04 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x32\n\x04kind\x18\x06 \x01(\x0e\x32$.luftpause.scheduler.v1.EndpointKind\x12\x14\n\x0c\x64\x61taplane_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\"\x86\x01\n\rAdmitResponse\x12\x34\n\x08\x61\x64mitted\x18\x01 \x01(\x0b\x32 .luftpause.scheduler.v1.AdmittedH\x00\x12\x34\n\x08rejected\x18\x02 \x01(\x0b\x32 .luftpause.scheduler.v1.RejectedH\x00\x42\t\n\x07outcome\"8\n\x08\x41\x64mitted\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06held_s\x18\x03 \x01(\x01\"M\n\x08Rejected\x12\x30\n\x04\x63ode\x18\x01 \x01(\x0e\x32\".luftpause.scheduler.v1.RejectCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x04\x12\x15\n\rcached_tokens\x18\x03 \x01(\x04\"\r\n\x0bTurnStarted\"\x0c\n\nFirstToken\"k\n\x0cTurnFinished\x12,\n\x05usage\x18\x01 \x01(\x0b\x32\x1d.luftpause.scheduler.v1.Usage\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x16\n\x0epaused_on_tool\x18\x03 \x01(\x08\"\x1c\n\nTurnFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xae\x02\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x36\n\x07started\x18\x03 \x01(\x0b\x32#.luftpause.scheduler.v1.TurnStartedH\x00\x12\x39\n\x0b\x66irst_token\x18\x04 \x01(\x0b\x32\".luftpause.scheduler.v1.FirstTokenH\x00\x12\x38\n\x08\x66inished\x18\x05 \x01(\x0b\x32$.luftpause.scheduler.v1.TurnFinishedH\x00\x12\x34\n\x06\x66\x61iled\x18\x06 \x01(\x0b\x32\".luftpause.scheduler.v1.TurnFailedH\x00\x12\x14\n\x0c\x64\x61taplane_id\x18\x07 \x01(\tB\x07\n\x05\x65vent\"@\n\x0bReportBatch\x12\x31\n\x06\x65vents\x18\x01 \x03(\x0b\x32!.luftpause.scheduler.v1.TurnEvent\"!\n\rReportSummary\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\"!\n\x0fRunEndedRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x12\n\x10RunEndedResponse\"\xb1\x01\n\x0bRunSnapshot\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0clast_replica\x18\x02 \x01(\t\x12/\n\x05phase\x18\x03 \x01(\x0e\x32 .luftpause.scheduler.v1.RunPhase\x12;\n\rservice_class\x18\x04 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\"\xad\x01\n\x0cTurnSnapshot\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12;\n\rservice_class\x18\x05 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\x12\x0f\n\x07started\x18\x07 \x01(\x08\"\x91\x01\n\rResyncRequest\x12\x14\n\x0c\x64\x61taplane_id\x18\x01 \x01(\t\x12\x31\n\x04runs\x18\x02 \x03(\x0b\x32#.luftpause.scheduler.v1.RunSnapshot\x12\x37\n\tin_flight\x18\x03 \x03(\x0b\x32$.luftpause.scheduler.v1.TurnSnapshot\"-\n\x0eResyncResponse\x12\x0c\n\x04runs\x18\x01 \x01(\r\x12\r\n\x05turns\x18\x02 \x01(\r*e\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x01\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x02*j\n\x0c\x45ndpointKind\x12\x1d\n\x19\x45NDPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45NDPOINT_KIND_GENERATIVE\x10\x01\x12\x1d\n\x19\x45NDPOINT_KIND_SINGLE_PASS\x10\x02*q\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_PHASE_IDLE\x10\x01\x12\x18\n\x14RUN_PHASE_GENERATING\x10\x02\x12\x1c\n\x18RUN_PHASE_PAUSED_ON_TOOL\x10\x03*i\n\nRejectCode\x12\x1b\n\x17REJECT_CODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19REJECT_CODE_UNKNOWN_MODEL\x10\x01\x12\x1f\n\x1bREJECT_CODE_INVALID_REQUEST\x10\x02\x32\xf1\x02\n\tScheduler\x12T\n\x05\x41\x64mit\x12$.luftpause.scheduler.v1.AdmitRequest\x1a%.luftpause.scheduler.v1.AdmitResponse\x12V\n\x06Report\x12#.luftpause.scheduler.v1.ReportBatch\x1a%.luftpause.scheduler.v1.ReportSummary(\x01\x12]\n\x08RunEnded\x12\'.luftpause.scheduler.v1.RunEndedRequest\x1a(.luftpause.scheduler.v1.RunEndedResponse\x12W\n\x06Resync\x12%.luftpause.scheduler.v1.ResyncRequest\x1a&.luftpause.scheduler.v1.ResyncResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&luftpause/scheduler/v1/scheduler.proto\x12\x16luftpause.scheduler.v1\"\xea\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12;\n\rservice_class\x18\x04 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x32\n\x04kind\x18\x06 \x01(\x0e\x32$.luftpause.scheduler.v1.EndpointKind\x12\x14\n\x0c\x64\x61taplane_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\"\x86\x01\n\rAdmitResponse\x12\x34\n\x08\x61\x64mitted\x18\x01 \x01(\x0b\x32 .luftpause.scheduler.v1.AdmittedH\x00\x12\x34\n\x08rejected\x18\x02 \x01(\x0b\x32 .luftpause.scheduler.v1.RejectedH\x00\x42\t\n\x07outcome\"8\n\x08\x41\x64mitted\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06held_s\x18\x03 \x01(\x01\"M\n\x08Rejected\x12\x30\n\x04\x63ode\x18\x01 \x01(\x0e\x32\".luftpause.scheduler.v1.RejectCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x04\x12\x15\n\rcached_tokens\x18\x03 \x01(\x04\"\r\n\x0bTurnStarted\"\x0c\n\nFirstToken\"k\n\x0cTurnFinished\x12,\n\x05usage\x18\x01 \x01(\x0b\x32\x1d.luftpause.scheduler.v1.Usage\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x16\n\x0epaused_on_tool\x18\x03 \x01(\x08\"9\n\nTurnFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x1b\n\x13replica_unreachable\x18\x02 \x01(\x08\"\xae\x02\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x36\n\x07started\x18\x03 \x01(\x0b\x32#.luftpause.scheduler.v1.TurnStartedH\x00\x12\x39\n\x0b\x66irst_token\x18\x04 \x01(\x0b\x32\".luftpause.scheduler.v1.FirstTokenH\x00\x12\x38\n\x08\x66inished\x18\x05 \x01(\x0b\x32$.luftpause.scheduler.v1.TurnFinishedH\x00\x12\x34\n\x06\x66\x61iled\x18\x06 \x01(\x0b\x32\".luftpause.scheduler.v1.TurnFailedH\x00\x12\x14\n\x0c\x64\x61taplane_id\x18\x07 \x01(\tB\x07\n\x05\x65vent\"@\n\x0bReportBatch\x12\x31\n\x06\x65vents\x18\x01 \x03(\x0b\x32!.luftpause.scheduler.v1.TurnEvent\"!\n\rReportSummary\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\"!\n\x0fRunEndedRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x12\n\x10RunEndedResponse\"\xb1\x01\n\x0bRunSnapshot\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x14\n\x0clast_replica\x18\x02 \x01(\t\x12/\n\x05phase\x18\x03 \x01(\x0e\x32 .luftpause.scheduler.v1.RunPhase\x12;\n\rservice_class\x18\x04 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\"\xad\x01\n\x0cTurnSnapshot\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07replica\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12;\n\rservice_class\x18\x05 \x01(\x0e\x32$.luftpause.scheduler.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\x12\x0f\n\x07started\x18\x07 \x01(\x08\"\x91\x01\n\rResyncRequest\x12\x14\n\x0c\x64\x61taplane_id\x18\x01 \x01(\t\x12\x31\n\x04runs\x18\x02 \x03(\x0b\x32#.luftpause.scheduler.v1.RunSnapshot\x12\x37\n\tin_flight\x18\x03 \x03(\x0b\x32$.luftpause.scheduler.v1.TurnSnapshot\"-\n\x0eResyncResponse\x12\x0c\n\x04runs\x18\x01 \x01(\r\x12\r\n\x05turns\x18\x02 \x01(\r*e\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x01\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x02*j\n\x0c\x45ndpointKind\x12\x1d\n\x19\x45NDPOINT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45NDPOINT_KIND_GENERATIVE\x10\x01\x12\x1d\n\x19\x45NDPOINT_KIND_SINGLE_PASS\x10\x02*q\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_PHASE_IDLE\x10\x01\x12\x18\n\x14RUN_PHASE_GENERATING\x10\x02\x12\x1c\n\x18RUN_PHASE_PAUSED_ON_TOOL\x10\x03*i\n\nRejectCode\x12\x1b\n\x17REJECT_CODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19REJECT_CODE_UNKNOWN_MODEL\x10\x01\x12\x1f\n\x1bREJECT_CODE_INVALID_REQUEST\x10\x02\x32\xf1\x02\n\tScheduler\x12T\n\x05\x41\x64mit\x12$.luftpause.scheduler.v1.AdmitRequest\x1a%.luftpause.scheduler.v1.AdmitResponse\x12V\n\x06Report\x12#.luftpause.scheduler.v1.ReportBatch\x1a%.luftpause.scheduler.v1.ReportSummary(\x01\x12]\n\x08RunEnded\x12\'.luftpause.scheduler.v1.RunEndedRequest\x1a(.luftpause.scheduler.v1.RunEndedResponse\x12W\n\x06Resync\x12%.luftpause.scheduler.v1.ResyncRequest\x1a&.luftpause.scheduler.v1.ResyncResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'luftpause.scheduler.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICECLASS']._serialized_start=1839
-  _globals['_SERVICECLASS']._serialized_end=1940
-  _globals['_ENDPOINTKIND']._serialized_start=1942
-  _globals['_ENDPOINTKIND']._serialized_end=2048
-  _globals['_RUNPHASE']._serialized_start=2050
-  _globals['_RUNPHASE']._serialized_end=2163
-  _globals['_REJECTCODE']._serialized_start=2165
-  _globals['_REJECTCODE']._serialized_end=2270
+  _globals['_SERVICECLASS']._serialized_start=1868
+  _globals['_SERVICECLASS']._serialized_end=1969
+  _globals['_ENDPOINTKIND']._serialized_start=1971
+  _globals['_ENDPOINTKIND']._serialized_end=2077
+  _globals['_RUNPHASE']._serialized_start=2079
+  _globals['_RUNPHASE']._serialized_end=2192
+  _globals['_REJECTCODE']._serialized_start=2194
+  _globals['_REJECTCODE']._serialized_end=2299
   _globals['_ADMITREQUEST']._serialized_start=67
   _globals['_ADMITREQUEST']._serialized_end=301
   _globals['_ADMITRESPONSE']._serialized_start=304
@@ -56,25 +56,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TURNFINISHED']._serialized_start=688
   _globals['_TURNFINISHED']._serialized_end=795
   _globals['_TURNFAILED']._serialized_start=797
-  _globals['_TURNFAILED']._serialized_end=825
-  _globals['_TURNEVENT']._serialized_start=828
-  _globals['_TURNEVENT']._serialized_end=1130
-  _globals['_REPORTBATCH']._serialized_start=1132
-  _globals['_REPORTBATCH']._serialized_end=1196
-  _globals['_REPORTSUMMARY']._serialized_start=1198
-  _globals['_REPORTSUMMARY']._serialized_end=1231
-  _globals['_RUNENDEDREQUEST']._serialized_start=1233
-  _globals['_RUNENDEDREQUEST']._serialized_end=1266
-  _globals['_RUNENDEDRESPONSE']._serialized_start=1268
-  _globals['_RUNENDEDRESPONSE']._serialized_end=1286
-  _globals['_RUNSNAPSHOT']._serialized_start=1289
-  _globals['_RUNSNAPSHOT']._serialized_end=1466
-  _globals['_TURNSNAPSHOT']._serialized_start=1469
-  _globals['_TURNSNAPSHOT']._serialized_end=1642
-  _globals['_RESYNCREQUEST']._serialized_start=1645
-  _globals['_RESYNCREQUEST']._serialized_end=1790
-  _globals['_RESYNCRESPONSE']._serialized_start=1792
-  _globals['_RESYNCRESPONSE']._serialized_end=1837
-  _globals['_SCHEDULER']._serialized_start=2273
-  _globals['_SCHEDULER']._serialized_end=2642
+  _globals['_TURNFAILED']._serialized_end=854
+  _globals['_TURNEVENT']._serialized_start=857
+  _globals['_TURNEVENT']._serialized_end=1159
+  _globals['_REPORTBATCH']._serialized_start=1161
+  _globals['_REPORTBATCH']._serialized_end=1225
+  _globals['_REPORTSUMMARY']._serialized_start=1227
+  _globals['_REPORTSUMMARY']._serialized_end=1260
+  _globals['_RUNENDEDREQUEST']._serialized_start=1262
+  _globals['_RUNENDEDREQUEST']._serialized_end=1295
+  _globals['_RUNENDEDRESPONSE']._serialized_start=1297
+  _globals['_RUNENDEDRESPONSE']._serialized_end=1315
+  _globals['_RUNSNAPSHOT']._serialized_start=1318
+  _globals['_RUNSNAPSHOT']._serialized_end=1495
+  _globals['_TURNSNAPSHOT']._serialized_start=1498
+  _globals['_TURNSNAPSHOT']._serialized_end=1671
+  _globals['_RESYNCREQUEST']._serialized_start=1674
+  _globals['_RESYNCREQUEST']._serialized_end=1819
+  _globals['_RESYNCRESPONSE']._serialized_start=1821
+  _globals['_RESYNCRESPONSE']._serialized_end=1866
+  _globals['_SCHEDULER']._serialized_start=2302
+  _globals['_SCHEDULER']._serialized_end=2671
 # @@protoc_insertion_point(module_scope)

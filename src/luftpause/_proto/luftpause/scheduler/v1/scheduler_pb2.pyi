@@ -120,10 +120,12 @@ class TurnFinished(_message.Message):
     def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., paused_on_tool: _Optional[bool] = ...) -> None: ...
 
 class TurnFailed(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "replica_unreachable")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    replica_unreachable: bool
+    def __init__(self, reason: _Optional[str] = ..., replica_unreachable: _Optional[bool] = ...) -> None: ...
 
 class TurnEvent(_message.Message):
     __slots__ = ("turn_id", "run_id", "started", "first_token", "finished", "failed", "dataplane_id")
