@@ -3,40 +3,63 @@
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/decide``,
 ``DELETE /v1/runs/{id}``, ``GET /metrics``, ``GET /health``.
 
-A chat turn: authenticate (D9) → parse → resolve run, class, caller (D2, D3)
-→ unknown model is a 404 before queueing (S6) → Admit through the scheduler,
-waiting with no deadline, abandoning if the client leaves (D4) → forward to
-the admitted replica with that replica's own key → relay the reply unchanged
-→ report started, first token, finished or failed (D5). Every failure maps to
-one row of the failure table (D6); this module is the one place that turns
-internal failures into HTTP errors.
+A chat turn: authenticate (D9) → parse and validate every field the proxy reads
+or rewrites (``request.py``) → resolve run, class, caller (D2, D3) → unknown
+model is a 404 before queueing (S6) → Admit through the scheduler, waiting with
+no deadline, abandoning if the client leaves (D4) → from here a ``Turn`` owns
+the turn's lifetime (``turn.py``): it is ended exactly once, by this module or
+by the stream relay → forward to the admitted replica with that replica's own
+key → relay the reply unchanged → report started, first token, finished or
+failed (D5).
+
+Failures are raised as ``errors.TurnError`` members, which carry their outcome
+and their HTTP answer (D6). Anything else a route raises is a bug of ours: it
+is logged with its traceback and answered as a JSON 500 (``_guarded``), and an
+admitted turn it interrupts still ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
 from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.config import DataplaneSettings, Endpoint, EndpointKind, Secrets
 from luftpause.dataplane import identity
+from luftpause.dataplane.errors import (
+    Abandoned,
+    BadRequest,
+    ClientLeft,
+    EngineFailed,
+    EngineRejected,
+    EngineUnreachable,
+    TurnError,
+    Unauthorized,
+    UnknownModel,
+    error_response,
+    shown,
+)
 from luftpause.dataplane.identity import ToolCallMemory
-from luftpause.dataplane.metrics import Metrics, Outcome
+from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.relay import RelayStream, SseTap, TurnOutcome
+from luftpause.dataplane.request import ChatRequest, chat_request, decide_request
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
+from luftpause.dataplane.turn import Turn, owned
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -90,14 +113,23 @@ class Dataplane:
         return seen
 
 
-def error(
-    status: int, message: str, run_id: str | None = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    """The one error shape (D6): ``{"error": {"message": ...}}``."""
-    hdrs = dict(headers or {})
-    if run_id:
-        hdrs[identity.RUN_HEADER] = run_id
-    return JSONResponse({"error": {"message": message}}, status_code=status, headers=hdrs)
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Our own errors are always JSON (D6): an exception no route expected is logged
+    with its traceback and answered as a 500 in the OpenAI error shape."""
+
+    @functools.wraps(handler)
+    async def route(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.url.path)
+            run_id = getattr(request.state, "run_id", None)
+            return error_response(500, "internal error in the dataplane (logged)", run_id)
+
+    return route
 
 
 def create_app(dp: Dataplane) -> FastAPI:
@@ -123,18 +155,22 @@ def create_app(dp: Dataplane) -> FastAPI:
     )
 
     @app.post("/v1/chat/completions")
+    @_guarded
     async def chat(request: Request) -> Response:
         return await _chat(dp, request)
 
     @app.post("/v1/decide")
+    @_guarded
     async def decide(request: Request) -> Response:
         return await _decide(dp, request)
 
     @app.get("/v1/models")
+    @_guarded
     async def models(request: Request) -> Response:
-        denied = _authorize(dp, request)
-        if denied is not None:
-            return denied
+        try:
+            _authorize(dp, request)
+        except Unauthorized as exc:
+            return exc.response(None)
         data: list[dict[str, Any]] = []
         for e in dp.endpoints.values():
             for m in e.models:
@@ -143,10 +179,13 @@ def create_app(dp: Dataplane) -> FastAPI:
         return JSONResponse({"object": "list", "data": data})
 
     @app.delete("/v1/runs/{run_id}")
-    async def end_run(run_id: str, request: Request) -> Response:
-        denied = _authorize(dp, request, run_id)
-        if denied is not None:
-            return denied
+    @_guarded
+    async def end_run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            _authorize(dp, request)
+        except Unauthorized as exc:
+            return exc.response(run_id)
         dp.runs.forget(run_id)
         await dp.link.run_ended(run_id)
         return JSONResponse(
@@ -174,26 +213,23 @@ async def _sweep(dp: Dataplane) -> None:
         dp.runs.prune()
 
 
-def _authorize(dp: Dataplane, request: Request, run_id: str | None = None) -> Response | None:
-    """D9: with a token set, every /v1 route needs ``Authorization: Bearer <token>``."""
+def _authorize(dp: Dataplane, request: Request) -> None:
+    """D9: with a token set, every /v1 route needs ``Authorization: Bearer <token>``
+    (the scheme is case-insensitive, as every HTTP auth scheme is)."""
     token = dp.secrets.token
     if token is None:
-        return None
-    given = request.headers.get("authorization", "")
-    if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        return None
-    return error(401, "missing or wrong bearer token (set Authorization: Bearer <token>)", run_id)
+        return
+    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return
+    raise Unauthorized("missing or wrong bearer token (set Authorization: Bearer <token>)")
 
 
-async def _read_json(request: Request) -> dict[str, Any] | str:
-    raw = await request.body()
+async def _body(request: Request) -> bytes:
     try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        return f"request body is not valid JSON: {exc}"
-    if not isinstance(body, dict):
-        return "request body must be a JSON object"
-    return body
+        return await request.body()
+    except ClientDisconnect:
+        raise ClientLeft("client left while sending its request") from None
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
@@ -235,15 +271,31 @@ def _engine_headers(dp: Dataplane, request: Request, replica: str) -> dict[str, 
     return headers
 
 
-async def _admit(
-    dp: Dataplane, request: Request, req: pb.AdmitRequest
-) -> Admitted | Rejected | None:
+async def _admit(dp: Dataplane, request: Request, req: pb.AdmitRequest, cls: str) -> Admitted:
+    """Ask the scheduler and wait while held (D4). On the way out, the turn is either
+    admitted (and the caller owns it) or it never took a slot: the client left
+    (``Abandoned``) or the scheduler refused it."""
     t0 = time.monotonic()
-    outcome = await _until_disconnect(request, dp.link.admit(req))
-    cls = "interactive" if req.service_class == pb.SERVICE_CLASS_INTERACTIVE else "batch"
-    if isinstance(outcome, Admitted):
-        dp.metrics.held.labels(cls).observe(time.monotonic() - t0)
-    return outcome
+    dp.metrics.holding.labels(cls).inc()
+    try:
+        outcome = await _until_disconnect(request, dp.link.admit(req))
+    except asyncio.CancelledError:
+        _abandoned(dp, req.turn_id, req.run_id)
+        raise
+    finally:
+        dp.metrics.holding.labels(cls).dec()
+    if outcome is None:  # D4: the client left while held; no engine request
+        _abandoned(dp, req.turn_id, req.run_id)
+        raise Abandoned("client left while the turn was held")
+    if isinstance(outcome, Rejected):
+        if outcome.unknown_model:
+            raise UnknownModel(outcome.message)
+        raise BadRequest(outcome.message)
+    # Everything the dataplane held it for, a scheduler outage included (the
+    # scheduler's own held_s starts again with each retry).
+    held_s = time.monotonic() - t0
+    dp.metrics.held.labels(cls).observe(held_s)
+    return Admitted(outcome.replica, outcome.url, held_s)
 
 
 def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
@@ -261,159 +313,85 @@ def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
     )
 
 
-async def _turn_request(
-    dp: Dataplane, request: Request
-) -> tuple[str | None, dict[str, Any]] | Response:
-    """What every turn route does first (D9, then the body): the run header and the
-    parsed JSON body, or the error response to send instead."""
-    header_run = request.headers.get(identity.RUN_HEADER) or None
-    denied = _authorize(dp, request, header_run)
-    if denied is not None:
-        return denied
-    body = await _read_json(request)
-    if isinstance(body, str):
-        return error(400, body, header_run)
-    return header_run, body
-
-
 async def _chat(dp: Dataplane, request: Request) -> Response:
-    parsed = await _turn_request(dp, request)
-    if isinstance(parsed, Response):
-        return parsed
-    header_run, body = parsed
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return error(400, "'model' is required and must be a string", header_run)
-    if not isinstance(body.get("messages"), list):
-        return error(400, "'messages' is required and must be a list", header_run)
+    request.state.run_id = None
+    cls = "batch"
     try:
-        run_id = identity.resolve_run_id(request.headers, body, dp.memory)
-        cls = identity.service_class(request.headers)
-        caller = identity.caller(request.headers, dp.settings.caller_max_bytes)
-    except identity.BadHeader as exc:
-        return error(400, str(exc), header_run)
-    if model not in dp.generative_models:
-        dp.metrics.turns.labels(cls, Outcome.REJECTED.value).inc()
-        return error(404, f"no Generative replica serves model '{model}'", run_id)
-
-    turn_id = f"turn-{uuid.uuid4().hex}"
-    dp.runs.touch(run_id, cls, caller)
-    dp.metrics.holding.labels(cls).inc()
-    try:
-        outcome = await _admit(
+        _authorize(dp, request)
+        chat = chat_request(await _body(request))
+        try:
+            cls = identity.service_class(request.headers)
+            run_id = identity.resolve_run_id(request.headers, chat.body, dp.memory)
+            caller = identity.caller(request.headers, dp.settings.caller_max_bytes)
+        except identity.BadHeader as exc:
+            raise BadRequest(str(exc)) from None
+        request.state.run_id = run_id
+        if chat.model not in dp.generative_models:
+            raise UnknownModel(f"no Generative replica serves model {shown(chat.model)}")
+        turn_id = f"turn-{uuid.uuid4().hex}"
+        dp.runs.touch(run_id, cls, caller)
+        admitted = await _admit(
             dp,
             request,
             pb.AdmitRequest(
                 turn_id=turn_id,
                 run_id=run_id,
-                model=model,
+                model=chat.model,
                 service_class=_CLASS_PB[cls],
                 caller=caller,
                 kind=pb.ENDPOINT_KIND_GENERATIVE,
                 traceparent=request.headers.get("traceparent", ""),
             ),
+            cls,
         )
-    finally:
-        dp.metrics.holding.labels(cls).dec()
-    if outcome is None:  # D4: the client left while held; no engine request
-        _abandoned(dp, turn_id, run_id)
-        dp.metrics.turns.labels(cls, Outcome.ABANDONED.value).inc()
-        return Response(status_code=499)
-    if isinstance(outcome, Rejected):
-        dp.metrics.turns.labels(cls, Outcome.REJECTED.value).inc()
-        return error(404 if outcome.unknown_model else 400, outcome.message, run_id)
+    except TurnError as exc:  # never admitted: nothing to end
+        dp.metrics.turns.labels(cls, exc.outcome.value).inc()
+        return exc.response(request.state.run_id)
 
-    turn = TurnRecord(turn_id, run_id, outcome.replica, model, cls, caller)
-    return await _forward_chat(dp, request, body, turn, outcome)
+    turn = Turn.admitted(
+        TurnRecord(turn_id, run_id, admitted.replica, chat.model, cls, caller),
+        link=dp.link,
+        metrics=dp.metrics,
+        runs=dp.runs,
+        memory=dp.memory,
+    )
+    try:
+        with owned(turn):
+            return await _forward_chat(dp, request, chat, turn, admitted)
+    except TurnError as exc:
+        return exc.response(run_id)
 
 
 async def _forward_chat(
-    dp: Dataplane, request: Request, body: dict[str, Any], turn: TurnRecord, admitted: Admitted
+    dp: Dataplane, request: Request, chat: ChatRequest, turn: Turn, admitted: Admitted
 ) -> Response:
-    endpoint = dp.endpoints.get(admitted.replica)
+    """Send the turn to its replica and pass the reply on. Ends ``turn`` itself, raises a
+    ``TurnError`` (``owned`` ends it then), or hands it to the stream relay."""
+    record = turn.record
+    endpoint = dp.endpoints.get(record.replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
-    dp.runs.admitted(turn)
-    dp.runs.started(turn.turn_id)
-    dp.link.report(pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, started=pb.TurnStarted()))
-    dp.metrics.in_flight.labels(turn.service_class).inc()
-    started = time.monotonic()
-    stream = bool(body.get("stream"))
-    hide_usage = False
-    raw = await request.body()
-    changed = False
-    if stream:
-        options = body.get("stream_options")
-        if not (isinstance(options, dict) and options.get("include_usage")):
-            # Ask for usage for our reports; the client will not see the extra chunk.
-            body = {**body, "stream_options": {**(options or {}), "include_usage": True}}
-            changed = hide_usage = True
-    if endpoint is not None and endpoint.class_priority is not None and "priority" not in body:
+    raw = chat.engine_body
+    if endpoint is not None and endpoint.class_priority is not None and not chat.has_priority:
         # The engine orders its own queue by class; a client's own priority is kept.
-        body = {**body, "priority": endpoint.class_priority.for_class(turn.service_class)}
-        changed = True
-    if changed:
-        raw = json.dumps(body).encode()
-    url = f"{base}/v1/chat/completions"
-    reported = False
-
-    async def finish(outcome: TurnOutcome, failure: str | None) -> None:
-        nonlocal reported
-        if reported:
-            return
-        reported = True
-        dp.metrics.in_flight.labels(turn.service_class).dec()
-        if failure is None:
-            dp.memory.remember(outcome.tool_call_ids, turn.run_id)
-            dp.link.report(
-                pb.TurnEvent(
-                    turn_id=turn.turn_id,
-                    run_id=turn.run_id,
-                    finished=pb.TurnFinished(
-                        usage=pb.Usage(
-                            prompt_tokens=outcome.prompt_tokens,
-                            completion_tokens=outcome.completion_tokens,
-                            cached_tokens=outcome.cached_tokens,
-                        ),
-                        finish_reason=outcome.finish_reason,
-                        paused_on_tool=outcome.paused_on_tool,
-                    ),
-                )
-            )
-            dp.runs.ended(turn.turn_id, paused_on_tool=outcome.paused_on_tool)
-            label = Outcome.PAUSED_ON_TOOL if outcome.paused_on_tool else Outcome.FINISHED
-        else:
-            dp.link.report(
-                pb.TurnEvent(
-                    turn_id=turn.turn_id, run_id=turn.run_id, failed=pb.TurnFailed(reason=failure)
-                )
-            )
-            dp.runs.ended(turn.turn_id, paused_on_tool=False)
-            label = _failure_outcome(failure)
-        dp.metrics.turns.labels(turn.service_class, label.value).inc()
-
-    def first_token() -> None:
-        dp.metrics.ttft.labels(turn.service_class).observe(time.monotonic() - started)
-        dp.link.report(
-            pb.TurnEvent(turn_id=turn.turn_id, run_id=turn.run_id, first_token=pb.FirstToken())
-        )
-
-    run_header = {
-        identity.RUN_HEADER: turn.run_id,
-        identity.REPLICA_HEADER: turn.replica,
+        raw = chat.with_priority(endpoint.class_priority.for_class(record.service_class))
+    reply_headers = {
+        identity.RUN_HEADER: record.run_id,
+        identity.REPLICA_HEADER: record.replica,
         identity.HELD_HEADER: str(round(admitted.held_s * 1000)),
     }
     try:
         response = await _until_disconnect(
             request,
-            dp.http.post(url, data=raw, headers=_engine_headers(dp, request, turn.replica)),
+            dp.http.post(
+                f"{base}/v1/chat/completions",
+                data=raw,
+                headers=_engine_headers(dp, request, record.replica),
+            ),
         )
     except ENGINE_ERRORS as exc:
-        reason = f"engine {turn.replica}: {_describe(exc)}"
-        await finish(TurnOutcome(), reason)
-        return error(502, reason, turn.run_id, {identity.REPLICA_HEADER: turn.replica})
+        raise _engine_error(record.replica, exc) from None
     if response is None:
-        await finish(TurnOutcome(), "client left before the engine answered")
-        return Response(status_code=499)
+        raise ClientLeft("client left before the engine answered")
 
     if response.status != 200:  # D6: engine rejects: status, body, Retry-After unchanged
         try:
@@ -422,130 +400,151 @@ async def _forward_chat(
             content = b""
         finally:
             response.release()
-        await finish(TurnOutcome(), f"engine {turn.replica} answered {response.status}")
-        headers = dict(run_header)
+        headers = dict(reply_headers)
         for name in ("retry-after", "content-type"):
             if name in response.headers:
                 headers[name] = response.headers[name]
-        return Response(content, status_code=response.status, headers=headers)
+        raise EngineRejected(
+            f"engine {record.replica} answered {response.status}",
+            record.replica,
+            response.status,
+            content,
+            headers,
+        )
 
     content_type = response.headers.get("content-type", "application/json")
-    if stream and content_type.startswith("text/event-stream"):
+    if chat.stream and content_type.startswith("text/event-stream"):
         stream_headers = [
             (b"content-type", content_type.encode()),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
-            *((k.encode(), v.encode()) for k, v in run_header.items()),
+            *((k.encode(), v.encode()) for k, v in reply_headers.items()),
         ]
-        tap = SseTap(TurnOutcome(), hide_usage)
-        return RelayStream(response, tap, stream_headers, turn.replica, first_token, finish)
+        # From here the relay owns the turn: its ``finally`` ends it.
+        return RelayStream(response, SseTap(TurnOutcome(), chat.hide_usage), stream_headers, turn)
 
     try:
         whole = await _until_disconnect(request, response.read())
     except ENGINE_ERRORS as exc:
-        reason = f"engine {turn.replica} failed: {_describe(exc)}"
-        await finish(TurnOutcome(), reason)
-        return error(502, reason, turn.run_id, {identity.REPLICA_HEADER: turn.replica})
+        raise EngineFailed(
+            f"engine {record.replica} failed: {_describe(exc)}", record.replica
+        ) from None
     finally:
         if response.content.at_eof():
             response.release()
         else:
             response.close()  # unfinished: drop the connection so the engine stops
     if whole is None:
-        await finish(TurnOutcome(), "client left while the engine was answering")
-        return Response(status_code=499)
+        raise ClientLeft("client left while the engine was answering")
     outcome = TurnOutcome()
-    with contextlib.suppress(ValueError):
-        outcome.read_completion(json.loads(whole))
+    outcome.read_completion_bytes(whole)
     if outcome.first_token:
-        first_token()
-    await finish(outcome, None)
-    return Response(whole, status_code=200, headers={**run_header, "content-type": content_type})
-
-
-def _failure_outcome(failure: str) -> Outcome:
-    if "client left" in failure:
-        return Outcome.CLIENT_LEFT
-    if "mid-stream" in failure or "without [DONE]" in failure:
-        return Outcome.ENGINE_BROKE
-    if " answered " in failure:
-        return Outcome.ENGINE_REJECTED
-    return Outcome.ENGINE_UNREACHABLE
+        turn.first_token()
+    turn.finished(outcome)
+    return Response(whole, status_code=200, headers={**reply_headers, "content-type": content_type})
 
 
 async def _decide(dp: Dataplane, request: Request) -> Response:
     """D7: a single-pass turn to a classifier replica (vLLM ``/classify`` format)."""
-    parsed = await _turn_request(dp, request)
-    if isinstance(parsed, Response):
-        return parsed
-    header_run, body = parsed
-    if "input" not in body:
-        return error(400, "'input' is required (a string or a list of strings)", header_run)
-    model = body.get("model") or (dp.single_pass_models[0] if dp.single_pass_models else "")
-    run_id = header_run or f"decide-{uuid.uuid4().hex}"
-    if not isinstance(model, str) or model not in dp.single_pass_models:
-        return error(404, f"no SinglePass replica serves model '{model}'", run_id)
+    request.state.run_id = None
     try:
-        caller = identity.caller(request.headers, dp.settings.caller_max_bytes)
-    except identity.BadHeader as exc:
-        return error(400, str(exc), run_id)
-    turn_id = f"turn-{uuid.uuid4().hex}"
-    outcome = await _admit(
-        dp,
-        request,
-        pb.AdmitRequest(
-            turn_id=turn_id,
-            run_id=run_id,
-            model=model,
-            service_class=pb.SERVICE_CLASS_INTERACTIVE,
-            caller=caller,
-            kind=pb.ENDPOINT_KIND_SINGLE_PASS,
-        ),
+        _authorize(dp, request)
+        decide = decide_request(await _body(request))
+        header_run = request.headers.get(identity.RUN_HEADER, "").strip()
+        if len(header_run) > identity.MAX_RUN_ID:
+            raise BadRequest(
+                f"{identity.RUN_HEADER} is longer than {identity.MAX_RUN_ID} characters"
+            )
+        run_id = header_run or f"decide-{uuid.uuid4().hex}"
+        request.state.run_id = run_id
+        default = dp.single_pass_models[0] if dp.single_pass_models else ""
+        model = decide.model or default
+        if model not in dp.single_pass_models:
+            raise UnknownModel(f"no SinglePass replica serves model {shown(model)}")
+        try:
+            caller = identity.caller(request.headers, dp.settings.caller_max_bytes)
+        except identity.BadHeader as exc:
+            raise BadRequest(str(exc)) from None
+        turn_id = f"turn-{uuid.uuid4().hex}"
+        admitted = await _admit(
+            dp,
+            request,
+            pb.AdmitRequest(
+                turn_id=turn_id,
+                run_id=run_id,
+                model=model,
+                service_class=pb.SERVICE_CLASS_INTERACTIVE,
+                caller=caller,
+                kind=pb.ENDPOINT_KIND_SINGLE_PASS,
+            ),
+            "interactive",
+        )
+    except TurnError as exc:  # never admitted: nothing to end
+        dp.metrics.turns.labels("interactive", exc.outcome.value).inc()
+        return exc.response(request.state.run_id)
+
+    turn = Turn.admitted(
+        TurnRecord(turn_id, run_id, admitted.replica, model, "interactive", caller),
+        link=dp.link,
+        metrics=dp.metrics,
     )
-    if outcome is None:
-        _abandoned(dp, turn_id, run_id)
-        return Response(status_code=499)
-    if isinstance(outcome, Rejected):
-        return error(404 if outcome.unknown_model else 400, outcome.message, run_id)
-    endpoint = dp.endpoints.get(outcome.replica)
-    base = endpoint.url if endpoint is not None else outcome.url.rstrip("/")
-    dp.link.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted()))
-    payload = {**body, "model": model}
+    try:
+        with owned(turn):
+            return await _classify(dp, request, decide.body, model, turn, admitted)
+    except TurnError as exc:
+        return exc.response(run_id)
+
+
+async def _classify(
+    dp: Dataplane,
+    request: Request,
+    body: dict[str, Any],
+    model: str,
+    turn: Turn,
+    admitted: Admitted,
+) -> Response:
+    replica = turn.record.replica
+    endpoint = dp.endpoints.get(replica)
+    base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
+    try:
+        payload = json.dumps({**body, "model": model}).encode()
+    except RecursionError:
+        raise BadRequest("request body nests too deeply") from None
     try:
         async with dp.http.post(
             f"{base}/classify",
-            data=json.dumps(payload).encode(),
+            data=payload,
             headers={
-                **_engine_headers(dp, request, outcome.replica),
+                **_engine_headers(dp, request, replica),
                 "content-type": "application/json",
             },
         ) as response:
             status, content = response.status, await response.read()
             engine_headers = dict(response.headers)
     except ENGINE_ERRORS as exc:
-        reason = f"engine {outcome.replica}: {_describe(exc)}"
-        dp.link.report(
-            pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(reason=reason))
-        )
-        return error(502, reason, run_id)
-    if status == 200:
-        dp.link.report(pb.TurnEvent(turn_id=turn_id, run_id=run_id, finished=pb.TurnFinished()))
-    else:
-        dp.link.report(
-            pb.TurnEvent(
-                turn_id=turn_id,
-                run_id=run_id,
-                failed=pb.TurnFailed(reason=f"engine answered {status}"),
-            )
-        )
-    headers = {identity.RUN_HEADER: run_id}
+        raise _engine_error(replica, exc) from None
+    headers = {identity.RUN_HEADER: turn.record.run_id}
     for name in ("Retry-After", "Content-Type"):
         if name in engine_headers:
             headers[name.lower()] = engine_headers[name]
+    if status != 200:
+        raise EngineRejected(f"engine answered {status}", replica, status, content, headers)
+    turn.finished(TurnOutcome())
     return Response(content, status_code=status, headers=headers)
 
 
 ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+def _engine_error(replica: str, exc: BaseException) -> TurnError:
+    """An engine request that raised: no connection at all (the replica leaves placement
+    until its probe passes), or a connection that broke before the reply."""
+    message = f"engine {replica}: {_describe(exc)}"
+    if isinstance(
+        exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError | TimeoutError
+    ):
+        return EngineUnreachable(message, replica)
+    return EngineFailed(message, replica)
 
 
 def _describe(exc: BaseException) -> str:

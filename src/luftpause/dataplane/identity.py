@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from luftpause.dataplane.errors import shown
+
 RUN_HEADER = "x-luftpause-run-id"
 CLASS_HEADER = "x-luftpause-class"
 CALLER_HEADER = "x-luftpause-caller"
@@ -19,6 +21,7 @@ CALLER_HEADER = "x-luftpause-caller"
 REPLICA_HEADER = "x-luftpause-replica"
 HELD_HEADER = "x-luftpause-held-ms"
 CLASSES = ("interactive", "batch")
+MAX_RUN_ID = 256  # the scheduler's bound on IDs
 
 
 class BadHeader(ValueError):
@@ -75,8 +78,8 @@ def resolve_run_id(
 ) -> str:
     explicit = headers.get(RUN_HEADER, "").strip()
     if explicit:
-        if len(explicit) > 256:
-            raise BadHeader(f"{RUN_HEADER} is longer than 256 characters")
+        if len(explicit) > MAX_RUN_ID:
+            raise BadHeader(f"{RUN_HEADER} is longer than {MAX_RUN_ID} characters")
         return explicit
     return memory.lookup(echoed_tool_call_ids(body)) or f"run-{uuid.uuid4().hex}"
 
@@ -86,7 +89,7 @@ def service_class(headers: Mapping[str, str]) -> str:
     if not value:
         return "batch"
     if value not in CLASSES:
-        raise BadHeader(f"{CLASS_HEADER} must be 'interactive' or 'batch', got {value!r}")
+        raise BadHeader(f"{CLASS_HEADER} must be 'interactive' or 'batch', got {shown(value)}")
     return value
 
 

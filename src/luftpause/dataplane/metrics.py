@@ -1,23 +1,9 @@
-"""D10: the dataplane's own Prometheus metrics. Outcomes double as labels."""
+"""D10: the dataplane's own Prometheus metrics. ``errors.Outcome`` values are the outcome labels."""
 
 from __future__ import annotations
 
-from enum import Enum
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-
-
-class Outcome(Enum):
-    FINISHED = "finished"
-    PAUSED_ON_TOOL = "paused_on_tool"
-    REJECTED = "rejected"  # unknown model or bad request: never queued
-    ABANDONED = "abandoned"  # client left while held
-    CLIENT_LEFT = "client_left"  # client left after admission
-    ENGINE_UNREACHABLE = "engine_unreachable"
-    ENGINE_REJECTED = "engine_rejected"  # 429 / 5xx
-    ENGINE_BROKE = "engine_broke"  # failed mid-stream
-
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 

@@ -9,7 +9,8 @@ is withheld so the client gets exactly the stream it asked for.
 
 ``RelayStream`` is the ASGI response that streams those bytes, stops the engine
 request when the client leaves, and closes the client connection without
-``[DONE]`` when the engine fails mid-stream (D6).
+``[DONE]`` when the engine fails mid-stream (D6). It owns the turn it is
+handed: whatever happens while streaming, its ``finally`` ends the turn.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from starlette.responses import Response
+
+from luftpause.dataplane.errors import ClientLeft, EngineFailed, InternalError, TurnError
+
+if TYPE_CHECKING:
+    from luftpause.dataplane.turn import Turn
 
 log = logging.getLogger("luftpause.dataplane.relay")
 
@@ -51,6 +56,15 @@ class TurnOutcome:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
             self.cached_tokens = _int(details.get("cached_tokens"))
+
+    def read_completion_bytes(self, raw: bytes) -> None:
+        """Read a non-streamed reply as the engine sent it; a body that is not JSON
+        says nothing (it is still passed on)."""
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return
+        self.read_completion(body)
 
     def read_completion(self, body: Any) -> None:
         """Read a non-streamed ``chat.completion`` body."""
@@ -132,7 +146,7 @@ class SseTap:
                 continue
             try:
                 chunk = json.loads(payload)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(chunk, dict):
                 continue
@@ -151,17 +165,6 @@ def _event_end(buffer: bytes) -> tuple[int, int]:
     return lf, (2 if lf >= 0 else 0)
 
 
-class ClientLeft(Exception):
-    pass
-
-
-class EngineBroke(Exception):
-    pass
-
-
-Finish = Callable[[TurnOutcome, str | None], Awaitable[None]]  # (outcome, failure or None)
-
-
 class RelayStream(Response):
     """An ASGI response relaying an engine's event stream (see the module docstring)."""
 
@@ -170,21 +173,19 @@ class RelayStream(Response):
         engine: aiohttp.ClientResponse,
         tap: SseTap,
         headers: list[tuple[bytes, bytes]],
-        replica: str,
-        on_first_token: Callable[[], None],
-        finish: Finish,
+        turn: Turn,
     ) -> None:
         self.status_code = 200
         self.background = None
         self.engine = engine
         self.tap = tap
         self.raw_headers = headers
-        self.replica = replica
-        self.on_first_token = on_first_token
-        self.finish = finish
+        self.turn = turn
+        self.replica = turn.record.replica
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        failure: str | None = None
+        # Until the relay says otherwise, the turn ended in a bug of ours.
+        failure: TurnError | None = InternalError("the stream relay failed", self.replica)
         relay = asyncio.create_task(self._relay(send))
         watcher = asyncio.create_task(_wait_disconnect(receive))
         try:
@@ -194,10 +195,13 @@ class RelayStream(Response):
             else:
                 relay.cancel()
                 await asyncio.gather(relay, return_exceptions=True)
-                failure = "client left mid-stream"
+                failure = ClientLeft("client left mid-stream")
         except asyncio.CancelledError:
             relay.cancel()
-            failure = "client left mid-stream"
+            failure = ClientLeft("client left mid-stream")
+            raise
+        except Exception:
+            log.exception("relaying the stream of engine %s failed", self.replica)
             raise
         finally:
             watcher.cancel()
@@ -205,10 +209,13 @@ class RelayStream(Response):
                 self.engine.release()  # complete: the connection goes back to the pool
             else:
                 self.engine.close()  # drop the connection: the engine stops generating
-            await self.finish(self.tap.outcome, failure)
+            if failure is None:
+                self.turn.finished(self.tap.outcome)
+            else:
+                self.turn.failed(failure)
 
-    async def _relay(self, send: Any) -> str | None:
-        """Stream until the engine ends. Returns a failure description, or None."""
+    async def _relay(self, send: Any) -> TurnError | None:
+        """Stream until the engine ends. Returns how the turn failed, or None."""
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         outcome = self.tap.outcome
         try:
@@ -218,15 +225,18 @@ class RelayStream(Response):
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 if outcome.first_token and not had_first:
-                    self.on_first_token()
+                    self.turn.first_token()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             # Leave the response incomplete: the connection closes without [DONE].
-            log.warning("engine %s failed mid-stream: %s", self.replica, _describe(exc))
-            return f"engine {self.replica} failed mid-stream: {_describe(exc)}"
+            reason = f"engine {self.replica} failed mid-stream: {_describe(exc)}"
+            log.warning("%s", reason)
+            return EngineFailed(reason, self.replica)
         rest = self.tap.rest()
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         if not outcome.done:
-            return f"engine {self.replica} ended the stream without [DONE]"
+            return EngineFailed(
+                f"engine {self.replica} ended the stream without [DONE]", self.replica
+            )
         return None
 
 

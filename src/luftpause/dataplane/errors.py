@@ -1,0 +1,168 @@
+"""Every way a turn can go wrong, as one small exception tree, and how it ends.
+
+::
+
+    TurnError                  status            outcome (metric label)
+    ├── BadRequest             400               rejected            never admitted
+    ├── Unauthorized           401               rejected            never admitted
+    ├── UnknownModel           404               rejected            never admitted
+    ├── ClientLeft             499 (nobody sees) client_left / abandoned
+    ├── EngineUnreachable      502               engine_unreachable  connect failed: the
+    │                                                                replica leaves placement
+    ├── EngineFailed           502 or a cut      engine_broke        failed after connecting
+    │                          stream
+    ├── EngineRejected         the engine's      engine_rejected     429/5xx passed on as is
+    └── InternalError          500               internal_error      a bug of ours, logged
+                                                                     with its traceback
+
+Each member carries its ``outcome``; nothing recovers an outcome by reading a
+message. ``response(run_id)`` is the one place a turn failure becomes an HTTP
+answer: always ``{"error": {"message": ...}}`` (D6), with ``x-luftpause-run-id``
+when the run is known. Values a client sent are echoed through ``shown`` so a
+megabyte of model name is not sent back whole.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import ClassVar
+
+from starlette.responses import JSONResponse, Response
+
+RUN_HEADER = "x-luftpause-run-id"
+REPLICA_HEADER = "x-luftpause-replica"
+
+
+class Outcome(Enum):
+    """How a turn ended; the ``outcome`` label of ``luftpause_dataplane_turns``."""
+
+    FINISHED = "finished"
+    PAUSED_ON_TOOL = "paused_on_tool"
+    REJECTED = "rejected"  # bad request, bad token or unknown model: never queued
+    ABANDONED = "abandoned"  # client left while held
+    CLIENT_LEFT = "client_left"  # client left after admission
+    ENGINE_UNREACHABLE = "engine_unreachable"  # no connection to the engine
+    ENGINE_REJECTED = "engine_rejected"  # 429 / 5xx
+    ENGINE_BROKE = "engine_broke"  # failed after connecting, e.g. mid-stream
+    INTERNAL_ERROR = "internal_error"  # a bug of ours
+
+
+def error_response(
+    status: int, message: str, run_id: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """The one error shape (D6): ``{"error": {"message": ...}}``."""
+    hdrs = dict(headers or {})
+    if run_id:
+        hdrs[RUN_HEADER] = run_id
+    return JSONResponse({"error": {"message": message}}, status_code=status, headers=hdrs)
+
+
+def shown(value: object, limit: int = 64) -> str:
+    """A client's value as it appears in an error message: quoted, and cut after
+    ``limit`` characters with the full length said."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return repr(text) if isinstance(value, str) else text
+    cut = text[:limit]
+    return f"{cut!r}… ({len(text)} characters)" if isinstance(value, str) else f"{cut}…"
+
+
+class TurnError(Exception):
+    """A turn cannot go on; ``outcome`` says how it ended, ``status`` what the client sees."""
+
+    status: ClassVar[int] = 500
+    outcome: ClassVar[Outcome] = Outcome.INTERNAL_ERROR
+    #: set on a failure that says the replica cannot be reached (fail fast, D6)
+    replica_unreachable: ClassVar[bool] = False
+
+    def __init__(self, message: str, replica: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.replica = replica
+
+    def response(self, run_id: str | None) -> Response:
+        headers = {REPLICA_HEADER: self.replica} if self.replica else None
+        return error_response(self.status, self.message, run_id, headers)
+
+
+class BadRequest(TurnError):
+    status = 400
+    outcome = Outcome.REJECTED
+
+
+class Unauthorized(TurnError):
+    status = 401
+    outcome = Outcome.REJECTED
+
+    def response(self, run_id: str | None) -> Response:
+        resp = super().response(run_id)
+        resp.headers["www-authenticate"] = 'Bearer realm="luftpause"'
+        return resp
+
+
+class UnknownModel(TurnError):
+    status = 404
+    outcome = Outcome.REJECTED
+
+
+class ClientLeft(TurnError):
+    """The client went away: nobody reads the answer (499 in the access log only)."""
+
+    status = 499
+    outcome = Outcome.CLIENT_LEFT
+
+    def response(self, run_id: str | None) -> Response:
+        return Response(status_code=499)
+
+
+class Abandoned(ClientLeft):
+    """The client left while its turn was held: no engine request was made (D4)."""
+
+    outcome = Outcome.ABANDONED
+
+
+class EngineUnreachable(TurnError):
+    """No connection to the engine (refused, connect timeout): reported with
+    ``replica_unreachable`` so the scheduler takes the replica out of placement
+    until a probe finds it healthy again."""
+
+    status = 502
+    outcome = Outcome.ENGINE_UNREACHABLE
+    replica_unreachable = True
+
+
+class EngineFailed(TurnError):
+    """The engine was reached but its reply broke off (before or during the stream)."""
+
+    status = 502
+    outcome = Outcome.ENGINE_BROKE
+
+
+class EngineRejected(TurnError):
+    """The engine answered with an error status: passed on unchanged (D6)."""
+
+    outcome = Outcome.ENGINE_REJECTED
+
+    def __init__(
+        self,
+        message: str,
+        replica: str,
+        engine_status: int,
+        content: bytes,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(message, replica)
+        self.engine_status = engine_status
+        self.content = content
+        self.headers = headers
+
+    def response(self, run_id: str | None) -> Response:
+        headers = dict(self.headers)
+        if run_id:
+            headers[RUN_HEADER] = run_id
+        return Response(self.content, status_code=self.engine_status, headers=headers)
+
+
+class InternalError(TurnError):
+    status = 500
+    outcome = Outcome.INTERNAL_ERROR

@@ -1,0 +1,135 @@
+"""``Turn``: the one owner of an admitted turn's lifetime.
+
+A turn admitted by the scheduler holds a slot there, an entry in the run table
+(what a resync re-sends) and a place in the in-flight gauge. All three are
+given back in exactly one place, ``Turn.end``, which runs once whatever
+happens: the reply finished, the engine failed, the client left, or our own
+code raised. The routes open a turn with ``Turn.admitted`` and either end it
+themselves or hand it to the stream relay, whose ``finally`` ends it; the
+``owned`` context manager ends any turn still open when the work around it
+raises, with the outcome the exception carries (``errors.TurnError``) or
+``internal_error`` for anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause.dataplane.errors import ClientLeft, InternalError, Outcome, TurnError
+from luftpause.dataplane.identity import ToolCallMemory
+from luftpause.dataplane.metrics import Metrics
+from luftpause.dataplane.relay import TurnOutcome
+from luftpause.dataplane.runs import RunTable, TurnRecord
+from luftpause.dataplane.scheduler_link import SchedulerLink
+
+log = logging.getLogger("luftpause.dataplane")
+
+
+class Turn:
+    """An admitted turn (see the module docstring)."""
+
+    def __init__(
+        self,
+        record: TurnRecord,
+        *,
+        link: SchedulerLink,
+        metrics: Metrics,
+        runs: RunTable | None,
+        memory: ToolCallMemory | None,
+    ) -> None:
+        self.record = record
+        self._link = link
+        self._metrics = metrics
+        self._runs = runs  # None: a single-pass turn, which never enters run state (S13)
+        self._memory = memory
+        self.started_at = time.monotonic()
+        self.ended: Outcome | None = None
+
+    @classmethod
+    def admitted(
+        cls,
+        record: TurnRecord,
+        *,
+        link: SchedulerLink,
+        metrics: Metrics,
+        runs: RunTable | None = None,
+        memory: ToolCallMemory | None = None,
+    ) -> Turn:
+        """Take over a turn the scheduler just admitted: from here on it must end once."""
+        turn = cls(record, link=link, metrics=metrics, runs=runs, memory=memory)
+        if runs is not None:
+            runs.admitted(record)
+            runs.started(record.turn_id)
+        metrics.in_flight.labels(record.service_class).inc()
+        turn._report(started=pb.TurnStarted())
+        return turn
+
+    def first_token(self) -> None:
+        if self.ended is None:
+            self._metrics.ttft.labels(self.record.service_class).observe(
+                time.monotonic() - self.started_at
+            )
+            self._report(first_token=pb.FirstToken())
+
+    def finished(self, outcome: TurnOutcome) -> None:
+        """The engine's reply ended well."""
+        if self.ended is not None:
+            return
+        paused = outcome.paused_on_tool
+        if self._memory is not None:
+            self._memory.remember(outcome.tool_call_ids, self.record.run_id)
+        self._report(
+            finished=pb.TurnFinished(
+                usage=pb.Usage(
+                    prompt_tokens=outcome.prompt_tokens,
+                    completion_tokens=outcome.completion_tokens,
+                    cached_tokens=outcome.cached_tokens,
+                ),
+                finish_reason=outcome.finish_reason,
+                paused_on_tool=paused,
+            )
+        )
+        self._end(Outcome.PAUSED_ON_TOOL if paused else Outcome.FINISHED, paused_on_tool=paused)
+
+    def failed(self, error: TurnError) -> None:
+        """The turn failed after admission: its slot is freed and its run left idle (D5)."""
+        if self.ended is not None:
+            return
+        self._report(
+            failed=pb.TurnFailed(
+                reason=error.message, replica_unreachable=error.replica_unreachable
+            )
+        )
+        self._end(error.outcome, paused_on_tool=False)
+
+    def _end(self, outcome: Outcome, *, paused_on_tool: bool) -> None:
+        self.ended = outcome
+        if self._runs is not None:
+            self._runs.ended(self.record.turn_id, paused_on_tool=paused_on_tool)
+        self._metrics.in_flight.labels(self.record.service_class).dec()
+        self._metrics.turns.labels(self.record.service_class, outcome.value).inc()
+
+    def _report(self, **event: object) -> None:
+        self._link.report(
+            pb.TurnEvent(turn_id=self.record.turn_id, run_id=self.record.run_id, **event)  # type: ignore[arg-type]
+        )
+
+
+@contextlib.contextmanager
+def owned(turn: Turn) -> Iterator[Turn]:
+    """End ``turn`` if the work inside raises before ending it or handing it on."""
+    try:
+        yield turn
+    except TurnError as exc:
+        turn.failed(exc)
+        raise
+    except BaseException as exc:  # cancellation included: the client left
+        if isinstance(exc, Exception):
+            turn.failed(InternalError(f"internal error: {type(exc).__name__}"))
+        else:
+            turn.failed(ClientLeft("client left"))
+        raise
