@@ -313,8 +313,14 @@ def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
     )
 
 
+def _named_run(request: Request) -> str | None:
+    """The run the client named (D2), if usable: what an early error answers with."""
+    run_id = request.headers.get(identity.RUN_HEADER, "").strip()
+    return run_id if 0 < len(run_id) <= identity.MAX_RUN_ID else None
+
+
 async def _chat(dp: Dataplane, request: Request) -> Response:
-    request.state.run_id = None
+    request.state.run_id = _named_run(request)
     cls = "batch"
     try:
         _authorize(dp, request)
@@ -446,7 +452,7 @@ async def _forward_chat(
 
 async def _decide(dp: Dataplane, request: Request) -> Response:
     """D7: a single-pass turn to a classifier replica (vLLM ``/classify`` format)."""
-    request.state.run_id = None
+    request.state.run_id = _named_run(request)
     try:
         _authorize(dp, request)
         decide = decide_request(await _body(request))

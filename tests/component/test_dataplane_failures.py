@@ -1,0 +1,238 @@
+"""Nothing lost to a bad request or a dying peer (D4–D6, D9, S2, S9, S10, S11).
+
+Each test is named after the behaviour it pins down. After every bad request or
+failure, ``nothing_in_flight`` checks the three places an admitted turn lives:
+the scheduler's state, the dataplane's run table (what a resync re-sends) and
+its gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from _dataplane_stack import COMPLETION, Stack, chat, settle
+
+from luftpause.dataplane import relay
+from luftpause.scheduler.core import ReplicaProbed
+
+CHAT = "/v1/chat/completions"
+
+
+async def nothing_in_flight(stack: Stack) -> None:
+    """No admitted or held turn anywhere: scheduler, run table, gauges."""
+    registry = stack.dp.metrics.registry
+
+    def gauge(name: str, cls: str) -> float:
+        return registry.get_sample_value(name, {"service_class": cls}) or 0.0
+
+    await settle(
+        stack.host,
+        lambda: (
+            not stack.host.state.turns
+            and not stack.host.state.held
+            and all(r.in_flight == 0 for r in stack.host.state.replicas.values())
+        ),
+    )
+    assert not stack.dp.runs.turns
+    assert all(not run.in_flight for run in stack.dp.runs.runs.values())
+    assert not stack.dp.link.snapshot().in_flight  # a resync would re-adopt nothing
+    for cls in ("interactive", "batch"):
+        assert gauge("luftpause_dataplane_turns_in_flight", cls) == 0
+        assert gauge("luftpause_dataplane_turns_held", cls) == 0
+
+
+def outcomes(stack: Stack) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for metric in stack.dp.metrics.registry.collect():
+        if metric.name == "luftpause_dataplane_turns":
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    key = sample.labels["outcome"]
+                    found[key] = found.get(key, 0) + sample.value
+    return found
+
+
+@pytest.mark.parametrize("options", [[1], "abc", 5, True, {"include_usage": "yes"}])
+async def test_malformed_stream_options_is_a_400_naming_it_and_takes_no_slot(
+    stack: Stack, options: object
+) -> None:
+    """D6, S10: a streamed turn whose ``stream_options`` is not an object (or whose
+    include_usage is not a boolean) is refused before admission with a 400 naming the
+    field; no slot is taken, nothing reaches the engine, no resync re-adopts it."""
+    resp = await stack.client.post(
+        CHAT, json=chat(stream=True, stream_options=options), headers={"x-luftpause-run-id": "r"}
+    )
+    assert resp.status_code == 400
+    assert "'stream_options" in resp.json()["error"]["message"]
+    assert resp.headers["x-luftpause-run-id"] == "r"
+    assert not stack.engine.seen
+    await nothing_in_flight(stack)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (chat(messages=["hi"]), "'messages[0]'"),
+        (chat(stream="yes"), "'stream'"),
+        (chat(priority="high"), "'priority'"),
+        (chat(priority=True), "'priority'"),
+        (chat(model=5), "'model'"),
+        (chat(model=""), "'model'"),
+    ],
+)
+async def test_every_field_the_proxy_reads_is_validated_before_admission(
+    stack: Stack, body: dict[str, object], field: str
+) -> None:
+    """D6: fields the proxy reads or rewrites are checked first: a 400 naming the field."""
+    resp = await stack.client.post(CHAT, json=body)
+    assert resp.status_code == 400 and field in resp.json()["error"]["message"]
+    assert not stack.engine.seen
+    await nothing_in_flight(stack)
+
+
+async def test_a_body_that_is_not_utf8_is_a_400(stack: Stack) -> None:
+    """D6: JSON travels as UTF-8; anything else is named, not a 500."""
+    resp = await stack.client.post(CHAT, content=json.dumps(chat()).encode("utf-16"))
+    assert resp.status_code == 400 and "UTF-8" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route", [CHAT, "/v1/decide"])
+async def test_deeply_nested_json_is_a_400_on_both_turn_routes(stack: Stack, route: str) -> None:
+    """D6: a body nested past what the parser takes is a JSON 400, never a 500."""
+    deep = b'{"model": "m", "messages": [], "input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    resp = await stack.client.post(route, content=deep)
+    assert resp.status_code == 400
+    assert "nests too deeply" in resp.json()["error"]["message"]
+    await nothing_in_flight(stack)
+
+
+async def test_a_body_too_deep_to_rewrite_is_a_400_before_admission(stack: Stack) -> None:
+    """D6: a body the parser takes but that is too deep to serialise again (the proxy
+    must add include_usage to the client's stream_options) is refused before admission."""
+    nested = "[" * 990 + "]" * 990
+    raw = (
+        '{"model": "m", "messages": [{"role": "user", "content": ' + nested + "}],"
+        ' "stream": true, "stream_options": {}}'
+    ).encode()
+    resp = await stack.client.post(CHAT, content=raw)
+    assert resp.status_code == 400 and "nests too deeply" in resp.json()["error"]["message"]
+    await nothing_in_flight(stack)
+
+
+async def test_an_unexpected_exception_after_admission_is_a_json_500_and_ends_the_turn(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D6, D5: a bug of ours after admission still ends the turn exactly once (reported
+    failed, slot freed) and the client gets a JSON 500 with the run ID."""
+
+    def broken_post(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(stack.dp.http, "post", broken_post)
+    resp = await stack.client.post(CHAT, json=chat(), headers={"x-luftpause-run-id": "r"})
+    assert resp.status_code == 500
+    assert resp.json() == {"error": {"message": "internal error in the dataplane (logged)"}}
+    assert resp.headers["x-luftpause-run-id"] == "r"
+    await nothing_in_flight(stack)
+    assert outcomes(stack) == {"internal_error": 1}
+
+
+async def test_an_exception_inside_the_stream_relay_still_ends_the_turn(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D5, D6: the stream relay owns its turn: if relaying raises, the turn still ends."""
+
+    def broken_feed(self: relay.SseTap, data: bytes) -> bytes:
+        raise RuntimeError("a bug")
+
+    stack.engine.reply = lambda r: httpx.Response(
+        200, content=b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"}
+    )
+    monkeypatch.setattr(relay.SseTap, "feed", broken_feed)
+    with pytest.raises(RuntimeError):  # the in-process transport re-raises the app's error
+        await stack.client.post(CHAT, json=chat(stream=True))
+    await nothing_in_flight(stack)
+    assert outcomes(stack) == {"internal_error": 1}
+
+
+async def test_a_refused_connection_takes_the_replica_out_until_a_probe(stack: Stack) -> None:
+    """D6, S9: a turn whose engine refuses the connection takes the replica out of
+    placement at once: the next turn waits instead of failing on the dead engine, and a
+    healthy probe brings the replica back."""
+    await stack.engine.stop()
+    first = await stack.client.post(CHAT, json=chat())
+    assert first.status_code == 502
+    await settle(stack.host, lambda: not stack.host.state.replicas["engine-a"].healthy)
+    second = asyncio.ensure_future(stack.client.post(CHAT, json=chat()))
+    await settle(stack.host, lambda: bool(stack.host.state.held))
+    assert not second.done()
+    await stack.engine.start()  # back, on a new port
+    stack.dp.endpoints["engine-a"] = stack.dp.endpoints["engine-a"].model_copy(
+        update={"url": stack.engine.url}
+    )
+    await stack.host.apply(lambda at: ReplicaProbed(at=at, replica="engine-a", healthy=True))
+    resp = await asyncio.wait_for(second, 5)
+    assert resp.status_code == 200
+    await nothing_in_flight(stack)
+    assert outcomes(stack) == {"engine_unreachable": 1, "finished": 1}
+
+
+async def test_held_ms_counts_the_whole_wait_through_a_scheduler_outage(stack: Stack) -> None:
+    """D4, S11: ``x-luftpause-held-ms`` is all the time the dataplane held the turn,
+    including a scheduler outage (the scheduler's own count starts again on retry)."""
+    await stack.stop_scheduler()
+    await settle(stack.host, lambda: not stack.dp.link.ready.is_set())
+    waiting = asyncio.ensure_future(stack.client.post(CHAT, json=chat()))
+    await asyncio.sleep(1.0)
+    await stack.start_scheduler()
+    resp = await asyncio.wait_for(waiting, 10)
+    assert resp.status_code == 200
+    assert int(resp.headers["x-luftpause-held-ms"]) >= 1000
+
+
+@pytest.mark.parametrize("stack", ["s3cret"], indirect=True)
+async def test_the_bearer_scheme_is_case_insensitive(stack: Stack) -> None:
+    """D9: HTTP auth schemes are case-insensitive; a wrong scheme or token is a 401 with
+    ``WWW-Authenticate``."""
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        ok = await stack.client.post(
+            CHAT, json=chat(), headers={"authorization": f"{scheme} s3cret"}
+        )
+        assert ok.status_code == 200, scheme
+    for value in ("Basic s3cret", "Bearer s3cre", "Bearers3cret", ""):
+        denied = await stack.client.post(CHAT, json=chat(), headers={"authorization": value})
+        assert denied.status_code == 401, value
+        assert denied.headers["www-authenticate"].startswith("Bearer")
+    await nothing_in_flight(stack)
+
+
+async def test_values_echoed_in_error_messages_are_truncated(stack: Stack) -> None:
+    """D6: a client's value quoted in an error is cut short, its length said."""
+    huge = "m" * 1_000_000
+    resp = await stack.client.post(CHAT, json=chat(model=huge))
+    assert resp.status_code == 404
+    message = resp.json()["error"]["message"]
+    assert len(message) < 200 and "1000000 characters" in message
+    bad_class = await stack.client.post(
+        CHAT, json=chat(), headers={"x-luftpause-class": "x" * 10_000}
+    )
+    assert bad_class.status_code == 400 and len(bad_class.json()["error"]["message"]) < 200
+
+
+async def test_a_good_turn_after_bad_ones_finds_every_slot(stack: Stack) -> None:
+    """D6, S5: bad requests cost nothing: afterwards the caller counts nothing in flight
+    and a good turn goes straight through."""
+    for options in ([1], "abc", 5, True):
+        await stack.client.post(
+            CHAT,
+            json=chat(stream=True, stream_options=options),
+            headers={"x-luftpause-caller": "a"},
+        )
+    assert not stack.host.state.caller_in_flight
+    stack.engine.reply = lambda r: httpx.Response(200, json=COMPLETION)
+    ok = await stack.client.post(CHAT, json=chat(), headers={"x-luftpause-caller": "a"})
+    assert ok.status_code == 200
+    await nothing_in_flight(stack)
