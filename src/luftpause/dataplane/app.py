@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import functools
 import hmac
-import json
 import logging
 import time
 import uuid
@@ -467,6 +466,7 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
         model = decide.model or default
         if model not in dp.single_pass_models:
             raise UnknownModel(f"no SinglePass replica serves model {shown(model)}")
+        payload = decide.engine_body(model)
         try:
             caller = identity.caller(request.headers, dp.settings.caller_max_bytes)
         except identity.BadHeader as exc:
@@ -496,7 +496,7 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
     )
     try:
         with owned(turn):
-            return await _classify(dp, request, decide.body, model, turn, admitted)
+            return await _classify(dp, request, payload, turn, admitted)
     except TurnError as exc:
         return exc.response(run_id)
 
@@ -504,18 +504,13 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
 async def _classify(
     dp: Dataplane,
     request: Request,
-    body: dict[str, Any],
-    model: str,
+    payload: bytes,
     turn: Turn,
     admitted: Admitted,
 ) -> Response:
     replica = turn.record.replica
     endpoint = dp.endpoints.get(replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
-    try:
-        payload = json.dumps({**body, "model": model}).encode()
-    except RecursionError:
-        raise BadRequest("request body nests too deeply") from None
     try:
         async with dp.http.post(
             f"{base}/classify",

@@ -45,6 +45,13 @@ class DecideRequest:
     body: dict[str, Any]
     model: str | None  # None: the first single-pass model
 
+    def engine_body(self, model: str) -> bytes:
+        """The body the classifier gets: the client's, with the model it was routed by."""
+        try:
+            return json.dumps({**self.body, "model": model}).encode()
+        except RecursionError:
+            raise BadRequest("request body nests too deeply") from None
+
 
 def parse_object(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or ``BadRequest`` saying why not."""
