@@ -48,8 +48,12 @@ class Stack:
         return 0.0
 
 
-def write_config(path: Path, engines: dict[str, str], extra: str = "") -> Path:
-    text = "[scheduler]\nprobe_period_s = 0.2\n[dataplane]\nreport_reconnect_s = 0.2\n"
+def write_config(
+    path: Path, engines: dict[str, str], extra: str = "", probe_period_s: float = 0.2
+) -> Path:
+    text = (
+        f"[scheduler]\nprobe_period_s = {probe_period_s}\n[dataplane]\nreport_reconnect_s = 0.2\n"
+    )
     for name, url in engines.items():
         text += (
             f'[[endpoints]]\nname = "{name}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
@@ -66,6 +70,7 @@ def start_stack(
     engines: tuple[str, ...] = ("engine-a", "engine-b"),
     extra_config: str = "",
     dataplane_env: dict[str, str] | None = None,
+    probe_period_s: float = 0.2,
 ) -> Stack:
     started = {
         name: services.start(
@@ -82,7 +87,10 @@ def start_stack(
         for name in engines
     }
     config = write_config(
-        tmp / "stack.toml", {n: s.urls["http"] for n, s in started.items()}, extra_config
+        tmp / "stack.toml",
+        {n: s.urls["http"] for n, s in started.items()},
+        extra_config,
+        probe_period_s,
     )
     sched = services.start("scheduler", "--config", str(config), "--port", "0", "--http-port", "0")
     dp = services.start(
