@@ -141,6 +141,9 @@ class SchedulerSettings(_Frozen):
     clock_tick_s: Seconds = 1.0  # S10
     turn_timeout_s: Seconds = 600.0  # a turn never reported finished is dropped (S10)
     run_idle_expiry_s: Seconds = 1800.0  # a run with no turn is forgotten (S10)
+    # S11: a dataplane whose report stream ended and that does not come back within this
+    # has its admitted turns released (it died, or restarted under another ID)
+    dataplane_grace_s: Seconds = 15.0
     cap_raise_step: Annotated[int, Field(ge=1)] = 1  # S2: slots added per quiet probe at the cap
     queue_probes: Annotated[int, Field(ge=1)] = 2  # S2: probes in a row with a queue to cap
     # Prefix keeping (docs/scheduling.md): continuing turns first (after S5), new batch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import httpx
@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler.core import (
+    ClockTicked,
     EndpointKind,
     Params,
     ReplicaProbed,
@@ -301,3 +302,29 @@ async def test_status_json_shows_replicas_held_and_runs(sched: Sched) -> None:
     assert body["runs"]["generating"]["batch"] == 2
     assert body["counters"]["admitted"] >= 2
     held.cancel()
+
+
+async def test_turns_of_a_dataplane_that_stops_reporting_are_released_after_its_grace(
+    sched: Sched,
+) -> None:
+    """S11: a dataplane's report stream names it. When the stream ends and the dataplane
+    does not come back (it died, or restarted under another ID), its admitted turns are
+    released once the grace has passed; a turn of another dataplane is untouched."""
+    state = sched.host.state
+    sched.host.state = replace(state, params=replace(state.params, dataplane_grace_s=0.5))
+    for turn, dp in (("t1", "dp-dead"), ("t2", "dp-alive")):
+        req = admit_req(turn, f"run-{turn}")
+        req.dataplane_id = dp
+        await sched.stub.Admit(req)
+
+    async def events() -> AsyncIterator[pb.ReportBatch]:
+        yield pb.ReportBatch()
+        await asyncio.sleep(0.2)
+
+    call = sched.stub.Report(events(), metadata=(("luftpause-dataplane-id", "dp-dead"),))
+    await call  # the stream ends: the dataplane is gone
+    assert set(sched.host.state.turns) == {"t1", "t2"}  # within the grace: still counted
+    await asyncio.sleep(0.6)
+    await sched.host.apply(lambda at: ClockTicked(at=at))
+    assert set(sched.host.state.turns) == {"t2"}
+    assert sched.host.counters.get("dropped_released") == 1

@@ -15,6 +15,8 @@ from luftpause.scheduler.core import (
     Action,
     Admit,
     ClockTicked,
+    DataplaneConnected,
+    DataplaneDisconnected,
     DataplaneResynced,
     DropReason,
     DropTurn,
@@ -1142,6 +1144,47 @@ def test_s11_resync_releases_missing_turns_of_that_dataplane_only() -> None:
 # ===================================================================== S13
 
 
+def test_s11_turns_of_a_dataplane_that_never_comes_back_are_released() -> None:
+    """S11: when a dataplane stops reporting, its admitted turns stay counted for the
+    grace, then are released (slots freed, runs idle, held turns admitted); another
+    dataplane's turns are untouched."""
+    sim = Sim(gen("a"), params=replace(SPEC_RULES, dataplane_grace_s=15.0))
+    capped(sim, "a", 2)
+    sim.req("t1", "r1", dp="dead")
+    sim.req("t2", "r2", dp="alive")
+    assert sim.req("t3", "r3", dp="alive") == ()  # held: a is full
+    sim(DataplaneDisconnected(sim.t, "dead"))
+    assert sim.tick(14.0) == ()
+    assert sim.view()["dataplanes_lost"] == {"dead": 1.0}
+    acts = sim.tick(15.0)
+    assert [a for a in acts if isinstance(a, DropTurn)] == [
+        DropTurn("t1", "a", DropReason.RELEASED)
+    ]
+    assert admits(acts) == {"t3": "a"}
+    assert sim.state.runs["r1"].phase is RunPhase.IDLE
+    assert set(sim.state.turns) == {"t2", "t3"}
+
+
+def test_s11_a_dataplane_back_within_its_grace_keeps_its_turns() -> None:
+    """S11: a dataplane whose report stream reopens (or that resyncs) within the grace
+    keeps its turns; only a later loss starts a new grace."""
+    sim = Sim(gen("a"), params=replace(SPEC_RULES, dataplane_grace_s=15.0))
+    sim.probe("a")
+    sim.req("t1", "r1", dp="x")
+    sim(DataplaneDisconnected(sim.t, "x"))
+    sim.t = 1.0
+    sim(DataplaneConnected(sim.t, "x"))
+    assert sim.tick(30.0) == ()
+    sim(DataplaneDisconnected(sim.t, "x"))
+    sim(
+        DataplaneResynced(
+            sim.t, "x", in_flight=(TurnSnapshot("t1", "r1", "a", "m", BAT, "c", started=True),)
+        )
+    )
+    assert sim.tick(60.0) == ()
+    assert set(sim.state.turns) == {"t1"}
+
+
 def test_s13_single_pass_turns_bypass_generative_slots() -> None:
     """S13: single-pass turns go to single-pass replicas at once even when every
     generative replica is full, and never enter run state or caller counts."""
@@ -1338,7 +1381,9 @@ def test_status_view_shape() -> None:
         "runs",
         "runs_total",
         "callers_in_flight",
+        "dataplanes_lost",
     }
+    assert v["dataplanes_lost"] == {}
     assert [r["name"] for r in v["replicas"]] == ["a", "sp"]
     a = v["replicas"][0]
     assert a == {

@@ -48,7 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dataplane-id",
-        help="stable name of this dataplane for resync (default: hostname:port)",
+        help=(
+            "stable name of this dataplane for resync: give a restarted dataplane the same "
+            "name to keep its turns (printable ASCII, at most 128 characters; "
+            "default: hostname:port)"
+        ),
     )
 
 
@@ -58,6 +62,10 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
     clock = time.monotonic
     runs = RunTable(clock, settings.run_idle_prune_s)
     dataplane_id = args.dataplane_id or f"{socket.gethostname()}:{port}"
+    if not (0 < len(dataplane_id) <= 128 and dataplane_id.isascii() and dataplane_id.isprintable()):
+        raise ConfigError(
+            f"--dataplane-id must be 1..128 printable ASCII characters, got {dataplane_id[:64]!r}"
+        )
     link = SchedulerLink(
         args.scheduler or settings.scheduler, dataplane_id, runs, settings.report_reconnect_s
     )

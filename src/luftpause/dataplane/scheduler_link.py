@@ -33,6 +33,9 @@ _PHASE = {
     PAUSED_ON_TOOL: pb.RUN_PHASE_PAUSED_ON_TOOL,
 }
 _STOP = object()
+# Names this dataplane on its report stream, so that a scheduler can release the turns
+# of a dataplane whose stream ended and never came back (S11).
+DATAPLANE_ID_KEY = "luftpause-dataplane-id"
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ class SchedulerLink:
         self.on_state_change(True)
         up, self._link_up = self._link_up, asyncio.Event()
         up.set()
-        call = self.stub.Report(self._events())
+        call = self.stub.Report(self._events(), metadata=((DATAPLANE_ID_KEY, self.dataplane_id),))
         self._report_call = call
         try:
             await call

@@ -10,6 +10,8 @@ from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun,
 from luftpause.scheduler.core.decide import decide
 from luftpause.scheduler.core.events import (
     ClockTicked,
+    DataplaneConnected,
+    DataplaneDisconnected,
     DataplaneResynced,
     Event,
     FirstTokenReceived,
@@ -38,6 +40,8 @@ __all__ = [
     "Action",
     "Admit",
     "ClockTicked",
+    "DataplaneConnected",
+    "DataplaneDisconnected",
     "DataplaneResynced",
     "DropReason",
     "DropTurn",

@@ -58,6 +58,13 @@ could not connect to its replica (``TurnFailed.replica_unreachable``) clears it
 at once, so the next turns do not follow the dead replica until its probe
 fails. The next healthy probe restores it.
 
+A dataplane that dies (S11): when its last report stream ends, its admitted
+turns stay counted for ``Params.dataplane_grace_s``; a dataplane that
+reconnects or resyncs by then keeps them. After that they are released, as a
+resync would release turns its dataplane no longer lists: the process died, or
+came back under another ID and will never list them. A dataplane that returns
+later still re-adopts what it lists.
+
 Expiry (S10) uses deadline buckets keyed by whole seconds and checked lazily:
 an entry whose turn ended, or whose run was active since, is skipped.
 
@@ -76,6 +83,8 @@ from immutables import Map
 from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject
 from luftpause.scheduler.core.events import (
     ClockTicked,
+    DataplaneConnected,
+    DataplaneDisconnected,
     DataplaneResynced,
     Event,
     FirstTokenReceived,
@@ -136,6 +145,12 @@ def decide(state: State, event: Event) -> tuple[State, tuple[Action, ...]]:
             tx.on_tick()
         case DataplaneResynced():
             tx.on_resynced(event)
+        case DataplaneConnected():
+            tx.dataplane_back(event.dataplane_id)
+        case DataplaneDisconnected():
+            tx.lost_dataplanes = tx.lost_dataplanes.set(
+                event.dataplane_id, tx.now + tx.params.dataplane_grace_s
+            )
     tx.fill_dirty()
     return tx.freeze(), tuple(tx.actions)
 
@@ -149,6 +164,7 @@ class _Tx:
         "dirty",
         "held",
         "held_by_run",
+        "lost_dataplanes",
         "now",
         "params",
         "queues",
@@ -181,6 +197,7 @@ class _Tx:
         self.turn_deadlines = s.turn_deadlines
         self.run_deadlines = s.run_deadlines
         self.swept_until = s.swept_until
+        self.lost_dataplanes = s.lost_dataplanes
         self.actions: list[Action] = []
         self.dirty: set[str] = set()
 
@@ -202,6 +219,7 @@ class _Tx:
             turn_deadlines=self.turn_deadlines,
             run_deadlines=self.run_deadlines,
             swept_until=self.swept_until,
+            lost_dataplanes=self.lost_dataplanes,
         )
 
     # ------------------------------------------------------------------ requests
@@ -769,6 +787,10 @@ class _Tx:
     # ------------------------------------------------------------------ expiry
 
     def on_tick(self) -> None:
+        for dataplane_id, due in sorted(self.lost_dataplanes.items()):
+            if due <= self.now:  # S11: it never came back: its turns end here
+                self.lost_dataplanes = self.lost_dataplanes.delete(dataplane_id)
+                self._release_turns_of(dataplane_id, keep=frozenset())
         until = int(self.now)
         if until <= self.swept_until:
             return
@@ -798,16 +820,8 @@ class _Tx:
 
     def on_resynced(self, ev: DataplaneResynced) -> None:
         """S11: adopt a dataplane's view of its runs and admitted turns."""
-        listed = {t.turn_id for t in ev.in_flight}
-        stale = sorted(
-            t.turn_id
-            for t in self.turns.values()
-            if t.dataplane_id == ev.dataplane_id and t.turn_id not in listed
-        )
-        for turn_id in stale:
-            turn = self.end_turn(turn_id, paused_on_tool=False)
-            if turn is not None:
-                self.actions.append(DropTurn(turn_id, turn.replica, DropReason.RELEASED))
+        self.dataplane_back(ev.dataplane_id)
+        self._release_turns_of(ev.dataplane_id, keep=frozenset(t.turn_id for t in ev.in_flight))
         per_run: dict[str, int] = {}
         for turn in self.turns.values():
             if turn.kind is EndpointKind.GENERATIVE:
@@ -858,6 +872,24 @@ class _Tx:
                 self._unhold(stale_held)
             self._adopt_turn(t, ev.dataplane_id, rep)
         self.dirty.update(self.replicas.keys())
+
+    def dataplane_back(self, dataplane_id: str) -> None:
+        """A dataplane reports again (or resynced): its turns are its own again."""
+        if dataplane_id in self.lost_dataplanes:
+            self.lost_dataplanes = self.lost_dataplanes.delete(dataplane_id)
+
+    def _release_turns_of(self, dataplane_id: str, keep: frozenset[str]) -> None:
+        """End the admitted turns of ``dataplane_id`` not in ``keep``: the dataplane no
+        longer has them (resync) or is gone (its grace ran out)."""
+        stale = sorted(
+            t.turn_id
+            for t in self.turns.values()
+            if t.dataplane_id == dataplane_id and t.turn_id not in keep
+        )
+        for turn_id in stale:
+            turn = self.end_turn(turn_id, paused_on_tool=False)
+            if turn is not None:
+                self.actions.append(DropTurn(turn_id, turn.replica, DropReason.RELEASED))
 
     def _adopt_turn(self, t: TurnSnapshot, dataplane_id: str, rep: ReplicaState) -> None:
         deadline = self.now + self.params.turn_timeout_s

@@ -141,6 +141,24 @@ class DataplaneResynced:
     in_flight: tuple[TurnSnapshot, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class DataplaneConnected:
+    """S11: a dataplane's report stream opened (it is alive and reporting)."""
+
+    at: float
+    dataplane_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DataplaneDisconnected:
+    """S11: a dataplane's last report stream ended. Its admitted turns stay counted for
+    ``Params.dataplane_grace_s``; if it neither reconnects nor resyncs by then, they are
+    released (the process died, or came back under another ID)."""
+
+    at: float
+    dataplane_id: str
+
+
 Event = (
     TurnRequested
     | TurnAbandoned
@@ -152,4 +170,6 @@ Event = (
     | ReplicaProbed
     | ClockTicked
     | DataplaneResynced
+    | DataplaneConnected
+    | DataplaneDisconnected
 )

@@ -175,6 +175,8 @@ class State:
     turn_deadlines: Map[int, Map[str, None]]  # whole second -> admitted turn IDs due then
     run_deadlines: Map[int, Map[str, None]]  # whole second -> run IDs that may expire then
     swept_until: int  # deadline buckets up to this second have been processed
+    # S11: dataplanes whose report stream ended -> when their admitted turns are released
+    lost_dataplanes: Map[str, float] = field(default_factory=Map)
 
 
 def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float = 0.0) -> State:

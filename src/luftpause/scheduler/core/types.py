@@ -61,6 +61,10 @@ class Params:
     """Policy constants (SPEC constants table); all times in seconds."""
 
     turn_timeout_s: float = 600.0  # S10
+    # S11: how long the admitted turns of a dataplane whose report stream ended stay
+    # counted while it does not reconnect; then they are released (it died, or came back
+    # under another ID). A dataplane that reconnects later re-adopts them by resync.
+    dataplane_grace_s: float = 15.0
     run_idle_expiry_s: float = 1800.0  # S10
     cap_raise_step: int = 1  # S2: slots added per quiet probe while running at the cap
     queue_probes: int = 2  # S2: consecutive probes with a queue before the cap is set

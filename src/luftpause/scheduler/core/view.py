@@ -54,4 +54,8 @@ def status(state: State, now: float) -> dict[str, Any]:
         "runs": {phase: dict(sorted(v.items())) for phase, v in sorted(runs.items())},
         "runs_total": len(state.runs),
         "callers_in_flight": dict(sorted(state.caller_in_flight.items())),
+        # S11: dataplanes that stopped reporting -> seconds until their turns are released
+        "dataplanes_lost": {
+            dp: round(max(0.0, due - now), 3) for dp, due in sorted(state.lost_dataplanes.items())
+        },
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -12,19 +13,22 @@ from grpc_health.v1._async import HealthServicer
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from luftpause.scheduler.core import Event, RunEnded
+from luftpause.scheduler.core import DataplaneConnected, DataplaneDisconnected, Event, RunEnded
 from luftpause.scheduler.service import convert
 from luftpause.scheduler.service.host import Host, Stamp
 
 log = logging.getLogger("luftpause.scheduler.grpc")
 
 SERVICE_NAME = "luftpause.scheduler.v1.Scheduler"
+# Report-stream metadata naming the dataplane, so the scheduler knows whose stream ended.
+DATAPLANE_ID_KEY = "luftpause-dataplane-id"
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
     def __init__(self, host: Host, urls: Mapping[str, str]) -> None:
         self.host = host
         self.urls = urls
+        self._streams: Counter[str] = Counter()  # open report streams per dataplane
 
     async def Admit(self, request: pb.AdmitRequest, context: Any) -> pb.AdmitResponse:
         outcome = await self.host.admit(
@@ -37,12 +41,29 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self, request_iterator: AsyncIterator[pb.ReportBatch], context: Any
     ) -> pb.ReportSummary:
         accepted = 0
-        async for batch in request_iterator:
-            for msg in batch.events:
-                stamp = _report_stamp(msg)
-                if stamp is not None:
-                    self.host.post(stamp)
-                    accepted += 1
+        dataplane_id = _metadata(context, DATAPLANE_ID_KEY)
+        if dataplane_id:
+            self._streams[dataplane_id] += 1
+            if self._streams[dataplane_id] == 1:
+                self.host.post(lambda at: DataplaneConnected(at=at, dataplane_id=dataplane_id))
+        try:
+            async for batch in request_iterator:
+                for msg in batch.events:
+                    stamp = _report_stamp(msg)
+                    if stamp is not None:
+                        self.host.post(stamp)
+                        accepted += 1
+        finally:
+            # The stream ended (the dataplane closed it, died, or the link broke): once
+            # its last stream is gone its turns are released unless it comes back (S11).
+            if dataplane_id:
+                self._streams[dataplane_id] -= 1
+                if self._streams[dataplane_id] <= 0:
+                    del self._streams[dataplane_id]
+                    log.info("dataplane %s stopped reporting", dataplane_id)
+                    self.host.post(
+                        lambda at: DataplaneDisconnected(at=at, dataplane_id=dataplane_id)
+                    )
         return pb.ReportSummary(accepted=accepted)
 
     async def RunEnded(self, request: pb.RunEndedRequest, context: Any) -> pb.RunEndedResponse:
@@ -59,6 +80,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             len(request.in_flight),
         )
         return pb.ResyncResponse(runs=len(request.runs), turns=len(request.in_flight))
+
+
+def _metadata(context: Any, key: str) -> str:
+    for k, v in context.invocation_metadata() or ():
+        if k == key and isinstance(v, str):
+            return v
+    return ""
 
 
 def _report_stamp(msg: pb.TurnEvent) -> Stamp | None:

@@ -72,6 +72,7 @@ def main(args: argparse.Namespace) -> int:
         params = Params(
             turn_timeout_s=settings.turn_timeout_s,
             run_idle_expiry_s=settings.run_idle_expiry_s,
+            dataplane_grace_s=settings.dataplane_grace_s,
             cap_raise_step=settings.cap_raise_step,
             keep_prefixes=settings.keep_prefixes,
             prefix_miss_share=settings.prefix_miss_share,
