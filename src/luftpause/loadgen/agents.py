@@ -150,7 +150,7 @@ class _Reply:
     turn: TurnRecord
 
 
-async def _turn(
+async def stream_turn(
     client: openai.AsyncOpenAI,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]],
@@ -246,7 +246,7 @@ async def run_once(
     tool_calls = 0
     try:
         for _ in range(options.max_turns):
-            reply = await _turn(
+            reply = await stream_turn(
                 client, messages, tools, headers, extra_body, group.max_tokens, options
             )
             turns.append(reply.turn)
