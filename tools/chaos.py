@@ -531,21 +531,6 @@ class Result:
 # ------------------------------------------------------------------ load
 
 
-def _payload(result: Any) -> dict[str, Any]:
-    if result.is_error:
-        text = " ".join(str(getattr(b, "text", "")) for b in result.content)
-        raise RuntimeError(f"MCP tool error: {text[:300]}")
-    if isinstance(result.structured_content, dict):
-        return dict(result.structured_content)
-    for block in result.content:
-        raw = getattr(block, "text", None)
-        if raw:
-            data = json.loads(raw)
-            if isinstance(data, dict):
-                return data
-    raise RuntimeError("the runtime's reply holds no JSON object")
-
-
 class Flood:
     """One scenario's load: own-loop agents through the dataplane, sub-agents through
     the runtime. Sub-agent calls use a fresh MCP session each (a runtime restart ends
@@ -640,20 +625,7 @@ class Flood:
             self.r.turn_max_s = max(self.r.turn_max_s, round(time.monotonic() - t0, 2))
             if not reply.tool_calls:
                 return True
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": reply.content or None,
-                    "tool_calls": [
-                        {
-                            "id": c["id"],
-                            "type": "function",
-                            "function": {"name": c["name"], "arguments": c["arguments"]},
-                        }
-                        for c in reply.tool_calls
-                    ],
-                }
-            )
+            messages.append(agents.assistant_message(reply))
             for call in reply.tool_calls:
                 try:
                     result, _ = await self.pool.call(
@@ -691,7 +663,7 @@ class Flood:
         async with asyncio.timeout(timeout_s):
             client = Client(url, mode="legacy", read_timeout_seconds=timeout_s)
             async with client as session:
-                return _payload(await session.call_tool(tool, arguments))
+                return spawn.tool_payload(await session.call_tool(tool, arguments))
 
     async def sub_agent(self, index: int) -> None:
         group = Group(

@@ -58,7 +58,7 @@ from luftpause.dataplane.relay import RelayStream, SseTap, TurnOutcome
 from luftpause.dataplane.request import ChatRequest, chat_request, decide_request
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
-from luftpause.dataplane.turn import Turn, owned
+from luftpause.dataplane.turn import Turn, serve
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -360,18 +360,14 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
         runs=dp.runs,
         memory=dp.memory,
     )
-    try:
-        with owned(turn):
-            return await _forward_chat(dp, request, chat, turn, admitted)
-    except TurnError as exc:
-        return exc.response(run_id)
+    return await serve(turn, _forward_chat(dp, request, chat, turn, admitted))
 
 
 async def _forward_chat(
     dp: Dataplane, request: Request, chat: ChatRequest, turn: Turn, admitted: Admitted
 ) -> Response:
     """Send the turn to its replica and pass the reply on. Ends ``turn`` itself, raises a
-    ``TurnError`` (``owned`` ends it then), or hands it to the stream relay."""
+    ``TurnError`` (``serve`` ends it then), or hands it to the stream relay."""
     record = turn.record
     endpoint = dp.endpoints.get(record.replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
@@ -494,11 +490,7 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
         link=dp.link,
         metrics=dp.metrics,
     )
-    try:
-        with owned(turn):
-            return await _classify(dp, request, payload, turn, admitted)
-    except TurnError as exc:
-        return exc.response(run_id)
+    return await serve(turn, _classify(dp, request, payload, turn, admitted))
 
 
 async def _classify(

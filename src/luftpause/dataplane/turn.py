@@ -6,17 +6,18 @@ given back in exactly one place, ``Turn.end``, which runs once whatever
 happens: the reply finished, the engine failed, the client left, or our own
 code raised. The routes open a turn with ``Turn.admitted`` and either end it
 themselves or hand it to the stream relay, whose ``finally`` ends it; the
-``owned`` context manager ends any turn still open when the work around it
-raises, with the outcome the exception carries (``errors.TurnError``) or
-``internal_error`` for anything else.
+``serve`` ends any turn still open when the work that carries it raises, with
+the outcome the exception carries (``errors.TurnError``) or ``internal_error``
+for anything else.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable
+
+from starlette.responses import Response
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.dataplane.errors import ClientLeft, InternalError, Outcome, TurnError
@@ -119,15 +120,18 @@ class Turn:
         )
 
 
-@contextlib.contextmanager
-def owned(turn: Turn) -> Iterator[Turn]:
-    """End ``turn`` if the work inside raises before ending it or handing it on."""
+async def serve(turn: Turn, work: Awaitable[Response]) -> Response:
+    """Await the work that carries ``turn`` to its end (it ends the turn itself or hands
+    it to the stream relay). If it raises first, the turn ends here: a ``TurnError``
+    with the outcome it carries, and its answer goes to the client; cancellation (the
+    client left) as ``client_left``; anything else as ``internal_error``, re-raised for
+    the route to log and answer."""
     try:
-        yield turn
+        return await work
     except TurnError as exc:
         turn.failed(exc)
-        raise
-    except BaseException as exc:  # cancellation included: the client left
+        return exc.response(turn.record.run_id)
+    except BaseException as exc:
         if isinstance(exc, Exception):
             turn.failed(InternalError(f"internal error: {type(exc).__name__}"))
         else:

@@ -143,11 +143,27 @@ def _usage_fields(usage: Any) -> dict[str, Any]:
 
 
 @dataclass
-class _Reply:
+class Reply:
     content: str
     tool_calls: list[dict[str, Any]]
     finish_reason: str | None
     turn: TurnRecord
+
+
+def assistant_message(reply: Reply) -> dict[str, Any]:
+    """The assistant message that records ``reply`` in the conversation (with its calls)."""
+    return {
+        "role": "assistant",
+        "content": reply.content or None,
+        "tool_calls": [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in reply.tool_calls
+        ],
+    }
 
 
 async def stream_turn(
@@ -158,7 +174,7 @@ async def stream_turn(
     extra_body: dict[str, Any] | None,
     max_tokens: int,
     options: AgentOptions,
-) -> _Reply:
+) -> Reply:
     t0 = time.perf_counter()
     create: Any = client.chat.completions.with_raw_response.create  # plain dicts, not TypedDicts
     raw = await create(
@@ -211,7 +227,7 @@ async def stream_turn(
         replica=replica,
         tool_calls=len(calls),
     )
-    return _Reply("".join(text), [calls[i] for i in sorted(calls)], finish, turn)
+    return Reply("".join(text), [calls[i] for i in sorted(calls)], finish, turn)
 
 
 async def run_once(
@@ -269,20 +285,7 @@ async def run_once(
                     else None,
                     cached_tokens=sum(t.cached_tokens or 0 for t in turns),
                 )
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": reply.content or None,
-                    "tool_calls": [
-                        {
-                            "id": c["id"],
-                            "type": "function",
-                            "function": {"name": c["name"], "arguments": c["arguments"]},
-                        }
-                        for c in reply.tool_calls
-                    ],
-                }
-            )
+            messages.append(assistant_message(reply))
             for call in reply.tool_calls:
                 t0 = time.perf_counter()
                 try:

@@ -42,7 +42,8 @@ class SpawnOptions:
     max_await_s: float = 1800.0  # give up on one sub-agent after this long
 
 
-def _payload(result: Any) -> dict[str, Any]:
+def tool_payload(result: Any) -> dict[str, Any]:
+    """The JSON object an MCP tool answered with; RunFailed for an error or no object."""
     if result.is_error:
         text = " ".join(str(getattr(b, "text", "")) for b in result.content)
         raise RunFailed("mcp_tool_error", text[:300] or "the runtime returned an error")
@@ -73,7 +74,7 @@ def spawn_args(group: Group, run_key: str, options: SpawnOptions) -> dict[str, A
 
 async def spawn(client: Client, group: Group, run_key: str, options: SpawnOptions) -> str:
     return str(
-        _payload(await client.call_tool("spawn", spawn_args(group, run_key, options)))["handle"]
+        tool_payload(await client.call_tool("spawn", spawn_args(group, run_key, options)))["handle"]
     )
 
 
@@ -83,7 +84,7 @@ async def await_runs(
     """``await`` (mode all) until every handle has finished; the runs' final JSON."""
     deadline = time.monotonic() + options.max_await_s
     while True:
-        out = _payload(
+        out = tool_payload(
             await client.call_tool(
                 "await", {"handles": handles, "mode": "all", "timeout": AWAIT_TIMEOUT_S}
             )
