@@ -202,8 +202,9 @@ async def start_scheduler(
     return host, server, writer
 
 
-@pytest.fixture
-async def stack(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
+@pytest.fixture(name="stack")
+async def stack_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
+    """The stack; import ``stack_fixture`` into a test module to use ``stack``."""
     token = getattr(request, "param", None)
     address = f"127.0.0.1:{free_port()}"
     engine = Engine()
@@ -242,3 +243,26 @@ async def settle(host: Host, cond: Callable[[], bool]) -> None:
     async with asyncio.timeout(5):
         while not cond():
             await asyncio.sleep(0.01)
+
+
+async def nothing_in_flight(stack: Stack) -> None:
+    """No admitted or held turn anywhere: scheduler, run table, gauges."""
+    registry = stack.dp.metrics.registry
+
+    def gauge(name: str, cls: str) -> float:
+        return registry.get_sample_value(name, {"service_class": cls}) or 0.0
+
+    await settle(
+        stack.host,
+        lambda: (
+            not stack.host.state.turns
+            and not stack.host.state.held
+            and all(r.in_flight == 0 for r in stack.host.state.replicas.values())
+        ),
+    )
+    assert not stack.dp.runs.turns
+    assert all(not run.in_flight for run in stack.dp.runs.runs.values())
+    assert not stack.dp.link.snapshot().in_flight  # a resync would re-adopt nothing
+    for cls in ("interactive", "batch"):
+        assert gauge("luftpause_dataplane_turns_in_flight", cls) == 0
+        assert gauge("luftpause_dataplane_turns_held", cls) == 0

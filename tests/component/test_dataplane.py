@@ -20,6 +20,7 @@ from _dataplane_stack import (
     Stack,
     chat,
     settle,
+    stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
 
 from luftpause.config import ClassPriority

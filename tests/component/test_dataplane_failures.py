@@ -13,35 +13,19 @@ import json
 
 import httpx
 import pytest
-from _dataplane_stack import COMPLETION, Stack, chat, settle
+from _dataplane_stack import (
+    COMPLETION,
+    Stack,
+    chat,
+    nothing_in_flight,
+    settle,
+    stack_fixture,  # noqa: F401  (provides the stack fixture)
+)
 
 from luftpause.dataplane import relay
 from luftpause.scheduler.core import ReplicaProbed
 
 CHAT = "/v1/chat/completions"
-
-
-async def nothing_in_flight(stack: Stack) -> None:
-    """No admitted or held turn anywhere: scheduler, run table, gauges."""
-    registry = stack.dp.metrics.registry
-
-    def gauge(name: str, cls: str) -> float:
-        return registry.get_sample_value(name, {"service_class": cls}) or 0.0
-
-    await settle(
-        stack.host,
-        lambda: (
-            not stack.host.state.turns
-            and not stack.host.state.held
-            and all(r.in_flight == 0 for r in stack.host.state.replicas.values())
-        ),
-    )
-    assert not stack.dp.runs.turns
-    assert all(not run.in_flight for run in stack.dp.runs.runs.values())
-    assert not stack.dp.link.snapshot().in_flight  # a resync would re-adopt nothing
-    for cls in ("interactive", "batch"):
-        assert gauge("luftpause_dataplane_turns_in_flight", cls) == 0
-        assert gauge("luftpause_dataplane_turns_held", cls) == 0
 
 
 def outcomes(stack: Stack) -> dict[str, float]:

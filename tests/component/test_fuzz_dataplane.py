@@ -29,10 +29,15 @@ from typing import Any
 
 import httpx
 import pytest
-from _dataplane_stack import COMPLETION, Seen, Stack
+from _dataplane_stack import (
+    COMPLETION,
+    Seen,
+    Stack,
+    nothing_in_flight,
+    stack_fixture,  # noqa: F401  (provides the stack fixture)
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_dataplane_failures import nothing_in_flight
 
 EXAMPLES = int(os.environ.get("LUFTPAUSE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(
