@@ -64,8 +64,10 @@ def prompt_for(text: str, labels: Sequence[str]) -> list[dict[str, str]]:
 async def decide(
     rt: Runtime, text: str, labels: list[str] | None, model: str | None, caller: str
 ) -> dict[str, Any]:
-    from luftpause.runtime.loop import RuntimeError_
+    from luftpause.runtime.loop import RuntimeError_, check_text
 
+    for field, values in (("input", text), ("labels", labels), ("model", model)):
+        check_text(field, values)
     if labels is None:
         try:
             data = await rt.llm.classify(text, model, caller)
@@ -106,6 +108,8 @@ async def decide(
     }
     try:
         data = await rt.llm.chat(body, Identity(run_id, "interactive", caller))
+    except TurnFailed as exc:
+        raise RuntimeError_(f"decide failed: {exc}") from None
     finally:
         await rt.llm.end_run(run_id)
     choice = data["choices"][0]

@@ -63,6 +63,19 @@ class RuntimeError_(Exception):
     """A request the runtime refuses; the message is shown to the MCP client as is."""
 
 
+def check_text(label: str, values: str | list[str] | None) -> None:
+    """Refuse text UTF-8 cannot encode (a lone surrogate, which ``\\ud800`` escapes in
+    JSON carry): it could be neither journaled nor sent to the dataplane."""
+    for value in [values] if isinstance(values, str) else values or ():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RuntimeError_(
+                f"{label}: not valid Unicode (lone surrogate {value[exc.start]!r} at index "
+                f"{exc.start})"
+            ) from None
+
+
 class BudgetTripped(Exception):
     """Raised in the run whose check tripped a budget; the subtree is already ended."""
 
@@ -134,10 +147,11 @@ class Runtime:
         )
         return task
 
-    def _background_task(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+    def _background_task(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = self._spawn_task(coro, name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     def _start(self, run: Run) -> None:
         run.task = self._spawn_task(self.drive(run), f"run-{run.id}")
@@ -168,6 +182,8 @@ class Runtime:
         return models[0]
 
     async def spawn(self, req: SpawnRequest, caller: str) -> Run:
+        for label, text in (("task", req.task), ("model", req.model), ("system", req.system)):
+            check_text(label, text)
         parent: Run | None = None
         if req.parent is not None:
             parent = self.registry.runs.get(req.parent)
@@ -216,11 +232,18 @@ class Runtime:
             "created": self.clock(),
             "caller": caller,
         }
-        await self._record(record)
-        run = self.registry.runs[run_id]
-        self._start(run)
-        for owner in self.registry.ancestors(run):  # later spawns count against older budgets
-            self._arm_timer(owner)
+
+        async def commit() -> Run:
+            await self._record(record)
+            run = self.registry.runs[run_id]
+            self._start(run)
+            for owner in self.registry.ancestors(run):  # later spawns count against older budgets
+                self._arm_timer(owner)
+            return run
+
+        # Recorded means started, even if the caller goes away mid-write (a client that
+        # disconnects): else the run would sit "Running" for ever with no task to drive it.
+        run: Run = await asyncio.shield(self._background_task(commit(), f"spawn-{run_id}"))
         return run
 
     # ------------------------------------------------------------------ the loop
@@ -440,18 +463,24 @@ class Runtime:
             raise RuntimeError_(f"run {run.id} is not waiting for an approval")
         if pending.key in run.approvals or pending.decided.done():
             raise RuntimeError_(f"run {run.id}: this tool call was already answered")
-        await self._record(
-            {
-                "t": "approval",
-                "run": run.id,
-                "key": pending.key,
-                "tool": pending.tool,
-                "arguments": pending.arguments,
-                "allow": allow,
-            }
-        )
-        if not pending.decided.done():
-            pending.decided.set_result(allow)
+        record = {
+            "t": "approval",
+            "run": run.id,
+            "key": pending.key,
+            "tool": pending.tool,
+            "arguments": pending.arguments,
+            "allow": allow,
+        }
+
+        async def commit() -> None:
+            await self._record(record)
+            if not pending.decided.done():
+                pending.decided.set_result(allow)
+
+        # Once recorded, the answer must reach the run even if the caller goes away (a
+        # client that disconnects mid-call): else the run waits for ever on a call
+        # that every later answer is told was "already answered".
+        await asyncio.shield(self._background_task(commit(), f"approval-{run.id}"))
 
     # ------------------------------------------------------------------ ending
 
@@ -483,7 +512,8 @@ class Runtime:
         task = run.task
         if task is not None and task is not asyncio.current_task() and not task.done():
             task.cancel()
-        self._disarm_timer(run)
+        for owner in self.registry.ancestors(run):  # the last run of a subtree frees its timer
+            self._disarm_timer(owner)
         self._background_task(self.llm.end_run(run.id), f"end-{run.id}")
         return record
 
@@ -547,7 +577,7 @@ class Runtime:
         self._timers[run.id] = loop.call_later(delay, self._on_timer, run.id)
 
     def _disarm_timer(self, run: Run) -> None:
-        # Only the owner's own timer; it stays armed while descendants still run.
+        # The owner's timer stays armed while any of its descendants still runs.
         if run.spec.budget_seconds is None:
             return
         if all(r.done for r in self.registry.descendants(run)):

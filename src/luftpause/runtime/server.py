@@ -109,7 +109,9 @@ def caller_of(ctx: Context[Any, Any]) -> str:
     params = ctx.session.client_params
     info = getattr(params, "client_info", None) if params is not None else None
     name = getattr(info, "name", None)
-    return f"client:{name}" if name else "anonymous"
+    # The caller travels in the x-luftpause-caller header: printable ASCII only.
+    safe = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in str(name or "")).strip()
+    return f"client:{safe}" if safe else "anonymous"
 
 
 def _is_modern(ctx: Context[Any, Any]) -> bool:
@@ -324,7 +326,11 @@ BudgetToolCalls = Annotated[
 ]
 BudgetSeconds = Annotated[
     float | None,
-    Field(gt=0, description="Wall-clock budget in seconds for this run's whole subtree."),
+    Field(
+        gt=0,
+        allow_inf_nan=False,  # an infinite limit is no limit, and not JSON (GET /status)
+        description="Wall-clock budget in seconds for this run's whole subtree.",
+    ),
 ]
 ApproveTools = Annotated[
     list[str] | None,
