@@ -1092,8 +1092,8 @@ def git_commit() -> str:
             check=True, timeout=10,
         ).stdout.strip()  # fmt: skip
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
-            check=True, timeout=10,
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+            capture_output=True, text=True, check=True, timeout=10,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return "unknown"
