@@ -26,6 +26,8 @@ from luftpause.scheduler.core import (
     Action,
     Admit,
     ClockTicked,
+    DataplaneConnected,
+    DataplaneDisconnected,
     DataplaneResynced,
     DropReason,
     DropTurn,
@@ -64,7 +66,13 @@ BAT = ServiceClass.BATCH
 # short timeouts so that ticks reach them within a few steps
 # One probe with a queue caps (the model below follows that); S2's persistence rule
 # has its own example tests.
-PARAMS = Params(turn_timeout_s=30.0, run_idle_expiry_s=60.0, cap_raise_step=1, queue_probes=1)
+PARAMS = Params(
+    turn_timeout_s=30.0,
+    run_idle_expiry_s=60.0,
+    cap_raise_step=1,
+    queue_probes=1,
+    dataplane_grace_s=20.0,
+)
 MODELS = ("m0", "m1")
 CALLERS = ("c0", "c1", "c2")
 DATAPLANES = ("dp0", "dp1")
@@ -149,6 +157,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.outs: list[tuple[Action, ...]] = []
         self.expected_reject: RejectCode | None = None
         self.ended: set[str] = set()  # runs ended by RunEnded
+        self.lost: dict[str, float] = {}  # S11: dataplanes not reporting -> release time
 
     # ----------------------------------------------------------------- helpers
 
@@ -162,6 +171,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     def restart_core(self) -> None:
         self.state = initial_state(self.specs, PARAMS, now=self.now)
+        self.lost.clear()  # a fresh scheduler knows of no lost dataplane
         self.log.append(("restart", self.now))
         self.outs.append(())
 
@@ -227,10 +237,12 @@ class CoreMachine(RuleBasedStateMachine):
                 if a.reason is DropReason.EXPIRED:  # S10
                     assert isinstance(ev, ClockTicked)
                     assert m.admitted_at + PARAMS.turn_timeout_s <= self.now
-                else:  # S11: only the resyncing dataplane's unlisted turns
-                    assert isinstance(ev, DataplaneResynced)
+                elif isinstance(ev, DataplaneResynced):  # S11: its unlisted turns only
                     assert m.dp == ev.dataplane_id
                     assert a.turn_id not in {t.turn_id for t in ev.in_flight}
+                else:  # S11: a dataplane that stopped reporting and outlived its grace
+                    assert isinstance(ev, ClockTicked)
+                    assert m.dp in self.lost and self.lost[m.dp] <= self.now, (m, self.lost)
                 self.end_turn(m, paused=False)
             else:
                 assert isinstance(a, ForgetRun)
@@ -437,12 +449,29 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([0.4, 1.0, 2.5, 7.0, 31.0, 61.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
+        due = sorted(dp for dp, at in self.lost.items() if at <= self.now)
+        before = [t for t in self.live("admitted") if self.turns[t].dp in due]
         self.step(ClockTicked(self.now))
+        # S11: every turn a lost dataplane had admitted was released (a turn of its still
+        # held may be admitted by the slots this frees: its Admit call is still open)
+        assert all(self.turns[t].status == "over" for t in before)
+        for dp in due:
+            del self.lost[dp]
 
     @rule(
         data=st.data(),
         what=st.sampled_from(
-            ["single_pass", "rejected", "resend", "start", "run_ended", "resync", "restart"]
+            [
+                "single_pass",
+                "rejected",
+                "resend",
+                "start",
+                "run_ended",
+                "resync",
+                "restart",
+                "lose_dataplane",
+                "dataplane_back",
+            ]
         ),
     )
     def other(self, data: st.DataObject, what: str) -> None:
@@ -524,9 +553,22 @@ class CoreMachine(RuleBasedStateMachine):
         )
         return runs, turns
 
+    def do_lose_dataplane(self, data: st.DataObject) -> None:
+        """S11: a dataplane's report stream ends; its turns go after the grace."""
+        dp = data.draw(st.sampled_from(DATAPLANES))
+        self.lost[dp] = self.now + PARAMS.dataplane_grace_s
+        assert self.step(DataplaneDisconnected(self.now, dp)) == ()
+
+    def do_dataplane_back(self, data: st.DataObject) -> None:
+        """S11: a dataplane reports again: its turns are its own."""
+        dp = data.draw(st.sampled_from(DATAPLANES))
+        self.lost.pop(dp, None)
+        assert self.step(DataplaneConnected(self.now, dp)) == ()
+
     def do_resync(self, data: st.DataObject) -> None:
         """A dataplane reconnects; it may have lost one admitted turn (released)."""
         dp = data.draw(st.sampled_from(DATAPLANES))
+        self.lost.pop(dp, None)
         mine = [t for t in self.live("admitted") if self.turns[t].dp == dp]
         lost = data.draw(st.sampled_from([None, *mine]))
         if lost is not None:
