@@ -9,8 +9,13 @@ its gauges.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from _dataplane_stack import (
@@ -21,9 +26,12 @@ from _dataplane_stack import (
     settle,
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
+from aiohttp.client_reqrep import ConnectionKey
 
 from luftpause.dataplane import relay
+from luftpause.dataplane.app import _engine_error
 from luftpause.scheduler.core import ReplicaProbed
+from luftpause.scheduler.service.grpc_server import SchedulerServicer
 
 CHAT = "/v1/chat/completions"
 
@@ -220,3 +228,115 @@ async def test_a_good_turn_after_bad_ones_finds_every_slot(stack: Stack) -> None
     ok = await stack.client.post(CHAT, json=chat(), headers={"x-luftpause-caller": "a"})
     assert ok.status_code == 200
     await nothing_in_flight(stack)
+
+
+async def test_a_reply_whose_numbers_a_report_cannot_carry_still_ends_the_turn(
+    stack: Stack,
+) -> None:
+    """D5: usage and finish reason are read defensively (a boolean or a 2**64 token
+    count, a finish reason with a lone surrogate): the turn is still reported finished
+    and gives its slot back, and the client gets the engine's bytes."""
+    events = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"x"},'
+        b'"finish_reason":"\\ud800"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":true,'
+        b'"completion_tokens":18446744073709551616}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    stack.engine.reply = lambda r: httpx.Response(
+        200, content=events, headers={"content-type": "text/event-stream"}
+    )
+    resp = await stack.client.post(CHAT, json=chat(stream=True))
+    assert resp.status_code == 200 and resp.content.endswith(b"data: [DONE]\n\n")
+    stack.engine.reply = lambda r: httpx.Response(200, json={**COMPLETION, "choices": 5})
+    plain = await stack.client.post(CHAT, json=chat())
+    assert plain.status_code == 200 and plain.json()["choices"] == 5
+    await nothing_in_flight(stack)
+    assert outcomes(stack) == {"finished": 2}
+
+
+async def test_a_turn_that_ends_while_the_resync_is_on_its_way_is_still_reported(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S11, D5: a turn listed in the dataplane's resync snapshot that ends before the
+    resync is answered is reported once the link is up (not dropped, and not taken by
+    the broken stream's leftover request iterator), so the restarted scheduler does
+    not keep its slot until the turn timeout."""
+    finish_stream, resync_started, resync_release = (asyncio.Event() for _ in range(3))
+
+    async def slow_stream() -> AsyncIterator[bytes]:
+        yield b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+        await finish_stream.wait()
+        yield b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\ndata: [DONE]\n\n'
+
+    stack.engine.reply = lambda r: httpx.Response(
+        200, content=slow_stream(), headers={"content-type": "text/event-stream"}
+    )
+    streaming = asyncio.ensure_future(stack.client.post(CHAT, json=chat(stream=True)))
+    await settle(stack.host, lambda: bool(stack.host.state.turns))
+    await stack.stop_scheduler()
+    await settle(stack.host, lambda: not stack.dp.link.ready.is_set())
+
+    original = SchedulerServicer.Resync
+
+    async def slow_resync(self: SchedulerServicer, request: Any, context: Any) -> Any:
+        resync_started.set()
+        await resync_release.wait()
+        return await original(self, request, context)
+
+    monkeypatch.setattr(SchedulerServicer, "Resync", slow_resync)
+    await stack.start_scheduler()
+    async with asyncio.timeout(10):
+        await resync_started.wait()  # the snapshot, listing the turn, is on its way
+    finish_stream.set()
+    assert (await asyncio.wait_for(streaming, 10)).status_code == 200  # ended meanwhile
+    resync_release.set()
+    await settle(stack.host, lambda: stack.dp.link.ready.is_set())  # resynced: adopted
+    await nothing_in_flight(stack)  # ... and then reported finished
+
+
+@pytest.mark.parametrize(
+    ("os_errno", "unreachable"),
+    [
+        (errno.ECONNREFUSED, True),
+        (errno.EHOSTUNREACH, True),
+        (errno.EMFILE, False),  # this machine's limit, not the engine's fault
+        (errno.EADDRNOTAVAIL, False),
+    ],
+)
+def test_only_errors_that_say_the_engine_is_unreachable_take_it_out(
+    os_errno: int, unreachable: bool
+) -> None:
+    """D6: a refused or unroutable connection takes the replica out of placement; the
+    dataplane's own resource limits (open files, local ports) do not."""
+    key = ConnectionKey("127.0.0.1", 1, False, True, None, None, None)
+    exc = aiohttp.ClientConnectorError(key, OSError(os_errno, os.strerror(os_errno)))
+    error = _engine_error("engine-a", exc)
+    assert error.replica_unreachable is unreachable
+    assert error.message.startswith("engine engine-a: connection failed")
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b'{"model": "m", "messages": [], "temperature": NaN}', "NaN"),
+        (b'{"model": "m", "messages": [], "max_tokens": Infinity}', "Infinity"),
+    ],
+)
+async def test_non_json_constants_are_a_400(stack: Stack, body: bytes, problem: str) -> None:
+    """D6: NaN and Infinity are not JSON: refused before admission, not sent on."""
+    resp = await stack.client.post(CHAT, content=body)
+    assert resp.status_code == 400 and problem in resp.json()["error"]["message"]
+    assert not stack.engine.seen
+
+
+async def test_a_null_stream_options_is_replaced_not_duplicated(stack: Stack) -> None:
+    """D5: a client's ``"stream_options": null`` is replaced by the one asking for usage;
+    the engine never gets the key twice (strict parsers refuse duplicate keys)."""
+    stack.engine.reply = lambda r: httpx.Response(
+        200, content=b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"}
+    )
+    await stack.client.post(CHAT, json=chat(stream=True, stream_options=None))
+    sent = stack.engine.seen[0].content
+    assert sent.count(b'"stream_options"') == 1
+    assert json.loads(sent)["stream_options"] == {"include_usage": True}

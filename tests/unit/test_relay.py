@@ -89,3 +89,15 @@ def test_non_streamed_completion_is_read() -> None:
         }
     )
     assert o.finish_reason == "stop" and not o.paused_on_tool and o.prompt_tokens == 3
+
+
+def test_reply_values_a_report_cannot_carry_are_read_as_nothing() -> None:
+    """D5: a boolean or out-of-range token count and a finish reason that is not a short
+    string are ignored, so the finished report can always be built."""
+    o = TurnOutcome()
+    o.read_chunk({"choices": 5, "usage": {"prompt_tokens": True, "completion_tokens": 2**64}})
+    o.read_chunk({"choices": [{"finish_reason": {"why": 1}}]})
+    o.read_chunk({"choices": [{"finish_reason": "x" * 65}]})
+    assert (o.prompt_tokens, o.completion_tokens, o.finish_reason) == (0, 0, "")
+    o.read_chunk({"choices": [{"finish_reason": "stop"}], "usage": {"prompt_tokens": 7}})
+    assert (o.prompt_tokens, o.finish_reason) == (7, "stop")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import hmac
 import logging
@@ -529,12 +530,22 @@ async def _classify(
 ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
+# Connect errors that say the engine cannot be reached. Others a connect can raise
+# (too many open files, no free local port, no buffer space) are this machine's
+# trouble, not the engine's: they must not take healthy replicas out of placement.
+_UNREACHABLE_ERRNOS = frozenset(
+    {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
+)
+
+
 def _engine_error(replica: str, exc: BaseException) -> TurnError:
-    """An engine request that raised: no connection at all (the replica leaves placement
-    until its probe passes), or a connection that broke before the reply."""
+    """An engine request that raised: the engine cannot be reached (the replica leaves
+    placement until its probe passes), or something else broke before the reply."""
     message = f"engine {replica}: {_describe(exc)}"
-    if isinstance(
-        exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError | TimeoutError
+    if isinstance(exc, aiohttp.ConnectionTimeoutError | TimeoutError):
+        return EngineUnreachable(message, replica)
+    if isinstance(exc, aiohttp.ClientConnectorDNSError) or (
+        isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno in _UNREACHABLE_ERRNOS
     ):
         return EngineUnreachable(message, replica)
     return EngineFailed(message, replica)

@@ -71,10 +71,10 @@ class TurnOutcome:
         if not isinstance(body, dict):
             return
         self.read_usage(body.get("usage"))
-        for choice in body.get("choices") or []:
+        for choice in _list(body.get("choices")):
             if not isinstance(choice, dict):
                 continue
-            self.finish_reason = str(choice.get("finish_reason") or self.finish_reason)
+            self.finish_reason = _reason(choice.get("finish_reason")) or self.finish_reason
             message = choice.get("message")
             if isinstance(message, dict):
                 if message.get("content") or message.get("tool_calls"):
@@ -87,11 +87,10 @@ class TurnOutcome:
             return
         if chunk.get("usage"):
             self.read_usage(chunk["usage"])
-        for choice in chunk.get("choices") or []:
+        for choice in _list(chunk.get("choices")):
             if not isinstance(choice, dict):
                 continue
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
+            self.finish_reason = _reason(choice.get("finish_reason")) or self.finish_reason
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 if delta.get("content") or delta.get("tool_calls"):
@@ -106,8 +105,27 @@ class TurnOutcome:
                 self.tool_call_ids.append(call["id"])
 
 
+# What an engine's reply may say is read defensively: the values go into report
+# messages (uint64, UTF-8 strings), and a value they cannot carry must not stop the
+# turn from being reported.
+_MAX_COUNT = 2**63
+
+
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and value >= 0 else 0
+    """A token count, or 0 for anything that is not one (a bool is not)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT
+    return value if ok else 0
+
+
+def _reason(value: Any) -> str:
+    """A finish reason, or "" for anything that cannot be one."""
+    if not isinstance(value, str) or not 0 < len(value) <= 64:
+        return ""
+    return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 class SseTap:

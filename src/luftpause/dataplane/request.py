@@ -60,7 +60,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise BadRequest(f"request body is not UTF-8: byte {exc.start} is invalid") from None
     try:
-        body = json.loads(text)
+        body = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise BadRequest("request body nests too deeply") from None
     except ValueError as exc:
@@ -68,6 +68,10 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def chat_request(raw: bytes) -> ChatRequest:
@@ -101,10 +105,10 @@ def chat_request(raw: bytes) -> ChatRequest:
     if stream and not (options and options.get("include_usage")):
         # Ask the engine for usage for our reports; the client will not see the extra chunk.
         hide_usage = True
-        if options is None:
+        if "stream_options" not in body:
             engine_body = splice(raw, {"stream_options": {"include_usage": True}})
-        else:
-            rewritten = {**body, "stream_options": {**options, "include_usage": True}}
+        else:  # replace the client's member (null, or without include_usage): no duplicate key
+            rewritten = {**body, "stream_options": {**(options or {}), "include_usage": True}}
             try:
                 engine_body = json.dumps(rewritten).encode()
             except RecursionError:

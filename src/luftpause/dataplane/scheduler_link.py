@@ -33,6 +33,14 @@ _PHASE = {
     PAUSED_ON_TOOL: pb.RUN_PHASE_PAUSED_ON_TOOL,
 }
 _STOP = object()
+# HTTP/2 keepalive towards the scheduler (which allows a ping every 5 s): a scheduler
+# that vanished without closing the connection is noticed, and the link rebuilt.
+_KEEPALIVE = (
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
 # Names this dataplane on its report stream, so that a scheduler can release the turns
 # of a dataplane whose stream ended and never came back (S11).
 DATAPLANE_ID_KEY = "luftpause-dataplane-id"
@@ -63,13 +71,14 @@ class SchedulerLink:
         self.dataplane_id = dataplane_id
         self.runs = runs
         self.reconnect_s = reconnect_s
-        self.channel = grpc.aio.insecure_channel(address)
+        self.channel = grpc.aio.insecure_channel(address, options=_KEEPALIVE)
         self.stub = pb_grpc.SchedulerStub(self.channel)  # type: ignore[no-untyped-call]
         self.ready = asyncio.Event()  # resynced and reporting
         self._queue: asyncio.Queue[pb.TurnEvent | object] = asyncio.Queue()
         self._report_call: grpc.aio.StreamUnaryCall | None = None
         self._pending_run_ends: set[str] = set()
         self._resetting = False
+        self._resyncing = False  # a snapshot is on its way: reports after it are queued
         self._link_up = asyncio.Event()  # replaced after each connect: a generation signal
         self.connects = 0
         self.on_state_change: Callable[[bool], None] = lambda up: None
@@ -90,16 +99,22 @@ class SchedulerLink:
                     log.debug("scheduler at %s unreachable: %s", self.address, exc.code().name)
             except Exception:
                 log.exception("scheduler link failed; reconnecting")
+            self._resyncing = False
             if self.ready.is_set():
                 self.ready.clear()
                 self.on_state_change(False)
             await asyncio.sleep(self.reconnect_s)
 
     async def _connect_once(self) -> None:
-        # Anything queued so far is described by the snapshot we are about to send.
-        while not self._queue.empty():
-            self._queue.get_nowait()
+        # Anything queued so far is described by the snapshot we are about to send, so
+        # each connection gets a fresh queue. The old one gets a stop: the broken stream's
+        # request iterator may still be running, and must not take this link's reports.
+        # From the snapshot on, reports are queued again: a turn listed in it that ends
+        # while the resync is on its way must still be reported once the stream opens.
+        old, self._queue = self._queue, asyncio.Queue()
+        old.put_nowait(_STOP)
         snapshot = self.snapshot()
+        self._resyncing = True
         await self.stub.Resync(snapshot, timeout=10.0, wait_for_ready=False)
         for run_id in sorted(self._pending_run_ends):
             await self.stub.RunEnded(pb.RunEndedRequest(run_id=run_id), timeout=10.0)
@@ -115,7 +130,9 @@ class SchedulerLink:
         self.on_state_change(True)
         up, self._link_up = self._link_up, asyncio.Event()
         up.set()
-        call = self.stub.Report(self._events(), metadata=((DATAPLANE_ID_KEY, self.dataplane_id),))
+        call = self.stub.Report(
+            self._events(self._queue), metadata=((DATAPLANE_ID_KEY, self.dataplane_id),)
+        )
         self._report_call = call
         try:
             await call
@@ -127,11 +144,14 @@ class SchedulerLink:
             self._resetting = False
             self._report_call = None
 
-    async def _events(self) -> AsyncIterator[pb.ReportBatch]:
+    @staticmethod
+    async def _events(
+        queue: asyncio.Queue[pb.TurnEvent | object],
+    ) -> AsyncIterator[pb.ReportBatch]:
         """One write per batch: everything queued since the last write goes together."""
         while True:
             batch = pb.ReportBatch()
-            item = await self._queue.get()
+            item = await queue.get()
             while True:
                 if item is _STOP:
                     if batch.events:
@@ -139,9 +159,9 @@ class SchedulerLink:
                     return
                 assert isinstance(item, pb.TurnEvent)
                 batch.events.append(item)
-                if self._queue.empty():
+                if queue.empty():
                     break
-                item = self._queue.get_nowait()
+                item = queue.get_nowait()
             yield batch
 
     def snapshot(self) -> pb.ResyncRequest:
@@ -210,8 +230,9 @@ class SchedulerLink:
             return Rejected(r.code == pb.REJECT_CODE_UNKNOWN_MODEL, r.message)
 
     def report(self, event: pb.TurnEvent) -> None:
-        """Queue a turn event; dropped if the link is down (the next resync covers it)."""
-        if self.ready.is_set():
+        """Queue a turn event; dropped while the link is down and no resync is on its way
+        (the next resync's snapshot covers it)."""
+        if self.ready.is_set() or self._resyncing:
             event.dataplane_id = self.dataplane_id
             self._queue.put_nowait(event)
 

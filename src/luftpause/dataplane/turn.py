@@ -81,10 +81,8 @@ class Turn:
         if self.ended is not None:
             return
         paused = outcome.paused_on_tool
-        if self._memory is not None:
-            self._memory.remember(outcome.tool_call_ids, self.record.run_id)
-        self._report(
-            finished=pb.TurnFinished(
+        try:
+            event = pb.TurnFinished(
                 usage=pb.Usage(
                     prompt_tokens=outcome.prompt_tokens,
                     completion_tokens=outcome.completion_tokens,
@@ -93,19 +91,26 @@ class Turn:
                 finish_reason=outcome.finish_reason,
                 paused_on_tool=paused,
             )
-        )
+        except (TypeError, ValueError) as exc:  # a reply value a report cannot carry
+            log.exception("turn %s: cannot report its reply", self.record.turn_id)
+            self.failed(InternalError(f"internal error: {type(exc).__name__}"))
+            return
+        if self._memory is not None:
+            self._memory.remember(outcome.tool_call_ids, self.record.run_id)
+        self._report(finished=event)
         self._end(Outcome.PAUSED_ON_TOOL if paused else Outcome.FINISHED, paused_on_tool=paused)
 
     def failed(self, error: TurnError) -> None:
         """The turn failed after admission: its slot is freed and its run left idle (D5)."""
         if self.ended is not None:
             return
-        self._report(
-            failed=pb.TurnFailed(
-                reason=error.message, replica_unreachable=error.replica_unreachable
+        reason = error.message[:1000].encode("utf-8", "replace").decode("utf-8")
+        try:
+            self._report(
+                failed=pb.TurnFailed(reason=reason, replica_unreachable=error.replica_unreachable)
             )
-        )
-        self._end(error.outcome, paused_on_tool=False)
+        finally:  # the slot is ours to give back whatever the report did
+            self._end(error.outcome, paused_on_tool=False)
 
     def _end(self, outcome: Outcome, *, paused_on_tool: bool) -> None:
         self.ended = outcome
