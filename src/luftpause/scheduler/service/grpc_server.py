@@ -22,6 +22,15 @@ log = logging.getLogger("luftpause.scheduler.grpc")
 SERVICE_NAME = "luftpause.scheduler.v1.Scheduler"
 # Report-stream metadata naming the dataplane, so the scheduler knows whose stream ended.
 DATAPLANE_ID_KEY = "luftpause-dataplane-id"
+# HTTP/2 keepalive: a dataplane whose host vanished without closing its connection is
+# found within ~15 s (its report stream then ends, S11). Dataplanes ping every 10 s.
+KEEPALIVE_SERVER = (
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+)
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
@@ -73,6 +82,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def Resync(self, request: pb.ResyncRequest, context: Any) -> pb.ResyncResponse:
         await self.host.apply(lambda at: convert.resynced(request, at))
+        dataplane_id = request.dataplane_id
+        if dataplane_id and not self._streams.get(dataplane_id):
+            # Its report stream opens next; if it never does (the dataplane died right
+            # after the resync), the grace runs from here.
+            self.host.post(lambda at: DataplaneDisconnected(at=at, dataplane_id=dataplane_id))
         log.info(
             "dataplane %s resynced: %d runs, %d in-flight turns",
             request.dataplane_id or "(unnamed)",
@@ -106,7 +120,7 @@ async def start_grpc(
     host: Host, urls: Mapping[str, str], address: str
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server on ``address`` (port 0 picks one); return it and its port."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=KEEPALIVE_SERVER)
     pb_grpc.add_SchedulerServicer_to_server(  # type: ignore[no-untyped-call]
         SchedulerServicer(host, urls), server
     )
