@@ -328,3 +328,31 @@ async def test_turns_of_a_dataplane_that_stops_reporting_are_released_after_its_
     await sched.host.apply(lambda at: ClockTicked(at=at))
     assert set(sched.host.state.turns) == {"t2"}
     assert sched.host.counters.get("dropped_released") == 1
+
+
+async def test_a_dataplane_that_resyncs_but_never_reports_loses_its_turns_after_the_grace(
+    sched: Sched,
+) -> None:
+    """S11: a dataplane that dies between its resync and opening its report stream is
+    treated as one whose stream ended: the turns it listed are released after the grace."""
+    state = sched.host.state
+    sched.host.state = replace(state, params=replace(state.params, dataplane_grace_s=0.3))
+    await sched.stub.Resync(
+        pb.ResyncRequest(
+            dataplane_id="dp-gone",
+            in_flight=[
+                pb.TurnSnapshot(
+                    turn_id="t1",
+                    run_id="r1",
+                    replica="a",
+                    model="m",
+                    service_class=pb.SERVICE_CLASS_BATCH,
+                    started=True,
+                )
+            ],
+        )
+    )
+    assert set(sched.host.state.turns) == {"t1"}
+    await asyncio.sleep(0.4)
+    await sched.host.apply(lambda at: ClockTicked(at=at))
+    assert not sched.host.state.turns
