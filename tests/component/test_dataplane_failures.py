@@ -340,3 +340,23 @@ async def test_a_null_stream_options_is_replaced_not_duplicated(stack: Stack) ->
     sent = stack.engine.seen[0].content
     assert sent.count(b'"stream_options"') == 1
     assert json.loads(sent)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("stack", ["s3cret"], indirect=True)
+async def test_every_error_on_a_turn_route_names_a_run(stack: Stack) -> None:
+    """D6: errors found before the run is known (a bad body, a bad token) still carry
+    ``x-luftpause-run-id``: the run the client named, else a new one."""
+    auth = {"authorization": "Bearer s3cret"}
+    for route, body, headers in (
+        (CHAT, b"{not json", auth),
+        (CHAT, json.dumps(chat()).encode(), {}),
+        ("/v1/decide", b"[]", auth),
+        ("/v1/decide", b'{"input": "x"}', {}),
+    ):
+        resp = await stack.client.post(route, content=body, headers=headers)
+        assert resp.status_code in (400, 401)
+        assert resp.headers["x-luftpause-run-id"], (route, body)
+        named = await stack.client.post(
+            route, content=body, headers={**headers, "x-luftpause-run-id": "mine"}
+        )
+        assert named.headers["x-luftpause-run-id"] == "mine"

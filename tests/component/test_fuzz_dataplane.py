@@ -8,8 +8,8 @@ to a real in-process scheduler core over gRPC and a recording engine that
 always answers well, so any 5xx is our own. For every example:
 
 * the answer is never a 5xx (the engine never fails here);
-* an error answer is ``{"error": {"message": <str>}}`` (D6), and carries
-  ``x-luftpause-run-id`` when the client named a usable run;
+* an error answer is ``{"error": {"message": <str>}}`` (D6) and carries
+  ``x-luftpause-run-id``: the run the client named, when it named a usable one;
 * afterwards nothing is in flight or held: the scheduler, the dataplane's run
   table (what a resync re-sends) and its gauges are back to zero.
 
@@ -159,6 +159,8 @@ async def check(stack: Stack, route: str, body: bytes, headers: dict[str, str]) 
         named = headers.get("x-luftpause-run-id", "").strip()
         if 0 < len(named) <= 256:
             assert resp.headers["x-luftpause-run-id"] == named
+        else:  # a run is named all the same (D6)
+            assert resp.headers["x-luftpause-run-id"]
     await nothing_in_flight(stack)
 
 

@@ -313,14 +313,15 @@ def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
     )
 
 
-def _named_run(request: Request) -> str | None:
-    """The run the client named (D2), if usable: what an early error answers with."""
+def _early_run(request: Request, prefix: str) -> str:
+    """The run an answer names before the body is read (D6: every answer names one):
+    the run the client named, if usable, else a new run ID."""
     run_id = request.headers.get(identity.RUN_HEADER, "").strip()
-    return run_id if 0 < len(run_id) <= identity.MAX_RUN_ID else None
+    return run_id if 0 < len(run_id) <= identity.MAX_RUN_ID else f"{prefix}-{uuid.uuid4().hex}"
 
 
 async def _chat(dp: Dataplane, request: Request) -> Response:
-    request.state.run_id = _named_run(request)
+    request.state.run_id = _early_run(request, "run")
     cls = "batch"
     try:
         _authorize(dp, request)
@@ -448,17 +449,14 @@ async def _forward_chat(
 
 async def _decide(dp: Dataplane, request: Request) -> Response:
     """D7: a single-pass turn to a classifier replica (vLLM ``/classify`` format)."""
-    request.state.run_id = _named_run(request)
+    run_id = request.state.run_id = _early_run(request, "decide")
     try:
         _authorize(dp, request)
         decide = decide_request(await _body(request))
-        header_run = request.headers.get(identity.RUN_HEADER, "").strip()
-        if len(header_run) > identity.MAX_RUN_ID:
+        if len(request.headers.get(identity.RUN_HEADER, "").strip()) > identity.MAX_RUN_ID:
             raise BadRequest(
                 f"{identity.RUN_HEADER} is longer than {identity.MAX_RUN_ID} characters"
             )
-        run_id = header_run or f"decide-{uuid.uuid4().hex}"
-        request.state.run_id = run_id
         default = dp.single_pass_models[0] if dp.single_pass_models else ""
         model = decide.model or default
         if model not in dp.single_pass_models:
