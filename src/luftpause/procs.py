@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import signal
 import socket
@@ -35,6 +36,9 @@ def exit_text(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+log = logging.getLogger("luftpause.procs")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -194,7 +198,28 @@ class RouterProcess:
 def launch_sglang_router(
     worker_urls: Sequence[str], policy: str, stderr: Path, model: str, timeout: float = 60.0
 ) -> RouterProcess:
-    """Start the router on loopback and wait until a completion passes through it."""
+    """Start the router on loopback and wait until a completion passes through it.
+
+    A router killed by a signal while starting (seen rarely: an abort in its event
+    engine's poller before it served anything) is started once more, on new ports;
+    a second such death, or any other failure, is an error."""
+    for attempt in (1, 2):
+        try:
+            return _launch_sglang_router_once(worker_urls, policy, stderr, model, timeout)
+        except _RouterDiedBySignal as exc:
+            if attempt == 2:
+                raise ServiceFailed(str(exc)) from None
+            log.warning("%s\nstarting it once more", exc)
+    raise AssertionError("unreachable")
+
+
+class _RouterDiedBySignal(Exception):
+    pass
+
+
+def _launch_sglang_router_once(
+    worker_urls: Sequence[str], policy: str, stderr: Path, model: str, timeout: float
+) -> RouterProcess:
     port, metrics_port = free_port(), free_port()
     argv = [
         sys.executable, "-m", "sglang_router.launch_router",
@@ -213,7 +238,10 @@ def launch_sglang_router(
     last = ""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServiceFailed(f"sglang router {exit_text(proc.returncode)}:\n{router.stderr()}")
+            text = f"sglang router {exit_text(proc.returncode)}:\n{router.stderr()}"
+            if proc.returncode < 0:
+                raise _RouterDiedBySignal(text)
+            raise ServiceFailed(text)
         try:
             r = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=5)
             if r.status_code == 200:
