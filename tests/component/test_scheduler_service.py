@@ -356,3 +356,12 @@ async def test_a_dataplane_that_resyncs_but_never_reports_loses_its_turns_after_
     await asyncio.sleep(0.4)
     await sched.host.apply(lambda at: ClockTicked(at=at))
     assert not sched.host.state.turns
+
+
+def test_the_dataplane_names_itself_under_the_key_the_scheduler_reads() -> None:
+    """S11: the report-stream metadata key is written twice (the dataplane may not import
+    the scheduler): both sides must agree, or no dataplane is ever found lost."""
+    from luftpause.dataplane import scheduler_link
+    from luftpause.scheduler.service import grpc_server
+
+    assert scheduler_link.DATAPLANE_ID_KEY == grpc_server.DATAPLANE_ID_KEY

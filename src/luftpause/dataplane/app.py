@@ -355,7 +355,7 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
         dp.metrics.turns.labels(cls, exc.outcome.value).inc()
         return exc.response(request.state.run_id)
 
-    turn = Turn.admitted(
+    turn = Turn(
         TurnRecord(turn_id, run_id, admitted.replica, chat.model, cls, caller),
         link=dp.link,
         metrics=dp.metrics,
@@ -484,7 +484,7 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
         dp.metrics.turns.labels("interactive", exc.outcome.value).inc()
         return exc.response(request.state.run_id)
 
-    turn = Turn.admitted(
+    turn = Turn(
         TurnRecord(turn_id, run_id, admitted.replica, model, "interactive", caller),
         link=dp.link,
         metrics=dp.metrics,

@@ -166,3 +166,8 @@ class EngineRejected(TurnError):
 class InternalError(TurnError):
     status = 500
     outcome = Outcome.INTERNAL_ERROR
+
+    @classmethod
+    def of(cls, exc: BaseException) -> InternalError:
+        """The failure a turn is reported with when ``exc``, a bug of ours, ended it."""
+        return cls(f"internal error: {type(exc).__name__}")

@@ -4,7 +4,7 @@ A turn admitted by the scheduler holds a slot there, an entry in the run table
 (what a resync re-sends) and a place in the in-flight gauge. All three are
 given back in exactly one place, ``Turn.end``, which runs once whatever
 happens: the reply finished, the engine failed, the client left, or our own
-code raised. The routes open a turn with ``Turn.admitted`` and either end it
+code raised. The routes open a turn by constructing a ``Turn`` and either end it
 themselves or hand it to the stream relay, whose ``finally`` ends it; the
 ``serve`` ends any turn still open when the work that carries it raises, with
 the outcome the exception carries (``errors.TurnError``) or ``internal_error``
@@ -31,7 +31,9 @@ log = logging.getLogger("luftpause.dataplane")
 
 
 class Turn:
-    """An admitted turn (see the module docstring)."""
+    """An admitted turn (see the module docstring). Constructing one takes over a turn
+    the scheduler just admitted: it is counted and reported started, and from here on
+    it must end once."""
 
     def __init__(
         self,
@@ -39,8 +41,8 @@ class Turn:
         *,
         link: SchedulerLink,
         metrics: Metrics,
-        runs: RunTable | None,
-        memory: ToolCallMemory | None,
+        runs: RunTable | None = None,
+        memory: ToolCallMemory | None = None,
     ) -> None:
         self.record = record
         self._link = link
@@ -49,25 +51,11 @@ class Turn:
         self._memory = memory
         self.started_at = time.monotonic()
         self.ended: Outcome | None = None
-
-    @classmethod
-    def admitted(
-        cls,
-        record: TurnRecord,
-        *,
-        link: SchedulerLink,
-        metrics: Metrics,
-        runs: RunTable | None = None,
-        memory: ToolCallMemory | None = None,
-    ) -> Turn:
-        """Take over a turn the scheduler just admitted: from here on it must end once."""
-        turn = cls(record, link=link, metrics=metrics, runs=runs, memory=memory)
         if runs is not None:
             runs.admitted(record)
             runs.started(record.turn_id)
         metrics.in_flight.labels(record.service_class).inc()
-        turn._report(started=pb.TurnStarted())
-        return turn
+        self._report(started=pb.TurnStarted())
 
     def first_token(self) -> None:
         if self.ended is None:
@@ -93,7 +81,7 @@ class Turn:
             )
         except (TypeError, ValueError) as exc:  # a reply value a report cannot carry
             log.exception("turn %s: cannot report its reply", self.record.turn_id)
-            self.failed(InternalError(f"internal error: {type(exc).__name__}"))
+            self.failed(InternalError.of(exc))
             return
         if self._memory is not None:
             self._memory.remember(outcome.tool_call_ids, self.record.run_id)
@@ -138,7 +126,7 @@ async def serve(turn: Turn, work: Awaitable[Response]) -> Response:
         return exc.response(turn.record.run_id)
     except BaseException as exc:
         if isinstance(exc, Exception):
-            turn.failed(InternalError(f"internal error: {type(exc).__name__}"))
+            turn.failed(InternalError.of(exc))
         else:
             turn.failed(ClientLeft("client left"))
         raise
