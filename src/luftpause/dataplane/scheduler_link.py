@@ -78,7 +78,9 @@ class SchedulerLink:
         self._report_call: grpc.aio.StreamUnaryCall | None = None
         self._pending_run_ends: set[str] = set()
         self._resetting = False
-        self._resyncing = False  # a snapshot is on its way: reports after it are queued
+        # Reports are queued from the snapshot on, until the link breaks (then the next
+        # snapshot covers them). Whenever ``ready`` is set, so is this.
+        self._reporting = False
         self._link_up = asyncio.Event()  # replaced after each connect: a generation signal
         self.connects = 0
         self.on_state_change: Callable[[bool], None] = lambda up: None
@@ -99,7 +101,7 @@ class SchedulerLink:
                     log.debug("scheduler at %s unreachable: %s", self.address, exc.code().name)
             except Exception:
                 log.exception("scheduler link failed; reconnecting")
-            self._resyncing = False
+            self._reporting = False
             if self.ready.is_set():
                 self.ready.clear()
                 self.on_state_change(False)
@@ -114,7 +116,7 @@ class SchedulerLink:
         old, self._queue = self._queue, asyncio.Queue()
         old.put_nowait(_STOP)
         snapshot = self.snapshot()
-        self._resyncing = True
+        self._reporting = True
         await self.stub.Resync(snapshot, timeout=10.0, wait_for_ready=False)
         for run_id in sorted(self._pending_run_ends):
             await self.stub.RunEnded(pb.RunEndedRequest(run_id=run_id), timeout=10.0)
@@ -232,7 +234,7 @@ class SchedulerLink:
     def report(self, event: pb.TurnEvent) -> None:
         """Queue a turn event; dropped while the link is down and no resync is on its way
         (the next resync's snapshot covers it)."""
-        if self.ready.is_set() or self._resyncing:
+        if self._reporting:
             event.dataplane_id = self.dataplane_id
             self._queue.put_nowait(event)
 
