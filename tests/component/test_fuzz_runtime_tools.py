@@ -27,7 +27,8 @@ For every example:
 * the HTTP status is below 500 and the answer is one JSON-RPC message for the
   request: a result, a tool error (``isError: true``) with a message (an
   argument refused by the schema is named), ``-32602`` invalid params with a
-  message, or ``-32700`` for what the legacy parser refuses - never an
+  message, ``-32700`` for what the legacy parser refuses, or ``-32600`` with
+  status 413 for a body over the 4 MiB limit - never an
   internal error, never the SDK's bare ``Error executing tool <name>`` (the
   sign of an exception of ours), never traceback text, and nothing logged at
   ERROR;
@@ -70,7 +71,7 @@ from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient
 from luftpause.runtime.loop import Runtime
 from luftpause.runtime.runs import RunState
-from luftpause.runtime.server import build_app
+from luftpause.runtime.server import MAX_BODY_BYTES, build_app
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
 
 SPEC_TOOLS = {"spawn", "await", "run", "status", "cancel", "approve", "tools", "decide"}
@@ -472,10 +473,13 @@ class Harness:
         if "error" in message:
             error = message["error"]
             # Never -32603 / 0 (an exception of ours); -32700 for what the legacy era's
-            # JSON parser refuses (lone surrogates), with the parser's reason.
-            assert error["code"] in (-32602, -32700), error
+            # JSON parser refuses (lone surrogates), with the parser's reason; -32600
+            # (status 413) for a body over the limit.
+            assert error["code"] in (-32602, -32700, -32600), error
+            assert (error["code"] == -32600) == (response.status_code == 413), error
             assert isinstance(error.get("message"), str) and error["message"].strip(), error
-            return ("invalid params" if error["code"] == -32602 else "parse error"), error
+            kinds = {-32602: "invalid params", -32700: "parse error", -32600: "too large"}
+            return kinds[error["code"]], error
         result = message["result"]
         texts = [c.get("text", "") for c in result.get("content") or []]
         if result.get("isError"):
@@ -861,6 +865,16 @@ def test_decide_with_labels_on_an_unknown_model_is_a_tool_error(harness: Harness
         kind = harness.example(era, {"name": "decide", "arguments": args})
         assert kind == "tool error", harness.last
         assert "no Generative replica serves model 'nope'" in _text(harness.last)
+
+
+def test_a_body_over_the_limit_is_a_json_rpc_error(harness: Harness) -> None:
+    """R1: a request body over the MCP SDK's limit (4 MiB) is refused with status 413
+    and a JSON-RPC error naming the limit (the SDK alone answers plain text)."""
+    for era in (LEGACY, MODERN):
+        args = {"task": "x" * (MAX_BODY_BYTES + 1)}
+        kind = harness.example(era, {"name": "spawn", "arguments": args})
+        assert kind == "too large", harness.last
+        assert str(MAX_BODY_BYTES) in harness.last["message"]
 
 
 def test_budget_timer_is_released_when_the_last_run_of_its_tree_ends(harness: Harness) -> None:

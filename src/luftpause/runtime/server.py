@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from mcp_types import (
     CallToolResult,
     ElicitRequest,
@@ -748,6 +748,60 @@ def transport_security_for(host: str) -> TransportSecuritySettings:
     )
 
 
+MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE  # the MCP SDK's own default, 4 MiB
+
+
+class JsonRpcBodyLimit:
+    """The MCP SDK refuses a request body over its limit (4 MiB) with a plain-text 413;
+    an MCP client reads JSON-RPC. This answers that same refusal as a JSON-RPC error
+    (``-32600``, id null: the request was never read), still with status 413."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        replaced = False
+
+        async def send_json(message: Any) -> None:
+            nonlocal replaced
+            if message["type"] == "http.response.start" and message["status"] == 413:
+                replaced = True
+                body = json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {
+                            "code": -32600,
+                            "message": "request body too large: the limit is "
+                            f"{MAX_BODY_BYTES} bytes",
+                        },
+                    }
+                ).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 413,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+            elif not replaced:  # the SDK's own text body is dropped
+                await send(message)
+
+        await self.app(scope, receive, send_json)
+
+
 class BearerAuth:
     """X2: ``Authorization: Bearer <token>`` on ``/mcp`` and ``/status`` (constant time)."""
 
@@ -804,6 +858,7 @@ def build_app(
         stateless_http=False,
         transport_security=transport_security_for(host),
         host=host,
+        max_request_body_size=MAX_BODY_BYTES,
     )
 
     async def status_route(_: Request) -> JSONResponse:
@@ -826,7 +881,7 @@ def build_app(
         routes=[
             Route("/status", status_route, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
-            Mount("/", app=mcp_app),
+            Mount("/", app=JsonRpcBodyLimit(mcp_app)),
         ],
         lifespan=lifespan,
     )
