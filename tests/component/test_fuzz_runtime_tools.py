@@ -67,10 +67,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from luftpause.config import RuntimeSettings
+from luftpause.runtime.core import RunState
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient
 from luftpause.runtime.loop import Runtime
-from luftpause.runtime.runs import RunState
 from luftpause.runtime.server import MAX_BODY_BYTES, build_app
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
 
@@ -376,7 +376,7 @@ class Harness:
             if value == "@first":
                 return self.handles[0]
             if value == "@live":
-                waiting = [r.id for r in self.rt.registry.runs.values() if not r.done]
+                waiting = [r.id for r in self.rt.state.runs.values() if not r.done]
                 return waiting[-1] if waiting else self.handles[-1]
             return self.handles[-1]
         if isinstance(value, list):
@@ -509,7 +509,7 @@ class Harness:
 
     async def decline_waiting(self, grace: float = 0.0) -> None:
         now = time.monotonic()
-        for run in list(self.rt.registry.runs.values()):
+        for run in list(self.rt.state.runs.values()):
             if run.state is RunState.AWAITING_APPROVAL and run.pending is not None:
                 key = (run.id, run.pending.key)
                 if now - self.pending_since.setdefault(key, now) < grace:
@@ -532,26 +532,24 @@ class Harness:
             async with asyncio.timeout(SETTLE_TIMEOUT_S):
                 while True:
                     await self.decline_waiting()
-                    busy = [r for r in rt.registry.runs.values() if not r.done]
-                    tasks = [
-                        r.task for r in rt.registry.runs.values() if r.task and not r.task.done()
-                    ]
+                    busy = [r for r in rt.state.runs.values() if not r.done]
+                    tasks = [t for t in rt._tasks.values() if not t.done()]
                     if not busy and not tasks and not rt._background:
                         break
                     await asyncio.sleep(0.01)
         except TimeoutError:
             stuck = {
-                r.id: (r.state.value, r.task)
-                for r in rt.registry.runs.values()
-                if not r.done or (r.task and not r.task.done())
+                r.id: (r.state.value, rt._tasks.get(r.id))
+                for r in rt.state.runs.values()
+                if not r.done or r.id in rt._tasks
             }
             raise AssertionError(f"left in flight: {stuck}, background {rt._background}") from None
         # R15: every run (and labelled decide) that turned is reported ended.
         assert TURNED <= ENDED, f"never reported ended: {sorted(TURNED - ENDED)}"
         # The only failure the scripted dataplane causes is the unknown model's 404.
-        failed = {r.id: r.error for r in rt.registry.runs.values() if r.state is RunState.FAILED}
+        failed = {r.id: r.error for r in rt.state.runs.values() if r.state is RunState.FAILED}
         assert all("no Generative replica" in str(e) for e in failed.values()), failed
-        assert not rt.registry._watchers, rt.registry._watchers
+        assert not rt.watchers._events, rt.watchers._events
         assert not rt._timers, f"budget timers left armed: {sorted(rt._timers)}"
         if hasattr(self, "baseline"):
             stray: set[asyncio.Task[Any]] = set()
@@ -563,7 +561,7 @@ class Harness:
         status = await self.http.get("/status")
         assert status.status_code == 200, status.text[:2000]
         tree = _strict_json(status.text)
-        assert tree["runs"] == len(rt.registry.runs)
+        assert tree["runs"] == len(rt.state.runs)
 
 
 @pytest.fixture(scope="module")
@@ -893,7 +891,7 @@ def test_budget_timer_is_released_when_the_last_run_of_its_tree_ends(harness: Ha
             )
             [message] = _messages(response)
             handles.append(message["result"]["structuredContent"]["handle"])
-        owner, child = (rt.registry.runs[h] for h in handles)
+        owner, child = (rt.state.runs[h] for h in handles)
         async with asyncio.timeout(10):
             while not owner.done:
                 await asyncio.sleep(0.01)
@@ -902,7 +900,7 @@ def test_budget_timer_is_released_when_the_last_run_of_its_tree_ends(harness: Ha
         return owner.id, child.id
 
     owner, child = harness.runner.run(go())
-    assert rt.registry.runs[child].state is RunState.COMPLETED
+    assert rt.state.runs[child].state is RunState.COMPLETED
     assert owner not in rt._timers
 
 
@@ -930,12 +928,12 @@ def test_lone_surrogates_in_spawn_and_decide_text_are_refused_without_a_stuck_ru
         ("decide", {"input": "x", "labels": ["yes", "n\ud800"]}, "labels"),
         ("decide", {"input": "x", "model": "\ud800"}, "model"),
     ]
-    runs = len(harness.rt.registry.runs)
+    runs = len(harness.rt.state.runs)
     for name, args, field in calls:
         kind = harness.example(MODERN, {"name": name, "arguments": args})  # settles too
         assert kind == "tool error", harness.last
         assert f"{field}: not valid Unicode" in _text(harness.last)
-    assert len(harness.rt.registry.runs) == runs
+    assert len(harness.rt.state.runs) == runs
 
 
 def test_a_non_ascii_client_name_is_a_header_safe_caller(harness: Harness) -> None:
@@ -945,7 +943,7 @@ def test_a_non_ascii_client_name_is_a_header_safe_caller(harness: Harness) -> No
     args = {"task": "hello"}
     kind = harness.example(MODERN, {"name": "run", "arguments": args}, client="Café 🎉\n")
     assert kind == "accepted", harness.last
-    run = harness.rt.registry.runs[harness.handles[-1]]
+    run = harness.rt.state.runs[harness.handles[-1]]
     assert run.state is RunState.COMPLETED, run.error
     assert run.caller == "client:Caf\\xe9 \\U0001f389\\n"
 
@@ -985,7 +983,7 @@ def test_an_approval_whose_caller_leaves_mid_journal_write_still_reaches_the_run
 
     async def go() -> str:
         await harness.prelude("approval")
-        run = rt.registry.runs[harness.handles[-1]]
+        run = rt.state.runs[harness.handles[-1]]
         async with asyncio.timeout(10):
             while run.pending is None:
                 await asyncio.sleep(0.005)
@@ -998,7 +996,7 @@ def test_an_approval_whose_caller_leaves_mid_journal_write_still_reaches_the_run
         await harness.settle()
         return run.id
 
-    run = rt.registry.runs[harness.runner.run(go())]
+    run = rt.state.runs[harness.runner.run(go())]
     assert run.state is RunState.COMPLETED and run.result == "done", (run.state, run.error)
     assert run.approvals == {"0:0": True} and run.own.failed_tool_calls == 0
 
@@ -1012,14 +1010,14 @@ def test_a_spawn_whose_caller_leaves_mid_journal_write_still_starts_its_run(
     rt = harness.rt
 
     async def go() -> set[str]:
-        before = set(rt.registry.runs)
+        before = set(rt.state.runs)
         with slow_journal(rt):
             spawn = {"name": "spawn", "arguments": {"task": "orphan"}}
             call = asyncio.create_task(harness.request(MODERN, "tools/call", spawn))
-            await _leave_when(call, lambda: set(rt.registry.runs) - before)
+            await _leave_when(call, lambda: set(rt.state.runs) - before)
         await harness.settle()
-        return set(rt.registry.runs) - before
+        return set(rt.state.runs) - before
 
     [handle] = harness.runner.run(go())
-    run = rt.registry.runs[handle]
+    run = rt.state.runs[handle]
     assert run.state is RunState.COMPLETED and run.result == "done", (run.state, run.error)

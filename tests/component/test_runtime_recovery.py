@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 
 from luftpause.config import RuntimeSettings
+from luftpause.runtime.core import RunState
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient
 from luftpause.runtime.loop import DECLINED, Runtime, SpawnRequest
-from luftpause.runtime.runs import RunState
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
 
 RM = UpstreamTool(
@@ -69,7 +69,7 @@ def model(request: httpx.Request) -> httpx.Response:
     )  # fmt: skip
 
 
-def runtime(state: Path, hub: Hub) -> tuple[Runtime, list[dict[str, Any]]]:
+def runtime(state: Path, hub: Hub) -> tuple[Runtime, list[tuple[int, bytes]]]:
     settings = RuntimeSettings(state_dir=str(state), default_model="m")
     journal = Journal(state)
     records = journal.open()
@@ -112,7 +112,7 @@ async def test_answered_approvals_are_not_asked_again_open_ones_are(tmp_path: Pa
     rt2, records2 = runtime(tmp_path, hub2)
     resumed = rt2.recover(records2)
     assert [r.id for r in resumed] == [run.id]
-    again = rt2.registry.runs[run.id]
+    again = rt2.state.runs[run.id]
     assert again.approvals == {"0:0": True, "1:0": True}
     await until(lambda: again.done, "resumed run")
     assert again.state is RunState.COMPLETED and again.result == "all done"
@@ -129,7 +129,7 @@ async def test_answered_approvals_are_not_asked_again_open_ones_are(tmp_path: Pa
     await rt3.shutdown()
     rt4, records4 = runtime(tmp_path / "second", Hub())
     rt4.recover(records4)
-    run4 = rt4.registry.runs[run3.id]
+    run4 = rt4.state.runs[run3.id]
     await until(lambda: run4.pending is not None, "asked again")
     assert run4.pending is not None and run4.pending.key == "0:0"
     await rt4.decide_approval(run4, False)
@@ -154,9 +154,42 @@ async def test_recovering_twice_does_no_harm(tmp_path: Path) -> None:
     for _ in range(2):
         rt_n, recs = runtime(tmp_path, Hub())
         rt_n.recover(recs)
-        again = rt_n.registry.runs[run.id]
+        again = rt_n.state.runs[run.id]
         states.append((again.state, again.turns, again.approvals, again.own.to_json()))
         await until(lambda again=again: again.pending is not None, "asked")  # type: ignore[misc]
         await rt_n.shutdown()
     assert states[0] == states[1]
     assert (tmp_path / "runs.jsonl").stat().st_size == size
+
+
+async def test_an_unreadable_record_fails_its_run_and_the_rest_recover(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """R8: a journal line that is not a record (here an incomplete spawn) fails the run it
+    names, with the line and the reason; every other run resumes and finishes; start-up
+    logs the problem and ``GET /status`` lists it."""
+    from luftpause.runtime.status import status_tree
+
+    hub = Hub()
+    rt, lines = runtime(tmp_path, hub)
+    rt.recover(lines)
+    good = await rt.spawn(SpawnRequest(task="x"), caller="test")
+    await rt.shutdown()  # "crash" before it could run far
+    with (tmp_path / "runs.jsonl").open("a") as f:
+        f.write('{"t":"spawn","run":"run-broken"}\n')
+    rt2, lines2 = runtime(tmp_path, Hub())
+    with caplog.at_level("ERROR"):
+        rt2.recover(lines2)
+    assert "run run-broken marked Failed" in caplog.text
+    broken = rt2.state.runs["run-broken"]
+    assert broken.state is RunState.FAILED
+    assert broken.error is not None and "missing field 'spec'" in broken.error
+    again = rt2.state.runs[good.id]
+    for _ in range(2):  # both of its tool calls need approval
+        await until(lambda: again.pending is not None, "the good run resumed")
+        await rt2.decide_approval(again, True)
+    await until(lambda: again.done, "the good run")
+    assert again.state is RunState.COMPLETED
+    problems = status_tree(rt2)["journal"]["problems"]
+    assert len(problems) == 1 and "line" in problems[0] and "run-broken" in problems[0]
+    await rt2.shutdown()

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from luftpause.runtime.core import Budget, RuntimeState, Usage, apply, parse
 from luftpause.runtime.decide import score_labels
-from luftpause.runtime.runs import Registry, Usage
 
 
-def spawn(reg: Registry, run: str, parent: str | None = None, **budget: Any) -> None:
+def spawn(reg: RuntimeState, run: str, parent: str | None = None, **budget: Any) -> None:
     spec = {"task": "t", "model": "m", "serviceClass": "batch", **budget}
-    reg.apply({"t": "spawn", "run": run, "spec": spec, "parent": parent, "created": 1000.0})
+    line = {"t": "spawn", "run": run, "spec": spec, "parent": parent, "created": 1000.0}
+    apply(reg, parse(json.dumps(line).encode()))
 
 
-def tree() -> Registry:
-    reg = Registry()
+def tree() -> RuntimeState:
+    reg = RuntimeState()
     spawn(reg, "root", budgetTokens=100, budgetToolCalls=3, budgetSeconds=10)
     spawn(reg, "mid", "root")
     spawn(reg, "leaf", "mid", budgetToolCalls=1)
@@ -75,7 +77,7 @@ def test_budget_json_and_a_recorded_breach() -> None:
         "used": {"tokens": 0, "toolCalls": 0, "seconds": 2.0},
         "exceeded": None,
     }
-    reg.apply({"t": "budget", "run": "root", "message": "budget exceeded: seconds 10.0/10"})
+    apply(reg, Budget(run="root", message="budget exceeded: seconds 10.0/10"))
     assert reg.budget_breach(reg.runs["leaf"], 1003.0) == (root, root.budget_exceeded)
     assert reg.budget_json(reg.runs["mid"], 1002.0) is None
 

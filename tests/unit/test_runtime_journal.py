@@ -1,4 +1,5 @@
-"""R8: the run journal - torn last line, durable appends, idempotent replay."""
+"""R8: the run journal - typed records, torn last line, durable appends, idempotent
+replay, unreadable lines failing only their own run."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ from typing import Any
 
 import pytest
 
-from luftpause.runtime.journal import Journal, read_records
-from luftpause.runtime.runs import Registry, RunState
+from luftpause.runtime.core import (
+    Approval,
+    RecordError,
+    RunState,
+    RuntimeState,
+    apply,
+    encode,
+    parse,
+    replay,
+)
+from luftpause.runtime.journal import Journal, read_lines
 
 SPEC = {"task": "t", "model": "m", "serviceClass": "batch", "maxToolCalls": 8}
 
@@ -62,7 +72,23 @@ def history() -> list[dict[str, Any]]:
     ]
 
 
-def snapshot(reg: Registry) -> dict[str, Any]:
+def lines_of(records: list[dict[str, Any]]) -> list[tuple[int, bytes]]:
+    return [(i, json.dumps(r).encode()) for i, r in enumerate(records, start=1)]
+
+
+def replayed(records: list[dict[str, Any]]) -> RuntimeState:
+    state = RuntimeState()
+    report = replay(state, lines_of(records))
+    assert report.problems == []
+    return state
+
+
+def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
+    lines, clean = read_lines(path)
+    return [json.loads(raw) for _, raw in lines], clean
+
+
+def snapshot(reg: RuntimeState) -> dict[str, Any]:
     return {
         rid: (
             r.state,
@@ -81,9 +107,7 @@ def snapshot(reg: Registry) -> dict[str, Any]:
 
 def test_replay_rebuilds_runs_and_the_open_round() -> None:
     """R8, R9: replay gives the tree, subtree usage, the open round and its approval."""
-    reg = Registry()
-    for rec in history():
-        reg.apply(rec)
+    reg = replayed(history())
     a, b = reg.runs["a"], reg.runs["b"]
     assert a.children == ["b"] and b.parent == "a"
     assert b.state is RunState.COMPLETED and b.result == "done"
@@ -96,32 +120,28 @@ def test_replay_rebuilds_runs_and_the_open_round() -> None:
 
 def test_recovery_is_idempotent() -> None:
     """R8: replaying twice, or a journal holding records twice, gives the same state."""
-    once, twice, doubled = Registry(), Registry(), Registry()
-    for rec in history():
-        once.apply(rec)
+    once, twice, doubled = replayed(history()), RuntimeState(), RuntimeState()
     for _ in range(2):
-        for rec in history():
-            twice.apply(rec)
-    for rec in history():
-        doubled.apply(rec)
-        doubled.apply(json.loads(json.dumps(rec)))
+        replay(twice, lines_of(history()))
+    replay(doubled, lines_of([r for rec in history() for r in (rec, rec)]))
     assert snapshot(once) == snapshot(twice) == snapshot(doubled)
 
 
 def test_records_after_the_end_change_nothing() -> None:
     """R8: a finished run is final, whatever the journal says after its end."""
-    reg = Registry()
-    for rec in history():
-        reg.apply(rec)
+    reg = replayed(history())
     before = snapshot(reg)
     late = {
         "t": "turn",
         "run": "b",
         "seq": 0,
         "usage": {"turns": 1},
-        "message": {"role": "assistant", "tool_calls": []},
+        "message": {
+            "role": "assistant",
+            "tool_calls": [{"id": "c", "function": {"name": "x", "arguments": "{}"}}],
+        },
     }
-    assert reg.apply(late) is False
+    assert apply(reg, parse(json.dumps(late).encode())) is None
     assert snapshot(reg) == before
 
 
@@ -137,10 +157,10 @@ def test_torn_last_line_is_ignored_with_a_warning(
     assert len(records) == 3 and "torn last line" in caplog.text
     assert clean == len(("\n".join(lines) + "\n").encode())
 
-    async def reopen() -> list[dict[str, Any]]:
+    async def reopen() -> list[tuple[int, bytes]]:
         journal = Journal(tmp_path)
         got = journal.open()
-        await journal.append(history()[3])
+        await journal.append(encode(parse(json.dumps(history()[3]).encode())))
         await journal.close()
         return got
 
@@ -157,7 +177,7 @@ def test_complete_last_line_without_newline_is_kept(tmp_path: Path) -> None:
     async def reopen() -> None:
         journal = Journal(tmp_path)
         assert len(journal.open()) == 1
-        await journal.append(history()[1])
+        await journal.append(encode(parse(json.dumps(history()[1]).encode())))
         await journal.close()
 
     asyncio.run(reopen())
@@ -169,17 +189,62 @@ async def test_concurrent_appends_are_all_durable(tmp_path: Path) -> None:
     journal = Journal(tmp_path)
     journal.open()
     recs = [
-        {
-            "t": "approval",
-            "run": "a",
-            "key": str(i),
-            "tool": "x",
-            "arguments": {},
-            "allow": i % 2 == 0,
-        }
+        Approval(run="a", key=f"0:{i}", tool="x", arguments={}, allow=i % 2 == 0)
         for i in range(200)
     ]
-    await asyncio.gather(*(journal.append(r) for r in recs))
+    await asyncio.gather(*(journal.append(encode(r)) for r in recs))
     await journal.close()
     records, _ = read_records(tmp_path / "runs.jsonl")
-    assert sorted(int(r["key"]) for r in records) == list(range(200))
+    assert sorted(int(r["key"].split(":")[1]) for r in records) == list(range(200))
+
+
+def test_every_record_survives_encode_and_parse() -> None:
+    """R8: ``encode`` and ``parse`` are inverses; a record without ``v`` reads as version 1."""
+    for raw in history():
+        record = parse(json.dumps(raw).encode())
+        assert parse(encode(record)) == record
+        assert json.loads(encode(record))["v"] == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "reason", "run"),
+    [
+        (b'{"t":"spawn","run":"x"}', "spawn record: missing field 'spec'", "x"),
+        (b'{"t":"teleport","run":"x"}', "unknown record type 'teleport'", "x"),
+        (b'{"t":"budget","run":"x","v":2,"message":"m"}', "format version 2", "x"),
+        (b'{"t":"turn","run":"x","seq":-1', "not JSON", "x"),
+        (b"[1, 2]", "not a JSON object but list", None),
+        (b"garbage", "not JSON", None),
+        (
+            b'{"t":"turn","run":"x","seq":0,"message":{"role":"assistant","tool_calls":[]}}',
+            "turn record: message.tool_calls",
+            "x",
+        ),
+    ],
+)
+def test_unreadable_lines_raise_a_named_error(line: bytes, reason: str, run: str | None) -> None:
+    """R8: a corrupt, unknown, newer or incomplete record is a RecordError naming why
+    and, when the line says so, whose it is."""
+    with pytest.raises(RecordError) as caught:
+        parse(line)
+    assert reason in caught.value.reason and caught.value.run == run
+
+
+def test_an_unreadable_line_fails_only_its_run() -> None:
+    """R8: replay marks the run of an unreadable line Failed with the line number and the
+    reason; every other run recovers, and replaying again changes nothing."""
+    lines = lines_of(history())
+    lines.insert(1, (99, b'{"t":"spawn","run":"x"}'))  # the run cannot even be created
+    lines.insert(4, (100, b'{"t":"tools","run":"a","seq":0,"results":"oops"}'))
+    lines.append((101, b"not json at all"))
+    state = RuntimeState()
+    report = replay(state, lines)
+    assert [(p.line, p.run) for p in report.problems] == [(99, "x"), (100, "a"), (101, None)]
+    x, a, b = state.runs["x"], state.runs["a"], state.runs["b"]
+    assert x.state is RunState.FAILED and "journal line 99" in (x.error or "")
+    assert "missing field 'spec'" in (x.error or "")
+    assert a.state is RunState.FAILED and "journal line 100" in (a.error or "")
+    assert b.state is RunState.COMPLETED and b.result == "done"
+    before = snapshot(state)
+    replay(state, lines)
+    assert snapshot(state) == before

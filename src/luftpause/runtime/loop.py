@@ -20,7 +20,7 @@ and starts one asyncio task running :meth:`Runtime.drive`. The loop:
 A run ends ``Completed``, ``Failed`` (a turn failed for good) or ``Cancelled``
 (``cancel`` or a budget). Every end is journaled and reported to the dataplane
 (``DELETE /v1/runs/{id}``, R15). On shutdown the tasks are cancelled without an
-end record: the journal resumes them at the next start (see ``journal.py``).
+end record: the journal resumes them at the next start (see ``core/apply.py``).
 
 Cancellation of a subtree changes the state of every victim synchronously
 (apply the ``end`` records) before any task is cancelled or any write awaited,
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import logging
 import time
@@ -40,18 +41,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from luftpause.config import RuntimeSettings
-from luftpause.runtime.hygiene import check_call, recover_text_tool_calls
-from luftpause.runtime.journal import Journal
-from luftpause.runtime.llm import DataplaneClient, Identity, TurnFailed
-from luftpause.runtime.runs import (
+from luftpause.runtime.core import (
+    Approval,
+    AssistantMessage,
+    Budget,
+    End,
     PendingApproval,
-    Registry,
+    ReplayReport,
     Run,
     RunSpec,
     RunState,
+    RuntimeState,
+    Spawn,
+    ToolMessage,
+    Tools,
+    Turn,
     Usage,
+    apply,
+    encode,
+    replay,
 )
+from luftpause.runtime.core.apply import AnyRecord
+from luftpause.runtime.core.state import owner_breach
+from luftpause.runtime.hygiene import check_call, recover_text_tool_calls
+from luftpause.runtime.journal import Journal
+from luftpause.runtime.llm import DataplaneClient, Identity, TurnFailed
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
+from luftpause.runtime.watchers import Watchers
 
 log = logging.getLogger("luftpause.runtime")
 
@@ -103,26 +119,46 @@ class Runtime:
     journal: Journal
     llm: DataplaneClient
     hub: ToolHub
-    registry: Registry = field(default_factory=Registry)
+    state: RuntimeState = field(default_factory=RuntimeState)
+    watchers: Watchers = field(default_factory=Watchers)
     clock: Callable[[], float] = time.time
+    # The live side of runs, kept out of the state (which is data only): each unfinished
+    # run's task, and the answer an open approval waits for.
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _decisions: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
+    replay_report: ReplayReport = field(default_factory=ReplayReport)
     _timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopping: bool = False
 
     # ------------------------------------------------------------------ lifecycle
 
-    def recover(self, records: list[dict[str, Any]]) -> list[Run]:
-        """Replay the journal (idempotent) and start every unfinished run again."""
-        for record in records:
-            self.registry.apply(record)
-        resumed = [r for r in self.registry.runs.values() if not r.done]
+    def recover(self, lines: list[tuple[int, bytes]]) -> list[Run]:
+        """Replay the journal's lines (idempotent) and start every unfinished run again.
+
+        An unreadable line fails the run it belongs to (see ``core.apply.replay``);
+        each such problem is logged and kept in ``replay_report`` for ``GET /status``.
+        """
+        report = replay(self.state, lines)
+        self.replay_report = report
+        for problem in report.problems:
+            log.error("journal %s: %s", self.journal.path, problem)
+        resumed = [r for r in self.state.runs.values() if not r.done]
         for run in resumed:
-            if run.task is None or run.task.done():
+            task = self._tasks.get(run.id)
+            if task is None or task.done():
                 self._start(run)
-        for run in self.registry.runs.values():
+        for run in self.state.runs.values():
             self._arm_timer(run)
-        done = len(self.registry.runs) - len(resumed)
-        log.info("journal: %d finished runs, %d resumed", done, len(resumed))
+        done = len(self.state.runs) - len(resumed)
+        log.info(
+            "journal: %d finished runs, %d resumed%s",
+            done,
+            len(resumed),
+            f", {len(report.problems)} unreadable line(s): see the errors above"
+            if report.problems
+            else "",
+        )
         return resumed
 
     async def shutdown(self) -> None:
@@ -131,7 +167,7 @@ class Runtime:
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
-        tasks = [r.task for r in self.registry.runs.values() if r.task and not r.task.done()]
+        tasks = [t for t in self._tasks.values() if not t.done()]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -154,12 +190,25 @@ class Runtime:
         return task
 
     def _start(self, run: Run) -> None:
-        run.task = self._spawn_task(self.drive(run), f"run-{run.id}")
+        task = self._spawn_task(self.drive(run), f"run-{run.id}")
+        self._tasks[run.id] = task
+        task.add_done_callback(functools.partial(self._forget_task, run.id))
 
-    async def _record(self, record: dict[str, Any]) -> None:
+    def _forget_task(self, run_id: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(run_id) is task:
+            del self._tasks[run_id]
+
+    def _apply(self, record: AnyRecord) -> Run | None:
+        """Apply a record to the state and wake whoever watches the run it changed."""
+        run = apply(self.state, record)
+        if run is not None:
+            self.watchers.notify(self.state.ancestors(run))
+        return run
+
+    async def _record(self, record: AnyRecord) -> None:
         """Apply a record to the state, then make it durable."""
-        self.registry.apply(record)
-        await self.journal.append(record)
+        self._apply(record)
+        await self.journal.append(encode(record))
 
     # ------------------------------------------------------------------ spawn
 
@@ -186,7 +235,7 @@ class Runtime:
             check_text(label, text)
         parent: Run | None = None
         if req.parent is not None:
-            parent = self.registry.runs.get(req.parent)
+            parent = self.state.runs.get(req.parent)
             if parent is None:
                 raise RuntimeError_(f"unknown parent handle {req.parent!r}")
         if req.service_class is not None and req.service_class not in SERVICE_CLASSES:
@@ -224,20 +273,19 @@ class Runtime:
             approve_tools=tuple(req.approve_tools or ()),
         )
         run_id = f"run-{uuid.uuid4().hex[:16]}"
-        record = {
-            "t": "spawn",
-            "run": run_id,
-            "spec": spec.to_json(),
-            "parent": parent.id if parent is not None else None,
-            "created": self.clock(),
-            "caller": caller,
-        }
+        record = Spawn(
+            run=run_id,
+            spec=spec,
+            parent=parent.id if parent is not None else None,
+            created=self.clock(),
+            caller=caller,
+        )
 
         async def commit() -> Run:
             await self._record(record)
-            run = self.registry.runs[run_id]
+            run = self.state.runs[run_id]
             self._start(run)
-            for owner in self.registry.ancestors(run):  # later spawns count against older budgets
+            for owner in self.state.ancestors(run):  # later spawns count against older budgets
                 self._arm_timer(owner)
             return run
 
@@ -318,13 +366,12 @@ class Runtime:
                     "tool_calls": calls,
                 }
                 await self._record(
-                    {
-                        "t": "turn",
-                        "run": run.id,
-                        "seq": seq,
-                        "message": assistant,
-                        "usage": usage.to_json(),
-                    }
+                    Turn(
+                        run=run.id,
+                        seq=seq,
+                        message=AssistantMessage.model_validate(assistant),
+                        usage=usage,
+                    )
                 )
             calls = list(run.turns[seq].get("tool_calls") or [])
             await self._check_budgets(run, new_tool_calls=len(calls))
@@ -332,13 +379,12 @@ class Runtime:
             if run.done:
                 return
             await self._record(
-                {
-                    "t": "tools",
-                    "run": run.id,
-                    "seq": seq,
-                    "results": results,
-                    "usage": usage.to_json(),
-                }
+                Tools(
+                    run=run.id,
+                    seq=seq,
+                    results=tuple(ToolMessage.model_validate(m) for m in results),
+                    usage=usage,
+                )
             )
 
     def _tool_calls(
@@ -442,18 +488,22 @@ class Runtime:
         if key in run.approvals:
             return run.approvals[key]
         decided: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        pending = PendingApproval(key, tool, arguments, decided)
-        run.pending = pending
-        run.state = RunState.AWAITING_APPROVAL
-        self.registry.notify(run)
+        pending = PendingApproval(key, tool, arguments)
+        self._decisions[run.id] = decided
+        self.state.ask(run, pending)
+        self.watchers.notify(self.state.ancestors(run))
         try:
             return await decided
         finally:
+            if self._decisions.get(run.id) is decided:
+                del self._decisions[run.id]
             if run.pending is pending:
-                run.pending = None
-                if not run.done:
-                    run.state = RunState.RUNNING
-                self.registry.notify(run)
+                self.state.stop_asking(run, pending)
+                self.watchers.notify(self.state.ancestors(run))
+
+    def decision(self, run: Run) -> asyncio.Future[bool] | None:
+        """The answer the run's open approval waits for (None when none is open)."""
+        return self._decisions.get(run.id)
 
     async def decide_approval(self, run: Run, allow: bool, key: str | None = None) -> None:
         pending = run.pending
@@ -461,21 +511,17 @@ class Runtime:
             raise RuntimeError_(f"run {run.id} has already ended ({run.state.value})")
         if pending is None or (key is not None and pending.key != key):
             raise RuntimeError_(f"run {run.id} is not waiting for an approval")
-        if pending.key in run.approvals or pending.decided.done():
+        decided = self._decisions.get(run.id)
+        if pending.key in run.approvals or decided is None or decided.done():
             raise RuntimeError_(f"run {run.id}: this tool call was already answered")
-        record = {
-            "t": "approval",
-            "run": run.id,
-            "key": pending.key,
-            "tool": pending.tool,
-            "arguments": pending.arguments,
-            "allow": allow,
-        }
+        record = Approval(
+            run=run.id, key=pending.key, tool=pending.tool, arguments=pending.arguments, allow=allow
+        )
 
         async def commit() -> None:
             await self._record(record)
-            if not pending.decided.done():
-                pending.decided.set_result(allow)
+            if not decided.done():
+                decided.set_result(allow)
 
         # Once recorded, the answer must reach the run even if the caller goes away (a
         # client that disconnects mid-call): else the run waits for ever on a call
@@ -492,27 +538,26 @@ class Runtime:
         result: str | None = None,
         error: str | None = None,
         usage: Usage | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> End | None:
         """End the run in memory at once; the returned record still has to be written."""
         if run.done:
             return None
-        pending = run.pending
-        record = {
-            "t": "end",
-            "run": run.id,
-            "state": state.value,
-            "result": result,
-            "error": error,
-            "usage": (usage or Usage()).to_json(),
-            "time": self.clock(),
-        }
-        self.registry.apply(record)
-        if pending is not None and not pending.decided.done():
-            pending.decided.cancel()
-        task = run.task
+        record = End(
+            run=run.id,
+            state=state,
+            result=result,
+            error=error,
+            usage=usage or Usage(),
+            time=self.clock(),
+        )
+        self._apply(record)
+        decided = self._decisions.pop(run.id, None)
+        if decided is not None and not decided.done():
+            decided.cancel()
+        task = self._tasks.get(run.id)
         if task is not None and task is not asyncio.current_task() and not task.done():
             task.cancel()
-        for owner in self.registry.ancestors(run):  # the last run of a subtree frees its timer
+        for owner in self.state.ancestors(run):  # the last run of a subtree frees its timer
             self._disarm_timer(owner)
         self._background_task(self.llm.end_run(run.id), f"end-{run.id}")
         return record
@@ -528,24 +573,24 @@ class Runtime:
     ) -> None:
         record = self._end_now(run, state, result=result, error=error, usage=usage)
         if record is not None:
-            await self.journal.append(record)
+            await self.journal.append(encode(record))
 
     async def cancel_tree(self, run: Run, reason: str) -> list[str]:
         """End every unfinished run in the subtree as ``Cancelled`` with ``reason``."""
         records = []
         ended = []
-        for victim in list(self.registry.descendants(run)):
+        for victim in list(self.state.descendants(run)):
             record = self._end_now(victim, RunState.CANCELLED, error=reason)
             if record is not None:
                 records.append(record)
                 ended.append(victim.id)
-        await asyncio.gather(*(self.journal.append(r) for r in records))
+        await asyncio.gather(*(self.journal.append(encode(r)) for r in records))
         return ended
 
     # ------------------------------------------------------------------ budgets
 
     async def _check_budgets(self, run: Run, *, new_tool_calls: int = 0) -> None:
-        breach = self.registry.budget_breach(run, self.clock(), new_tool_calls=new_tool_calls)
+        breach = self.state.budget_breach(run, self.clock(), new_tool_calls=new_tool_calls)
         if breach is None:
             return
         owner, message = breach
@@ -556,9 +601,9 @@ class Runtime:
         """The budget ``owner`` holds is exceeded: record it and cancel the subtree."""
         if owner.budget_exceeded is None:
             log.info("run %s: %s", owner.id, message)
-            record = {"t": "budget", "run": owner.id, "message": message}
-            self.registry.apply(record)
-            writes = [self.journal.append(record)]
+            record = Budget(run=owner.id, message=message)
+            self._apply(record)
+            writes = [self.journal.append(encode(record))]
         else:
             writes = []
         await asyncio.gather(*writes, self.cancel_tree(owner, message))
@@ -570,7 +615,7 @@ class Runtime:
             return
         if run.id in self._timers:
             return
-        if all(r.done for r in self.registry.descendants(run)):
+        if all(r.done for r in self.state.descendants(run)):
             return
         delay = max(0.0, run.created + seconds - self.clock())
         loop = asyncio.get_running_loop()
@@ -580,19 +625,19 @@ class Runtime:
         # The owner's timer stays armed while any of its descendants still runs.
         if run.spec.budget_seconds is None:
             return
-        if all(r.done for r in self.registry.descendants(run)):
+        if all(r.done for r in self.state.descendants(run)):
             handle = self._timers.pop(run.id, None)
             if handle is not None:
                 handle.cancel()
 
     def _on_timer(self, run_id: str) -> None:
         self._timers.pop(run_id, None)
-        owner = self.registry.runs.get(run_id)
+        owner = self.state.runs.get(run_id)
         if owner is None or owner.budget_exceeded is not None:
             return
-        if all(r.done for r in self.registry.descendants(owner)):
+        if all(r.done for r in self.state.descendants(owner)):
             return
-        message = self.registry.owner_breach(owner, self.clock())
+        message = owner_breach(owner, self.clock())
         if message is None:  # clock skew: not yet; look again shortly
             self._timers[run_id] = asyncio.get_running_loop().call_later(
                 0.05, self._on_timer, run_id
@@ -623,7 +668,7 @@ class Runtime:
             out["subtree"] = run.subtree.to_json()
         if run.pending is not None:
             out["pendingApproval"] = run.pending.to_json()
-        budget = self.registry.budget_json(run, now)
+        budget = self.state.budget_json(run, now)
         if budget is not None:
             out["budget"] = budget
         return out

@@ -109,7 +109,7 @@ async def serve(
     port = bound_port(sock)
     journal = Journal(Path(settings.state_dir))
     try:
-        records = journal.open()
+        lines = journal.open()
     except JournalError as exc:
         raise SystemExit(f"luftpause runtime: {exc}") from None
     llm = DataplaneClient(
@@ -123,7 +123,7 @@ async def serve(
 
     async def on_start() -> None:
         await hub.start()
-        rt.recover(records)
+        rt.recover(lines)
 
     async def on_stop() -> None:
         await rt.shutdown()

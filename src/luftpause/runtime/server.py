@@ -58,9 +58,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
+from luftpause.runtime.core import Run
 from luftpause.runtime.decide import decide as run_decide
 from luftpause.runtime.loop import Runtime, RuntimeError_, SpawnRequest
-from luftpause.runtime.runs import Run
 from luftpause.runtime.status import status_tree
 
 log = logging.getLogger("luftpause.runtime.server")
@@ -164,7 +164,7 @@ class Waiter:
         seen: set[str] = set()
         out: list[Run] = []
         for root in self.runs:
-            for run in self.rt.registry.descendants(root):
+            for run in self.rt.state.descendants(root):
                 if run.id in seen:
                     continue
                 seen.add(run.id)
@@ -178,7 +178,7 @@ class Waiter:
             if not key.startswith(APPROVE_KEY_PREFIX):
                 continue
             handle, _, call_key = key[len(APPROVE_KEY_PREFIX) :].partition("/")
-            run = self.rt.registry.runs.get(handle)
+            run = self.rt.state.runs.get(handle)
             if run is None or run.pending is None or run.pending.key != call_key:
                 continue  # answered meanwhile by someone else, or the run ended
             self.asked.add(f"{handle}/{call_key}")
@@ -192,7 +192,7 @@ class Waiter:
         """Wait; True when finished, False at the deadline or when approvals need ``approve``."""
         event = asyncio.Event()
         ids = [r.id for r in self.runs]
-        self.rt.registry.watch(ids, event)
+        self.rt.watchers.watch(ids, event)
         try:
             while True:
                 event.clear()
@@ -216,17 +216,19 @@ class Waiter:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), remaining)
         finally:
-            self.rt.registry.unwatch(ids, event)
+            self.rt.watchers.unwatch(ids, event)
 
     async def _elicit(self, run: Run) -> None:
         pending = run.pending
         assert pending is not None
         self.asked.add(f"{run.id}/{pending.key}")
         remaining = max(1.0, self.deadline - time.time())
+        decided = self.rt.decision(run)
+        if decided is None:
+            return
         ask: asyncio.Future[Any] = asyncio.ensure_future(
             self.ctx.elicit(_approval_message(run), ApprovalForm)
         )
-        decided: asyncio.Future[Any] = pending.decided
         try:
             done, _ = await asyncio.wait(
                 {ask, decided}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
@@ -421,10 +423,10 @@ def build_mcp(rt: Runtime) -> MCPServer[Any]:
             raise ToolError(str(exc)) from None
 
     def lookup(handles: list[str]) -> list[Run]:
-        missing = [h for h in handles if h not in rt.registry.runs]
+        missing = [h for h in handles if h not in rt.state.runs]
         if missing:
             raise ToolError(f"unknown handle(s): {', '.join(map(repr, missing))}")
-        return [rt.registry.runs[h] for h in dict.fromkeys(handles)]
+        return [rt.state.runs[h] for h in dict.fromkeys(handles)]
 
     @mcp.tool(
         description=(
@@ -572,8 +574,8 @@ def build_mcp(rt: Runtime) -> MCPServer[Any]:
         state = _state_of(ctx)
         handle = state.get("handle")
         started = handle if isinstance(handle, str) else None
-        if started is not None and started in rt.registry.runs:
-            the_run = rt.registry.runs[started]  # a retry after an input-required round
+        if started is not None and started in rt.state.runs:
+            the_run = rt.state.runs[started]  # a retry after an input-required round
         else:
             req = request(
                 task,
@@ -602,13 +604,13 @@ def build_mcp(rt: Runtime) -> MCPServer[Any]:
                 break
             # Nobody here can be asked: wait for approve() from another call.
             event = asyncio.Event()
-            rt.registry.watch([the_run.id], event)
+            rt.watchers.watch([the_run.id], event)
             try:
                 while the_run.pending is not None and not the_run.done:
                     event.clear()
                     await event.wait()
             finally:
-                rt.registry.unwatch([the_run.id], event)
+                rt.watchers.unwatch([the_run.id], event)
             waiter.asked.clear()
         return _result(rt.run_json(the_run))
 
@@ -626,7 +628,7 @@ def build_mcp(rt: Runtime) -> MCPServer[Any]:
     ) -> CallToolResult:
         if handle is not None:
             return _result(rt.run_json(lookup([handle])[0]))
-        runs = sorted(rt.registry.runs.values(), key=lambda r: r.created, reverse=True)
+        runs = sorted(rt.state.runs.values(), key=lambda r: r.created, reverse=True)
         counts: dict[str, int] = {}
         for r in runs:
             counts[r.state.value] = counts.get(r.state.value, 0) + 1

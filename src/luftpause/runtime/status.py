@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from luftpause.runtime.core import Run
     from luftpause.runtime.loop import Runtime
-    from luftpause.runtime.runs import Run
 
 
 def _node(rt: Runtime, run: Run, now: float, depth: int) -> dict[str, Any]:
@@ -24,10 +24,10 @@ def _node(rt: Runtime, run: Run, now: float, depth: int) -> dict[str, Any]:
         node["error"] = run.error
     if run.pending is not None:
         node["pendingApproval"] = run.pending.to_json()
-    budget = rt.registry.budget_json(run, now)
+    budget = rt.state.budget_json(run, now)
     if budget is not None:
         node["budget"] = budget
-    children = [rt.registry.runs[c] for c in run.children if c in rt.registry.runs]
+    children = [rt.state.runs[c] for c in run.children if c in rt.state.runs]
     # Deep trees are cut at 64 levels; the handles below are still listed.
     node["children"] = (
         [_node(rt, c, now, depth + 1) for c in children] if depth < 64 else [c.id for c in children]
@@ -37,7 +37,7 @@ def _node(rt: Runtime, run: Run, now: float, depth: int) -> dict[str, Any]:
 
 def status_tree(rt: Runtime) -> dict[str, Any]:
     now = rt.clock()
-    runs = rt.registry.runs
+    runs = rt.state.runs
     roots = [r for r in runs.values() if r.parent is None or r.parent not in runs]
     counts: dict[str, int] = {}
     for r in runs.values():
@@ -47,5 +47,9 @@ def status_tree(rt: Runtime) -> dict[str, Any]:
         "runs": len(runs),
         "byState": counts,
         "tools": rt.hub.status(),
+        "journal": {
+            "path": str(rt.journal.path),
+            "problems": [str(p) for p in rt.replay_report.problems],
+        },
         "tree": [_node(rt, r, now, 0) for r in roots],
     }
