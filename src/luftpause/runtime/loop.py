@@ -66,6 +66,7 @@ from luftpause.runtime.core.state import owner_breach
 from luftpause.runtime.hygiene import check_call, recover_text_tool_calls
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient, Identity, TurnFailed
+from luftpause.runtime.spawn_args import SpawnArgs
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
 from luftpause.runtime.watchers import Watchers
 
@@ -94,23 +95,6 @@ def check_text(label: str, values: str | list[str] | None) -> None:
 
 class BudgetTripped(Exception):
     """Raised in the run whose check tripped a budget; the subtree is already ended."""
-
-
-@dataclass
-class SpawnRequest:
-    task: str
-    model: str | None = None
-    service_class: str | None = None
-    system: str | None = None
-    max_tool_calls: int = 8
-    tools: list[str] | None = None
-    max_tokens: int = 256
-    parallel_tool_calls: bool = False
-    parent: str | None = None
-    budget_tokens: int | None = None
-    budget_tool_calls: int | None = None
-    budget_seconds: float | None = None
-    approve_tools: list[str] | None = None
 
 
 @dataclass
@@ -230,7 +214,7 @@ class Runtime:
             raise RuntimeError_("no model given, none configured, and the dataplane lists none")
         return models[0]
 
-    async def spawn(self, req: SpawnRequest, caller: str) -> Run:
+    async def spawn(self, req: SpawnArgs, caller: str) -> Run:
         for label, text in (("task", req.task), ("model", req.model), ("system", req.system)):
             check_text(label, text)
         parent: Run | None = None
@@ -263,9 +247,15 @@ class Runtime:
             model=model,
             service_class=service_class,
             system=req.system,
-            max_tool_calls=req.max_tool_calls,
+            max_tool_calls=(
+                req.max_tool_calls
+                if req.max_tool_calls is not None
+                else self.settings.default_max_tool_calls
+            ),
             tools=tuple(req.tools) if req.tools is not None else None,
-            max_tokens=req.max_tokens,
+            max_tokens=(
+                req.max_tokens if req.max_tokens is not None else self.settings.default_max_tokens
+            ),
             parallel_tool_calls=req.parallel_tool_calls,
             budget_tokens=req.budget_tokens,
             budget_tool_calls=req.budget_tool_calls,

@@ -1,0 +1,124 @@
+"""``SpawnArgs``: the arguments of ``spawn`` (R2), written once.
+
+``spawn``, ``run`` and ``run`` as an MCP task all take these arguments. The MCP
+SDK builds a tool's input schema from its function's signature, so
+:func:`spawn_parameters` turns the model's fields into signature parameters
+(camelCase names, constraints, descriptions, defaults from the runtime's
+settings): adding a spawn option is one field here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class SpawnArgs(BaseModel):
+    """What a client asks ``spawn`` for; ``None`` means "the default"."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    task: Annotated[str, Field(min_length=1, description="What the sub-agent should do.")]
+    model: Annotated[
+        str | None, Field(description="Model to run it on; default: the runtime's default model.")
+    ] = None
+    service_class: Annotated[
+        Literal["interactive", "batch"] | None,
+        Field(
+            description="Scheduling class of its turns: 'interactive' (someone is waiting) or "
+            "'batch'. Default: the parent's class, else 'interactive'."
+        ),
+    ] = None
+    system: Annotated[str | None, Field(description="System prompt for the sub-agent.")] = None
+    max_tool_calls: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=64,
+            description="Tool calls it may make (default {max_tool_calls}); after that it must "
+            "answer.",
+        ),
+    ] = None
+    tools: Annotated[
+        list[str] | None,
+        Field(description="Names of the tools it may use (see `tools`); default: all."),
+    ] = None
+    max_tokens: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=131072,
+            description="Reply length limit per turn in tokens (default {max_tokens}; 0 = the "
+            "engine decides).",
+        ),
+    ] = None
+    parallel_tool_calls: Annotated[
+        bool,
+        Field(description="Run several tool calls from one reply at once (default false)."),
+    ] = False
+    parent: Annotated[
+        str | None,
+        Field(description="Handle of the parent run: the new run joins its tree and budgets."),
+    ] = None
+    budget_tokens: Annotated[
+        int | None,
+        Field(ge=1, description="Token budget (prompt + completion) for this run's whole subtree."),
+    ] = None
+    budget_tool_calls: Annotated[
+        int | None, Field(ge=0, description="Tool-call budget for this run's whole subtree.")
+    ] = None
+    budget_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            allow_inf_nan=False,  # an infinite limit is no limit, and not JSON (GET /status)
+            description="Wall-clock budget in seconds for this run's whole subtree.",
+        ),
+    ] = None
+    approve_tools: Annotated[
+        list[str] | None,
+        Field(
+            description="Tools whose every call needs the user's approval (besides destructive "
+            "ones, which always do)."
+        ),
+    ] = None
+
+
+# Fields whose default is a setting: the signature shows the configured value.
+_SETTING_DEFAULTS = ("max_tool_calls", "max_tokens")
+
+
+def spawn_parameters(*, max_tool_calls: int, max_tokens: int) -> list[inspect.Parameter]:
+    """SpawnArgs as keyword-only signature parameters, for the MCP SDK's schema."""
+    defaults = {"max_tool_calls": max_tool_calls, "max_tokens": max_tokens}
+    params = []
+    for name, info in SpawnArgs.model_fields.items():
+        annotation: Any = info.annotation
+        default: Any = inspect.Parameter.empty if info.is_required() else info.default
+        description = (info.description or "").format(**defaults)
+        if name in _SETTING_DEFAULTS:
+            annotation = int  # the setting fills it: the schema shows a number, not null
+            default = defaults[name]
+        field = Field(description=description)
+        params.append(
+            inspect.Parameter(
+                info.alias or name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=default,
+                annotation=Annotated[(annotation, *info.metadata, field)],
+            )
+        )
+    return params
+
+
+def spawn_args_from(arguments: dict[str, Any]) -> SpawnArgs:
+    """The SpawnArgs of a tool call's (already validated) keyword arguments."""
+    return SpawnArgs.model_validate(
+        {k: v for k, v in arguments.items() if k in _ALIASES}, by_alias=True
+    )
+
+
+_ALIASES = frozenset(info.alias or name for name, info in SpawnArgs.model_fields.items())

@@ -1,0 +1,390 @@
+"""The runtime's MCP tools (R1-R3, R9, R11, R13): what each one does.
+
+Each tool is a method of :class:`RuntimeTools`; :meth:`RuntimeTools.register`
+adds them to an ``MCPServer`` with their descriptions and annotations. How a
+call waits and asks its client for approvals lives in ``protocol.py``; the
+arguments of ``spawn`` and ``run`` are :class:`~luftpause.runtime.spawn_args.SpawnArgs`.
+"""
+
+
+import asyncio
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
+from pydantic import Field
+
+from luftpause.runtime.core import Run
+from luftpause.runtime.decide import decide as run_decide
+from luftpause.runtime.loop import Runtime, RuntimeError_
+from luftpause.runtime.protocol import Waiter, caller_of, request_state_of, tool_result
+from luftpause.runtime.spawn_args import SpawnArgs, spawn_args_from, spawn_parameters
+
+MAX_HANDLES = 1000
+STATUS_LIST_LIMIT = 200
+
+INSTRUCTIONS = (
+    "Run sub-agents on local models. `spawn` starts one and returns a handle at once; "
+    "spawn several, then `await` them together (fan-out is much faster than one after "
+    "another). `run` does spawn+await in one blocking call. `tools` lists what "
+    "sub-agents can use; `status`, `cancel` and `approve` manage runs; `decide` "
+    "classifies a text in one cheap step."
+)
+
+SPAWN_DESCRIPTION = (
+    "Start a sub-agent on a local model and return its handle immediately (it runs in "
+    "the background; collect it with `await`). The sub-agent loops: model turn, tool "
+    "calls to the tools `tools` lists, until it answers or its tool budget is spent. "
+    "Spawn several before awaiting to run them in parallel. Use `parent` to build a "
+    "tree, budget* to cap a whole subtree."
+)
+AWAIT_DESCRIPTION = (
+    "Wait for sub-agents started with `spawn`. mode 'all' (default) returns when every "
+    "handle has finished, 'any' when one has. Returns each run's state, result, "
+    "toolCalls and failedToolCalls; at the timeout (default 60 s, max 600 s) it returns "
+    "the current state, so call it again to keep waiting. Tool calls that need the "
+    "user's approval are asked here when the client supports it."
+)
+RUN_DESCRIPTION = (
+    "Start a sub-agent and wait until it finishes (spawn + await in one blocking call). "
+    "Takes the same arguments as `spawn`; returns the run's result, toolCalls and "
+    "failedToolCalls. Prefer spawn + await for several sub-agents at once."
+)
+
+
+class RuntimeTools:
+    """The tools of one runtime."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    # ------------------------------------------------------------------ helpers
+
+    def lookup(self, handles: list[str]) -> list[Run]:
+        runs = self.rt.state.runs
+        missing = [h for h in handles if h not in runs]
+        if missing:
+            raise ToolError(f"unknown handle(s): {', '.join(map(repr, missing))}")
+        return [runs[h] for h in dict.fromkeys(handles)]
+
+    async def do_spawn(self, args: SpawnArgs, ctx: Context[Any, Any]) -> Run:
+        try:
+            return await self.rt.spawn(args, caller_of(ctx))
+        except RuntimeError_ as exc:
+            raise ToolError(str(exc)) from None
+
+    # ------------------------------------------------------------------ tools
+
+    async def spawn(self, ctx: Context[Any, Any], **arguments: Any) -> CallToolResult:
+        run = await self.do_spawn(spawn_args_from(arguments), ctx)
+        return tool_result(
+            {
+                "handle": run.id,
+                "state": run.state.value,
+                "model": run.spec.model,
+                "serviceClass": run.spec.service_class,
+                "parent": run.parent,
+            }
+        )
+
+    async def await_(
+        self,
+        handles: list[str],
+        ctx: Context[Any, Any],
+        mode: str,
+        timeout: float,  # noqa: ASYNC109 - the spec's parameter name (R3)
+    ) -> CallToolResult | InputRequiredResult:
+        settings = self.rt.settings
+        runs = self.lookup(handles)
+        note = None
+        if timeout > settings.await_max_s:
+            note = f"timeout {timeout:g} s clamped to the maximum of {settings.await_max_s:g} s"
+            timeout = settings.await_max_s
+        state = request_state_of(ctx)
+        deadline = float(state.get("deadline") or (time.time() + timeout))
+        waiter = Waiter(self.rt, ctx, runs, mode, deadline, set(state.get("asked") or ()))
+        await waiter.apply_responses(ctx.input_responses)
+        outcome = await waiter.wait()
+        if isinstance(outcome, InputRequiredResult):
+            return outcome
+        payload: dict[str, Any] = {
+            "mode": mode,
+            "finished": waiter.finished(),
+            "timedOut": not waiter.finished() and time.time() >= deadline,
+            "results": [self.rt.run_json(r) for r in runs],
+        }
+        if note:
+            payload["note"] = note
+        return tool_result(payload)
+
+    async def run(
+        self, ctx: Context[Any, Any], **arguments: Any
+    ) -> CallToolResult | InputRequiredResult:
+        rt = self.rt
+        state = request_state_of(ctx)
+        handle = state.get("handle")
+        started = handle if isinstance(handle, str) else None
+        if started is not None and started in rt.state.runs:
+            the_run = rt.state.runs[started]  # a retry after an input-required round
+        else:
+            the_run = await self.do_spawn(spawn_args_from(arguments), ctx)
+        waiter = Waiter(rt, ctx, [the_run], "all", math.inf, set(state.get("asked") or ()))
+        await waiter.apply_responses(ctx.input_responses)
+        while True:
+            outcome = await waiter.wait()
+            if isinstance(outcome, InputRequiredResult):
+                pending = waiter.covered_pending()
+                return waiter.input_required(pending, {"handle": the_run.id})
+            if outcome or the_run.done:
+                break
+            # Nobody here can be asked: wait for approve() from another call.
+            event = asyncio.Event()
+            rt.watchers.watch([the_run.id], event)
+            try:
+                while the_run.pending is not None and not the_run.done:
+                    event.clear()
+                    await event.wait()
+            finally:
+                rt.watchers.unwatch([the_run.id], event)
+            waiter.asked.clear()
+        return tool_result(rt.run_json(the_run))
+
+    async def status(self, handle: str | None) -> CallToolResult:
+        if handle is not None:
+            return tool_result(self.rt.run_json(self.lookup([handle])[0]))
+        runs = sorted(self.rt.state.runs.values(), key=lambda r: r.created, reverse=True)
+        counts: dict[str, int] = {}
+        for r in runs:
+            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+        listed = [
+            {
+                "handle": r.id,
+                "state": r.state.value,
+                "parent": r.parent,
+                "children": len(r.children),
+                "task": r.spec.task[:80],
+            }
+            for r in runs[:STATUS_LIST_LIMIT]
+        ]
+        return tool_result({"total": len(runs), "byState": counts, "runs": listed})
+
+    async def cancel(self, handle: str) -> CallToolResult:
+        target = self.lookup([handle])[0]
+        cancelled = await self.rt.cancel_tree(target, "cancelled by the client")
+        return tool_result(
+            {"handle": target.id, "cancelled": cancelled, "state": target.state.value}
+        )
+
+    async def approve(self, handle: str, allow: bool) -> CallToolResult:
+        target = self.lookup([handle])[0]
+        pending = target.pending
+        if pending is None:
+            raise ToolError(
+                f"run {target.id} is not waiting for an approval (state {target.state.value})"
+            )
+        try:
+            await self.rt.decide_approval(target, allow, pending.key)
+        except RuntimeError_ as exc:
+            raise ToolError(str(exc)) from None
+        return tool_result({"handle": target.id, "tool": pending.tool, "allowed": allow})
+
+    async def tools(self) -> CallToolResult:
+        hub = self.rt.hub
+        await hub.refresh()
+        return tool_result(
+            {"tools": [t.to_json() for t in hub.tools.values()], "servers": hub.status()}
+        )
+
+    async def decide(
+        self, input: str, ctx: Context[Any, Any], labels: list[str] | None, model: str | None
+    ) -> CallToolResult:
+        try:
+            payload = await run_decide(self.rt, input, labels, model, caller_of(ctx))
+        except RuntimeError_ as exc:
+            raise ToolError(str(exc)) from None
+        return tool_result(payload)
+
+    # ------------------------------------------------------------------ registration
+
+    def register(self, mcp: MCPServer[Any]) -> None:
+        """Add every tool to ``mcp`` with its schema, description and annotations."""
+        settings = self.rt.settings
+        await_default = settings.await_timeout_s
+        spawn_params = spawn_parameters(
+            max_tool_calls=settings.default_max_tool_calls,
+            max_tokens=settings.default_max_tokens,
+        )
+        mcp.add_tool(
+            _with_spawn_signature(self.spawn, spawn_params),
+            name="spawn",
+            description=SPAWN_DESCRIPTION,
+            annotations=ToolAnnotations(
+                title="Spawn sub-agent",
+                read_only_hint=False,
+                destructive_hint=False,
+                open_world_hint=True,
+            ),
+            structured_output=False,
+        )
+
+        async def await_(
+            handles: Annotated[
+                list[str],
+                Field(min_length=1, max_length=MAX_HANDLES, description="Handles from `spawn`."),
+            ],
+            ctx: Context[Any, Any],
+            mode: Annotated[
+                Literal["all", "any"],
+                Field(description="'all': wait for every run; 'any': for the first to finish."),
+            ] = "all",
+            timeout: Annotated[  # noqa: ASYNC109 - the spec's parameter name (R3)
+                float,
+                Field(
+                    gt=0,
+                    description=f"Seconds to wait (default {await_default:g}, max "
+                    f"{settings.await_max_s:g}; larger values are clamped).",
+                ),
+            ] = await_default,
+        ) -> CallToolResult | InputRequiredResult:
+            return await self.await_(handles, ctx, mode, timeout)
+
+        mcp.add_tool(
+            await_,
+            name="await",
+            description=AWAIT_DESCRIPTION,
+            annotations=ToolAnnotations(
+                title="Await sub-agents", read_only_hint=True, open_world_hint=False
+            ),
+            structured_output=False,
+        )
+        mcp.add_tool(
+            _with_spawn_signature(self.run, spawn_params),
+            name="run",
+            description=RUN_DESCRIPTION,
+            annotations=ToolAnnotations(
+                title="Run sub-agent",
+                read_only_hint=False,
+                destructive_hint=False,
+                open_world_hint=True,
+            ),
+            structured_output=False,
+        )
+
+        async def status(
+            handle: Annotated[
+                str | None, Field(description="A run handle; omit for all runs.")
+            ] = None,
+        ) -> CallToolResult:
+            return await self.status(handle)
+
+        mcp.add_tool(
+            status,
+            name="status",
+            description=(
+                "Show runs. With a handle: that run's state, parent and children, its own usage "
+                "and its subtree's, budget limits/used/exceeded, and any pending approval. "
+                "Without: a summary of all runs (most recent first)."
+            ),
+            annotations=ToolAnnotations(title="Run status", read_only_hint=True),
+            structured_output=False,
+        )
+
+        async def cancel(
+            handle: Annotated[str, Field(min_length=1, description="The run to cancel.")],
+        ) -> CallToolResult:
+            return await self.cancel(handle)
+
+        mcp.add_tool(
+            cancel,
+            name="cancel",
+            description=(
+                "Cancel a run and all its running descendants. Returns the handles that were "
+                "cancelled (runs that had already finished are left as they are)."
+            ),
+            annotations=ToolAnnotations(
+                title="Cancel run",
+                destructive_hint=True,
+                read_only_hint=False,
+                idempotent_hint=True,
+            ),
+            structured_output=False,
+        )
+
+        async def approve(
+            handle: Annotated[str, Field(min_length=1, description="The waiting run.")],
+            allow: Annotated[bool, Field(description="true to allow the call, false to decline")],
+        ) -> CallToolResult:
+            return await self.approve(handle, allow)
+
+        mcp.add_tool(
+            approve,
+            name="approve",
+            description=(
+                "Answer a sub-agent's pending tool-call approval (state AwaitingApproval; see "
+                "its pendingApproval in `status`/`await`). allow=false makes the sub-agent see "
+                "that the user declined the call."
+            ),
+            annotations=ToolAnnotations(
+                title="Approve tool call", read_only_hint=False, destructive_hint=False
+            ),
+            structured_output=False,
+        )
+
+        async def tools() -> CallToolResult:
+            return await self.tools()
+
+        mcp.add_tool(
+            tools,
+            name="tools",
+            description=(
+                "List the tools sub-agents can call (from the configured MCP tool servers), "
+                "with their input schemas and whether calls need the user's approval."
+            ),
+            annotations=ToolAnnotations(title="Sub-agent tools", read_only_hint=True),
+            structured_output=False,
+        )
+
+        async def decide(
+            input: Annotated[str, Field(min_length=1, description="The text to classify.")],
+            ctx: Context[Any, Any],
+            labels: Annotated[
+                list[str] | None,
+                Field(description="2-20 candidate labels; omit to use the classifier model."),
+            ] = None,
+            model: Annotated[str | None, Field(description="Model to use.")] = None,
+        ) -> CallToolResult:
+            return await self.decide(input, ctx, labels, model)
+
+        mcp.add_tool(
+            decide,
+            name="decide",
+            description=(
+                "Classify a text in one cheap step. Without labels: the classifier model's "
+                "label. With 2-20 labels: one 1-token turn on a generative model scores each "
+                "label by the probability of its first token. Returns label, probabilities "
+                "and unscored (labels the model gave no probability)."
+            ),
+            annotations=ToolAnnotations(title="Decide", read_only_hint=True),
+            structured_output=False,
+        )
+
+
+def _with_spawn_signature(
+    method: Callable[..., Awaitable[Any]], params: list[inspect.Parameter]
+) -> Callable[..., Awaitable[Any]]:
+    """A tool function taking ``ctx`` and SpawnArgs' parameters, calling ``method``."""
+
+    async def tool(ctx: Context[Any, Any], **arguments: Any) -> Any:
+        return await method(ctx, **arguments)
+
+    ctx_param = inspect.Parameter(
+        "ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context[Any, Any]
+    )
+    tool.__signature__ = inspect.Signature([ctx_param, *params])  # type: ignore[attr-defined]
+    tool.__name__ = method.__name__
+    return tool
