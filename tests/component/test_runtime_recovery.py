@@ -93,7 +93,7 @@ async def test_answered_approvals_are_not_asked_again_open_ones_are(tmp_path: Pa
     hub = Hub()
     rt, records = runtime(tmp_path, hub)
     rt.recover(records)
-    run = await rt.spawn(SpawnArgs(task="clean up"), caller="test")
+    run = await rt.spawn(SpawnArgs(task="clean up", tools=["rm"]), caller="test")
     await until(lambda: run.pending is not None, "first approval")
     assert run.state is RunState.AWAITING_APPROVAL
     assert run.pending is not None and run.pending.to_json() == {
@@ -125,7 +125,7 @@ async def test_answered_approvals_are_not_asked_again_open_ones_are(tmp_path: Pa
     hub3 = Hub()
     rt3, records3 = runtime(tmp_path / "second", hub3)
     rt3.recover(records3)
-    run3 = await rt3.spawn(SpawnArgs(task="again"), caller="test")
+    run3 = await rt3.spawn(SpawnArgs(task="again", tools=["rm"]), caller="test")
     await until(lambda: run3.pending is not None, "approval")
     await rt3.shutdown()
     rt4, records4 = runtime(tmp_path / "second", Hub())
@@ -147,7 +147,7 @@ async def test_recovering_twice_does_no_harm(tmp_path: Path) -> None:
     hub = Hub()
     rt, records = runtime(tmp_path, hub)
     rt.recover(records)
-    run = await rt.spawn(SpawnArgs(task="x"), caller="test")
+    run = await rt.spawn(SpawnArgs(task="x", tools=["rm"]), caller="test")
     await until(lambda: run.pending is not None, "approval")
     await rt.shutdown()
     size = (tmp_path / "runs.jsonl").stat().st_size
@@ -174,7 +174,7 @@ async def test_an_unreadable_record_fails_its_run_and_the_rest_recover(
     hub = Hub()
     rt, lines = runtime(tmp_path, hub)
     rt.recover(lines)
-    good = await rt.spawn(SpawnArgs(task="x"), caller="test")
+    good = await rt.spawn(SpawnArgs(task="x", tools=["rm"]), caller="test")
     await rt.shutdown()  # "crash" before it could run far
     with (tmp_path / "runs.jsonl").open("a") as f:
         f.write('{"t":"spawn","run":"run-broken"}\n')

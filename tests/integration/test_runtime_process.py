@@ -498,6 +498,63 @@ async def test_run_blocks_until_done(stack: Stack) -> None:
     assert r["state"] == "Completed" and r["toolCalls"] == 2
 
 
+async def test_default_tools_leave_out_destructive_ones(stack: Stack) -> None:
+    """R5, R11: without ``tools`` a sub-agent is offered the read-only tools only; a
+    destructive tool is offered to a run that names it."""
+    async with connect(stack.mcp_url, "legacy") as c:
+        h = await spawn(c, "default tools", maxToolCalls=1)
+        named = await spawn(c, "named", tools=["delete_record"], maxToolCalls=0)
+        await await_all(c, [h])
+        await c.call_tool("cancel", {"handle": named})
+    offered = {t["function"]["name"] for t in stack.standin.turns_of(h)[0]["body"]["tools"]}
+    assert offered == {"lookup", "deep_search"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_run_hands_approvals_back_to_a_client_that_cannot_be_asked(
+    stack: Stack, mode: str
+) -> None:
+    """R11, R12: ``run`` for a client without elicitation returns at once when its run waits
+    for approval, saying at top level which call waits and how to answer; after
+    ``approve`` an ``await`` on the handle collects the run."""
+    async with connect(stack.mcp_url, mode) as c:
+        out = data(
+            await c.call_tool(
+                "run", {"task": f"run needs approval {mode}", "tools": ["delete_record"]}
+            )
+        )
+        assert out["state"] == "AwaitingApproval" and out["finished"] is False
+        [waiting] = out["awaitingApproval"]
+        h = out["handle"]
+        assert waiting["handle"] == h and waiting["tool"] == "delete_record"
+        assert waiting["answerWith"] == {"tool": "approve", "arguments": {"handle": h}}
+        assert "approve(handle" in out["next"]
+        answered = 0
+        while True:
+            ok = data(await c.call_tool("approve", {"handle": h, "allow": False}))
+            assert ok["allowed"] is False
+            answered += 1
+            got = await await_all(c, [h])
+            if got["finished"]:
+                break
+            assert got["awaitingApproval"][0]["handle"] == h
+    r = got["results"][0]
+    assert answered == 2 and r["state"] == "Completed" and r["failedToolCalls"] == 2
+    assert "awaitingApproval" not in got
+
+
+async def test_run_returns_at_its_timeout(stack: Stack) -> None:
+    """R12: ``run`` never waits silently past its timeout: it returns the run's current
+    state, its handle and what to do next."""
+    async with connect(stack.mcp_url, "legacy") as c:
+        out = data(
+            await c.call_tool("run", {"task": "slow run", "tools": ["deep_search"], "timeout": 0.5})
+        )
+        assert out["finished"] is False and out["timedOut"] is True
+        assert out["state"] == "Running" and out["handle"] in out["next"]
+        await c.call_tool("cancel", {"handle": out["handle"]})
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_decide_both_ways(stack: Stack, mode: str) -> None:
     """R13: no labels -> the classifier; 2-20 labels -> one 1-token interactive turn scored

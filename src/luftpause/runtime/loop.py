@@ -197,11 +197,19 @@ class Runtime:
     # ------------------------------------------------------------------ spawn
 
     def offered_tools(self, spec: RunSpec) -> list[UpstreamTool]:
+        """The tools a run may call: those it names, else every tool that is not
+        destructive (a destructive tool is offered only to runs that name it, in
+        ``tools`` or ``approveTools``; either way each call waits for approval)."""
         tools = list(self.hub.tools.values())
+        named = set(spec.approve_tools)
         if spec.tools is not None:
             wanted = set(spec.tools)
-            tools = [t for t in tools if t.name in wanted or t.remote_name in wanted]
-        return tools
+            return [t for t in tools if t.name in wanted or t.remote_name in wanted]
+        return [
+            t
+            for t in tools
+            if not t.destructive_needs_approval or t.name in named or t.remote_name in named
+        ]
 
     async def default_model(self) -> str:
         if self.settings.default_model:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import secrets
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -93,6 +95,34 @@ def settings_from(config: StackConfig, args: argparse.Namespace) -> RuntimeSetti
         raise SystemExit(f"luftpause runtime: bad option: {problems}") from None
 
 
+KEY_NAME = "request-state.key"
+
+
+def request_state_key(state_dir: Path) -> bytes:
+    """The secret that seals input-required state, kept in the state dir (mode 0600) so
+    a client's pending approval round stays valid across a restart."""
+    path = state_dir / KEY_NAME
+    try:
+        key = path.read_bytes()
+        if len(key) >= 32:
+            return key
+        log.warning("%s is shorter than 32 bytes: writing a new key", path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise SystemExit(f"luftpause runtime: cannot read {path}: {exc.strerror}") from None
+    key = secrets.token_bytes(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise SystemExit(f"luftpause runtime: cannot write {path}: {exc.strerror}") from None
+    return key
+
+
 async def _wait_either(task: asyncio.Task[None], stop: asyncio.Event) -> None:
     stopper = asyncio.create_task(stop.wait())
     try:
@@ -130,7 +160,14 @@ async def serve(
         await hub.close()
         await llm.aclose()
 
-    app = build_app(rt, host=host, token=token, on_start=on_start, on_stop=on_stop)
+    app = build_app(
+        rt,
+        host=host,
+        token=token,
+        on_start=on_start,
+        on_stop=on_stop,
+        request_state_key=request_state_key(Path(settings.state_dir)),
+    )
     server = uvicorn_server(app, log_level="debug" if args.log_level == "DEBUG" else "warning")
     task: asyncio.Task[None] = asyncio.create_task(server.serve(sockets=[sock]))
     await wait_started(server, task)

@@ -118,6 +118,34 @@ def _approval_message(run: Run) -> str:
     )
 
 
+def awaiting_approval(rt: Runtime, roots: list[Run]) -> list[dict[str, Any]]:
+    """Every tool call waiting for the user in the trees of ``roots``, with how to answer."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for root in roots:
+        for run in rt.state.descendants(root):
+            if run.id in seen or run.pending is None or run.done:
+                continue
+            seen.add(run.id)
+            out.append(
+                {
+                    "handle": run.id,
+                    "tool": run.pending.tool,
+                    "arguments": run.pending.arguments,
+                    "answerWith": {"tool": "approve", "arguments": {"handle": run.id}},
+                }
+            )
+    return out
+
+
+def approval_hint(pending: list[dict[str, Any]]) -> str:
+    return (
+        f"{len(pending)} sub-agent tool call(s) wait for the user's approval (see "
+        "awaitingApproval). Show each to the user, answer with approve(handle, allow=true or "
+        "false), then call await with the handles to keep waiting."
+    )
+
+
 class Waiter:
     """One ``await``/``run`` call: waits for its runs and asks for approvals it covers."""
 

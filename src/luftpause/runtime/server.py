@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.request_state import RequestStateSecurity
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -34,10 +35,29 @@ ASGIApp = Callable[
 ]
 
 
-def build_mcp(rt: Runtime) -> MCPServer[Any]:
-    """The runtime's MCP server: the protocol layer of the SDK with our tools on it."""
+REQUEST_STATE_TTL_S = 3600.0  # how long a client may take to answer an approval it was shown
+
+
+def build_mcp(rt: Runtime, *, request_state_key: bytes | None = None) -> MCPServer[Any]:
+    """The runtime's MCP server: the protocol layer of the SDK with our tools on it.
+
+    The ``requestState`` of an input-required result (deadline, what was asked, the
+    run ``run`` started) is sealed by the SDK (AES-GCM, bound to the tool, its
+    arguments and the caller, with an expiry), so a client cannot edit it or replay
+    it for another call. ``request_state_key`` (from the state dir) keeps a pending
+    round valid across a restart; without it the key lives as long as the process.
+    """
+    security = (
+        RequestStateSecurity(keys=[request_state_key], ttl=REQUEST_STATE_TTL_S)
+        if request_state_key is not None
+        else RequestStateSecurity.ephemeral(ttl=REQUEST_STATE_TTL_S)
+    )
     mcp: MCPServer[Any] = MCPServer(
-        "luftpause-runtime", version="0.1.0", instructions=INSTRUCTIONS, log_level="WARNING"
+        "luftpause-runtime",
+        version="0.1.0",
+        instructions=INSTRUCTIONS,
+        log_level="WARNING",
+        request_state_security=security,
     )
     RuntimeTools(rt).register(mcp)
     return mcp
@@ -166,8 +186,9 @@ def build_app(
     token: str | None,
     on_start: Callable[[], Awaitable[None]],
     on_stop: Callable[[], Awaitable[None]],
+    request_state_key: bytes | None = None,
 ) -> ASGIApp:
-    mcp = build_mcp(rt)
+    mcp = build_mcp(rt, request_state_key=request_state_key)
     mcp_app = mcp.streamable_http_app(
         streamable_http_path=MCP_PATH,
         stateless_http=False,

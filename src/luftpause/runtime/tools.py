@@ -6,10 +6,7 @@ call waits and asks its client for approvals lives in ``protocol.py``; the
 arguments of ``spawn`` and ``run`` are :class:`~luftpause.runtime.spawn_args.SpawnArgs`.
 """
 
-
-import asyncio
 import inspect
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
@@ -22,7 +19,14 @@ from pydantic import Field
 from luftpause.runtime.core import Run
 from luftpause.runtime.decide import decide as run_decide
 from luftpause.runtime.loop import Runtime, RuntimeError_
-from luftpause.runtime.protocol import Waiter, caller_of, request_state_of, tool_result
+from luftpause.runtime.protocol import (
+    Waiter,
+    approval_hint,
+    awaiting_approval,
+    caller_of,
+    request_state_of,
+    tool_result,
+)
 from luftpause.runtime.spawn_args import SpawnArgs, spawn_args_from, spawn_parameters
 
 MAX_HANDLES = 1000
@@ -43,17 +47,23 @@ SPAWN_DESCRIPTION = (
     "Spawn several before awaiting to run them in parallel. Use `parent` to build a "
     "tree, budget* to cap a whole subtree."
 )
+APPROVALS = (
+    " A tool call that needs the user's approval is asked here when the client supports "
+    "elicitation; otherwise the call returns at once with `awaitingApproval` (handle, tool, "
+    "arguments): show it to the user, answer with `approve(handle, allow)`, then `await` "
+    "again."
+)
 AWAIT_DESCRIPTION = (
     "Wait for sub-agents started with `spawn`. mode 'all' (default) returns when every "
     "handle has finished, 'any' when one has. Returns each run's state, result, "
     "toolCalls and failedToolCalls; at the timeout (default 60 s, max 600 s) it returns "
-    "the current state, so call it again to keep waiting. Tool calls that need the "
-    "user's approval are asked here when the client supports it."
+    "the current state, so call it again to keep waiting." + APPROVALS
 )
 RUN_DESCRIPTION = (
-    "Start a sub-agent and wait until it finishes (spawn + await in one blocking call). "
-    "Takes the same arguments as `spawn`; returns the run's result, toolCalls and "
-    "failedToolCalls. Prefer spawn + await for several sub-agents at once."
+    "Start a sub-agent and wait until it finishes (spawn + await in one call). "
+    "Takes the same arguments as `spawn`, plus `timeout`; returns the run's result, "
+    "toolCalls and failedToolCalls, or at the timeout its current state and handle, to "
+    "`await` on. Prefer spawn + await for several sub-agents at once." + APPROVALS
 )
 
 
@@ -118,14 +128,22 @@ class RuntimeTools:
             "timedOut": not waiter.finished() and time.time() >= deadline,
             "results": [self.rt.run_json(r) for r in runs],
         }
+        _add_approvals(self.rt, runs, payload)
         if note:
             payload["note"] = note
         return tool_result(payload)
 
     async def run(
-        self, ctx: Context[Any, Any], **arguments: Any
+        self,
+        ctx: Context[Any, Any],
+        timeout: float,  # noqa: ASYNC109 - as await's
+        **arguments: Any,
     ) -> CallToolResult | InputRequiredResult:
         rt = self.rt
+        note = None
+        if timeout > rt.settings.await_max_s:
+            note = f"timeout {timeout:g} s clamped to the maximum of {rt.settings.await_max_s:g} s"
+            timeout = rt.settings.await_max_s
         state = request_state_of(ctx)
         handle = state.get("handle")
         started = handle if isinstance(handle, str) else None
@@ -133,26 +151,23 @@ class RuntimeTools:
             the_run = rt.state.runs[started]  # a retry after an input-required round
         else:
             the_run = await self.do_spawn(spawn_args_from(arguments), ctx)
-        waiter = Waiter(rt, ctx, [the_run], "all", math.inf, set(state.get("asked") or ()))
+        deadline = float(state.get("deadline") or (time.time() + timeout))
+        waiter = Waiter(rt, ctx, [the_run], "all", deadline, set(state.get("asked") or ()))
         await waiter.apply_responses(ctx.input_responses)
-        while True:
-            outcome = await waiter.wait()
-            if isinstance(outcome, InputRequiredResult):
-                pending = waiter.covered_pending()
-                return waiter.input_required(pending, {"handle": the_run.id})
-            if outcome or the_run.done:
-                break
-            # Nobody here can be asked: wait for approve() from another call.
-            event = asyncio.Event()
-            rt.watchers.watch([the_run.id], event)
-            try:
-                while the_run.pending is not None and not the_run.done:
-                    event.clear()
-                    await event.wait()
-            finally:
-                rt.watchers.unwatch([the_run.id], event)
-            waiter.asked.clear()
-        return tool_result(rt.run_json(the_run))
+        outcome = await waiter.wait()
+        if isinstance(outcome, InputRequiredResult):
+            return waiter.input_required(waiter.covered_pending(), {"handle": the_run.id})
+        payload = rt.run_json(the_run)
+        payload["finished"] = the_run.done
+        payload["timedOut"] = not the_run.done and time.time() >= deadline
+        _add_approvals(rt, [the_run], payload)
+        if not the_run.done and "next" not in payload:
+            payload["next"] = (
+                f"the run is still going: call await with handles=[{the_run.id!r}] to keep waiting"
+            )
+        if note:
+            payload["note"] = note
+        return tool_result(payload)
 
     async def status(self, handle: str | None) -> CallToolResult:
         if handle is not None:
@@ -262,8 +277,22 @@ class RuntimeTools:
             ),
             structured_output=False,
         )
+        run_timeout = inspect.Parameter(
+            "timeout",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=await_default,
+            annotation=Annotated[
+                float,
+                Field(
+                    gt=0,
+                    description=f"Seconds to wait for the run to finish (default "
+                    f"{await_default:g}, max {settings.await_max_s:g}); then the call returns "
+                    "the run's current state and its handle, to `await` on.",
+                ),
+            ],
+        )
         mcp.add_tool(
-            _with_spawn_signature(self.run, spawn_params),
+            _with_spawn_signature(self.run, [*spawn_params, run_timeout]),
             name="run",
             description=RUN_DESCRIPTION,
             annotations=ToolAnnotations(
@@ -372,6 +401,14 @@ class RuntimeTools:
             annotations=ToolAnnotations(title="Decide", read_only_hint=True),
             structured_output=False,
         )
+
+
+def _add_approvals(rt: Runtime, runs: list[Run], payload: dict[str, Any]) -> None:
+    """R11: the calls waiting for the user, at top level, and what to do about them."""
+    pending = awaiting_approval(rt, runs)
+    if pending:
+        payload["awaitingApproval"] = pending
+        payload["next"] = approval_hint(pending)
 
 
 def _with_spawn_signature(
