@@ -75,7 +75,7 @@ class Journal:
         on_sync: Callable[[float], None] | None = None,
     ) -> None:
         self.path = state_dir / name
-        self._on_sync = on_sync  # called with each write+fsync's duration in seconds
+        self.on_sync = on_sync  # called with each write+fsync's duration in seconds
         self._state_dir = state_dir
         self._fd: int | None = None
         self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
@@ -139,8 +139,8 @@ class Journal:
             written = os.write(self._fd, view)
             view = view[written:]
         os.fsync(self._fd)
-        if self._on_sync is not None:
-            self._on_sync(time.perf_counter() - started)
+        if self.on_sync is not None:
+            self.on_sync(time.perf_counter() - started)
 
     async def close(self) -> None:
         if self._writer is not None and not self._writer.done():

@@ -66,6 +66,7 @@ from luftpause.runtime.core.state import owner_breach
 from luftpause.runtime.hygiene import check_call, recover_text_tool_calls
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient, Identity, TurnFailed
+from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.spawn_args import SpawnArgs
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
 from luftpause.runtime.watchers import Watchers
@@ -111,6 +112,12 @@ class Runtime:
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _decisions: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
     replay_report: ReplayReport = field(default_factory=ReplayReport)
+    metrics: RuntimeMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = RuntimeMetrics(self.state)
+        self.journal.on_sync = self.metrics.fsync
+
     _timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopping: bool = False
@@ -281,6 +288,7 @@ class Runtime:
 
         async def commit() -> Run:
             await self._record(record)
+            self.metrics.runs_started.inc()
             run = self.state.runs[run_id]
             self._start(run)
             for owner in self.state.ancestors(run):  # later spawns count against older budgets
@@ -326,7 +334,12 @@ class Runtime:
                     body["tools"] = [t.openai_tool() for t in offered]
                     body["parallel_tool_calls"] = spec.parallel_tool_calls
                 started = time.monotonic()
-                data = await self.llm.chat(body, self.identity(run))
+                try:
+                    data = await self.llm.chat(body, self.identity(run))
+                except TurnFailed:
+                    self.metrics.turn("failed")
+                    raise
+                self.metrics.turn("ok")
                 elapsed = time.monotonic() - started
                 found = data.get("usage")
                 raw_usage: dict[str, Any] = found if isinstance(found, dict) else {}
@@ -436,6 +449,7 @@ class Runtime:
             name = call["function"]["name"]
             tool = offered.get(name)
             if tool is None:
+                self.metrics.tool_call("refused")
                 outcomes[i] = ToolOutcome(
                     f"Error: there is no tool named {name!r}; available tools: "
                     f"{', '.join(offered) or 'none'}",
@@ -444,6 +458,7 @@ class Runtime:
                 continue
             check = check_call(name, call["function"]["arguments"], tool.input_schema)
             if check.refusal is not None or check.arguments is None:
+                self.metrics.tool_call("refused")
                 outcomes[i] = ToolOutcome(check.refusal or "Error: invalid arguments", True)
                 continue
             planned.append((i, tool, check.arguments))
@@ -453,6 +468,7 @@ class Runtime:
             if self._needs_approval(run, tool):
                 allow = await self.request_approval(run, f"{seq}:{i}", tool.name, args)
                 if not allow:
+                    self.metrics.tool_call("declined")
                     outcomes[i] = ToolOutcome(DECLINED, True)
                     continue
             runnable.append((i, tool, args))
@@ -460,7 +476,9 @@ class Runtime:
 
         async def execute(i: int, tool: UpstreamTool, args: dict[str, Any]) -> None:
             started = time.monotonic()
-            outcomes[i] = await self.hub.call(tool, args)
+            outcome = await self.hub.call(tool, args)
+            self.metrics.tool_call("error" if outcome.is_error else "ok")
+            outcomes[i] = outcome
             durations.append(time.monotonic() - started)
 
         if run.spec.parallel_tool_calls and len(runnable) > 1:
