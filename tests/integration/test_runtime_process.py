@@ -555,6 +555,40 @@ async def test_run_returns_at_its_timeout(stack: Stack) -> None:
         await c.call_tool("cancel", {"handle": out["handle"]})
 
 
+def _samples(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+async def test_metrics(stack: Stack) -> None:
+    """R1 (operations): ``GET /metrics`` serves runs by state, turns and tool calls by
+    outcome, approvals pending, journal fsync latency and process metrics."""
+    url = stack.runtime.urls["http"] + "/metrics"
+    before = _samples((await request("GET", url)).text)
+    async with connect(stack.mcp_url, "legacy") as c:
+        r = data(await c.call_tool("run", {"task": "counted", "tools": ["lookup"]}))
+    assert r["state"] == "Completed" and r["toolCalls"] == 2
+    response = await request("GET", url)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    after = _samples(response.text)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert delta("luftpause_runtime_runs_started_total") == 1
+    assert delta('luftpause_runtime_turns_total{outcome="ok"}') == 3
+    assert delta('luftpause_runtime_tool_calls_total{outcome="ok"}') == 2
+    assert delta('luftpause_runtime_tool_calls_total{outcome="declined"}') == 0
+    assert delta('luftpause_runtime_runs{state="Completed"}') == 1
+    assert after["luftpause_runtime_approvals_pending"] >= 0
+    assert delta("luftpause_runtime_journal_fsync_seconds_count") >= 4  # spawn, 2 rounds, end
+    assert "process_resident_memory_bytes" in after
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_decide_both_ways(stack: Stack, mode: str) -> None:
     """R13: no labels -> the classifier; 2-20 labels -> one 1-token interactive turn scored

@@ -51,7 +51,7 @@ from mcp_types import (
     TextContent,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from luftpause.runtime.core import Run
 from luftpause.runtime.loop import Runtime, RuntimeError_
@@ -307,3 +307,67 @@ def request_state_of(ctx: Context[Any, Any]) -> dict[str, Any]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# ----------------------------------------------------------------------------- argument errors
+
+_SHOWN = 64  # characters of a rejected value shown back
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+
+
+def _expected(error: Any) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    bounds = {
+        "less_than_equal": "at most {le}",
+        "less_than": "less than {lt}",
+        "greater_than_equal": "at least {ge}",
+        "greater_than": "greater than {gt}",
+    }
+    if kind in bounds:
+        numbers = {k: f"{v:g}" if isinstance(v, float) else v for k, v in ctx.items()}
+        return "must be " + bounds[kind].format(**numbers)
+    if kind == "string_too_short":
+        n = ctx.get("min_length", 1)
+        return "must not be empty" if n == 1 else f"must be at least {n} characters long"
+    if kind in ("too_short", "too_long"):
+        n = ctx.get("min_length", ctx.get("max_length"))
+        return f"must have {'at least' if kind == 'too_short' else 'at most'} {n} item(s)"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}"
+    simple = {
+        "list_type": "must be a list (a JSON array)",
+        "bool_parsing": "must be true or false",
+        "bool_type": "must be true or false",
+        "int_parsing": "must be a whole number",
+        "int_type": "must be a whole number",
+        "int_from_float": "must be a whole number",
+        "float_parsing": "must be a number",
+        "float_type": "must be a number",
+        "finite_number": "must be a finite number",
+        "string_type": "must be a string",
+        "dict_type": "must be an object",
+    }
+    if kind in simple:
+        return simple[kind]
+    msg = str(error.get("msg") or "is not valid")
+    return msg[:1].lower() + msg[1:]
+
+
+def describe_argument_errors(tool: str, exc: ValidationError) -> str:
+    """A tool's rejected arguments, one sentence per problem: which argument, what was
+    expected, what was given (never pydantic's dump with its links)."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        if error["type"] == "missing":
+            problems.append(f"argument {where!r} is required")
+        else:
+            problems.append(
+                f"argument {where!r} {_expected(error)} (got {_shown(error.get('input'))})"
+            )
+    return f"{tool}: " + "; ".join(problems)

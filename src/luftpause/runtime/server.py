@@ -13,15 +13,21 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.request_state import RequestStateSecurity
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
+from mcp_types import CallToolResult, InputRequiredResult
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
+from luftpause.runtime.http_headers import StripHeaderWhitespace
 from luftpause.runtime.loop import Runtime
+from luftpause.runtime.protocol import describe_argument_errors
 from luftpause.runtime.status import status_tree
 from luftpause.runtime.tools import INSTRUCTIONS, RuntimeTools
 
@@ -38,6 +44,22 @@ ASGIApp = Callable[
 REQUEST_STATE_TTL_S = 3600.0  # how long a client may take to answer an approval it was shown
 
 
+class RuntimeMCPServer(MCPServer[Any]):
+    """The SDK's server, with argument errors a person can read (which argument, what
+    was expected, what was given) instead of pydantic's dump."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
+                raise ToolError(describe_argument_errors(name, cause)) from cause
+            raise
+
+
 def build_mcp(rt: Runtime, *, request_state_key: bytes | None = None) -> MCPServer[Any]:
     """The runtime's MCP server: the protocol layer of the SDK with our tools on it.
 
@@ -52,7 +74,7 @@ def build_mcp(rt: Runtime, *, request_state_key: bytes | None = None) -> MCPServ
         if request_state_key is not None
         else RequestStateSecurity.ephemeral(ttl=REQUEST_STATE_TTL_S)
     )
-    mcp: MCPServer[Any] = MCPServer(
+    mcp: MCPServer[Any] = RuntimeMCPServer(
         "luftpause-runtime",
         version="0.1.0",
         instructions=INSTRUCTIONS,
@@ -200,6 +222,9 @@ def build_app(
     async def status_route(_: Request) -> JSONResponse:
         return JSONResponse(status_tree(rt))
 
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     async def health(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "service": "runtime"})
 
@@ -217,8 +242,9 @@ def build_app(
         routes=[
             Route("/status", status_route, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Mount("/", app=JsonRpcBodyLimit(mcp_app)),
         ],
         lifespan=lifespan,
     )
-    return BearerAuth(app, token)
+    return StripHeaderWhitespace(BearerAuth(app, token))
