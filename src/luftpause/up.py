@@ -7,11 +7,19 @@ every file before saying where everything listens. Ctrl-C (or SIGTERM) stops
 all children: SIGTERM, then SIGKILL after a grace period. If one child dies,
 ``up`` says which and how, stops the rest and exits non-zero. Children get
 SIGTERM from the kernel if ``up`` itself is killed.
+
+The children inherit the environment, ``LUFTPAUSE_TOKEN`` included (X2); with a
+token set, the ``claude mcp add`` line ``up`` prints sends it as
+``Authorization: Bearer`` (``--header``, after the URL: Claude Code's
+``-H/--header`` takes several values, so it must not come before the name).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -25,6 +33,7 @@ from luftpause.config import ConfigError, StackConfig, load_config
 from luftpause.procs import ServiceFailed, ServiceProcess, exit_text, launch, stop_all
 
 READY_TIMEOUT_S = 60.0
+_SAFE_IN_DOUBLE_QUOTES = re.compile(r'[^"$`\\!\n]*')
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,18 @@ def _describe(s: ServiceProcess) -> str:
     return urls.get("http", "")
 
 
+def claude_mcp_add(mcp_url: str, token: str | None) -> str:
+    """The shell command that adds the runtime to Claude Code (with the token, if any)."""
+    command = f"claude mcp add --transport http luftpause {shlex.quote(mcp_url)}"
+    if not token:
+        return command
+    header = f"Authorization: Bearer {token}"
+    quoted = f'"{header}"' if _SAFE_IN_DOUBLE_QUOTES.fullmatch(header) else shlex.quote(header)
+    return f"{command} --header {quoted}"
+
+
 def main(args: argparse.Namespace) -> int:
+    token = os.environ.get("LUFTPAUSE_TOKEN") or None
     try:
         config, config_path = load_config(args.config)
     except ConfigError as exc:
@@ -109,6 +129,7 @@ def main(args: argparse.Namespace) -> int:
                 started,
                 lambda: stop_requested,
                 config_path,
+                token,
             )
         finally:
             for line in stop_all(started):
@@ -121,6 +142,7 @@ def _run(
     started: list[ServiceProcess],
     stopping: Callable[[], bool],
     config_path: Path,
+    token: str | None = None,
 ) -> int:
     print(f"luftpause up: starting {len(planned)} services from {config_path}", flush=True)
     for i, p in enumerate(planned):
@@ -138,7 +160,7 @@ def _run(
     runtime = next((s for s in started if s.name == "runtime"), None)
     if runtime is not None:
         url = runtime.urls.get("http", "")
-        print(f"\nAdd it to Claude Code:\n  claude mcp add --transport http luftpause {url}/mcp")
+        print(f"\nAdd it to Claude Code:\n  {claude_mcp_add(f'{url}/mcp', token)}")
     print("\nPress Ctrl-C to stop everything.", flush=True)
     while not stopping():
         for s in started:

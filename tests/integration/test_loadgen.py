@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,14 @@ def stack(module_services: Any, tmp_path_factory: pytest.TempPathFactory) -> Sta
     return s
 
 
-async def loadgen(tmp: Path, *argv: str) -> tuple[int, str, str, dict[str, Any]]:
-    """``luftpause loadgen`` as its own process."""
+async def loadgen(
+    tmp: Path, *argv: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str, dict[str, Any]]:
+    """``luftpause loadgen`` as its own process (``env``: its whole environment)."""
     out = tmp / "result.json"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "luftpause", "loadgen", *argv, "--json", str(out),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
     try:
         async with asyncio.timeout(RUN_TIMEOUT_S):
@@ -175,3 +178,102 @@ async def test_sub_agents_fan_out_and_closed_loop(stack: Stack, tmp_path: Path) 
     for cls in ("interactive", "batch"):
         s = result["classes"][cls]
         assert s["runs"] > 0 and s["turns_per_run"] == s["tool_calls_per_run"] + 1
+
+
+TOKEN = "loadgen-test-token"
+
+
+@pytest.fixture(scope="module")
+def token_stack(
+    stack: Stack, module_services: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Stack:
+    """X2, D9: a second stack whose dataplane and runtime require TOKEN (the tool server is
+    the first stack's, which asks for nothing)."""
+    tmp = tmp_path_factory.mktemp("loadgen-token")
+    env = {"LUFTPAUSE_TOKEN": TOKEN}
+    s = start_stack(module_services, tmp, engines=("engine-t",), dataplane_env=env)
+    config = tmp / "runtime.toml"
+    config.write_text(
+        f'[runtime]\ndataplane_url = "{s.dataplane.urls["http"]}"\n'
+        f'state_dir = "{tmp / "state"}"\n'
+        f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{stack.extra["tools_url"]}"\n'
+    )
+    runtime = module_services.start(
+        "runtime", "--config", str(config), "--port", "0", name="runtime-t", env=env
+    )
+    s.extra["tools_url"] = stack.extra["tools_url"]
+    s.extra["runtime"] = f"{runtime.urls['http']}/mcp"
+    return s
+
+
+def no_token_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "LUFTPAUSE_TOKEN"}
+
+
+async def test_a_missing_or_wrong_token_is_one_clear_line(
+    token_stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X2, H3: a dataplane or runtime that answers 401 stops the load before it starts with
+    one line naming the service and the fix - no traceback, no exception group; exit 2."""
+    monkeypatch.delenv("LUFTPAUSE_TOKEN", raising=False)
+    dataplane = token_stack.base_url
+    rc, stdout, stderr, result = await loadgen(
+        tmp_path, "--target", token_stack.base_url.removesuffix("/v1"),
+        "--tools-url", token_stack.extra["tools_url"], "--agents", "1", "--duration-s", "1",
+        "--quiet", env=no_token_env(),
+    )  # fmt: skip
+    assert rc == 2 and result == {}, stdout + stderr
+    assert stderr.strip() == (
+        f"luftpause loadgen: the dataplane at {dataplane} requires a token (401): "
+        "set --token or LUFTPAUSE_TOKEN"
+    )
+    runtime = token_stack.extra["runtime"]
+    rc, stdout, stderr, _ = await loadgen(
+        tmp_path, "--runtime", runtime, "--spawn", "1", "--token", "wrong", "--quiet",
+        env=no_token_env(),
+    )  # fmt: skip
+    assert rc == 2, stdout + stderr
+    assert stderr.strip() == (
+        f"luftpause loadgen: the runtime at {runtime} refused the token (401): "
+        "set --token or LUFTPAUSE_TOKEN"
+    )
+    # The same in process: a wrong token for the dataplane, none for the runtime.
+    for argv, line in (
+        (
+            ["--target", dataplane, "--tools-url", token_stack.extra["tools_url"],
+             "--agents", "1", "--token", "wrong"],
+            f"the dataplane at {dataplane} refused the token (401)",
+        ),
+        (
+            ["--runtime", runtime, "--group", "1:batch:me:subagents"],
+            f"the runtime at {runtime} requires a token (401)",
+        ),
+    ):  # fmt: skip
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc, stdout, result = await loadgen_here(tmp_path, *argv, "--duration-s", "1", "--quiet")
+        assert rc == 2 and result == {}, stdout + err.getvalue()
+        assert err.getvalue() == f"luftpause loadgen: {line}: set --token or LUFTPAUSE_TOKEN\n"
+
+
+async def test_the_token_goes_to_the_dataplane_and_the_runtime(
+    token_stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X2, H3: with the token (from LUFTPAUSE_TOKEN, or --token) own-loop agents go through
+    the dataplane and sub-agents through the runtime, without errors."""
+    monkeypatch.setenv("LUFTPAUSE_TOKEN", TOKEN)
+    rc, stdout, result = await loadgen_here(
+        tmp_path, "--target", token_stack.base_url, "--tools-url", token_stack.extra["tools_url"],
+        "--agents", "2", "--max-runs", "2", "--duration-s", "20", "--context-chars", "1000",
+        "--tool-calls", "1", "--max-tokens", "16", "--quiet",
+    )  # fmt: skip
+    assert rc == 0, stdout
+    assert result["error_count"] == 0 and result["classes"]["batch"]["runs"] >= 2
+    assert result["model"] == "llama-3.2-1b"  # listed by the dataplane, with the token
+    monkeypatch.delenv("LUFTPAUSE_TOKEN")
+    rc, stdout, result = await loadgen_here(
+        tmp_path, "--runtime", token_stack.extra["runtime"], "--spawn", "2", "--token", TOKEN,
+        "--context-chars", "1000", "--max-tokens", "16", "--quiet",
+    )  # fmt: skip
+    assert rc == 0, stdout
+    assert result["fan_out"]["completed"] == 2 and result["fan_out"]["failed"] == 0

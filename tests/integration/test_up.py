@@ -66,13 +66,16 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def start_up(config: Path) -> subprocess.Popen[str]:
+def start_up(config: Path, token: str | None = None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LUFTPAUSE_TOKEN"}
+    if token is not None:
+        env["LUFTPAUSE_TOKEN"] = token
     return subprocess.Popen(
         [sys.executable, "-m", "luftpause", "up", "--config", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**env, "PYTHONUNBUFFERED": "1"},
     )
 
 
@@ -126,6 +129,30 @@ def test_up_reports_a_dead_child_and_stops_the_rest(tmp_path: Path) -> None:
         assert "fake-engine engine-a was killed by SIGKILL; stopping the rest" in rest
         for kid in kids[1:]:
             assert not Path(f"/proc/{kid}").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_up_with_a_token_prints_the_header_for_claude(tmp_path: Path) -> None:
+    """X2, X3: with LUFTPAUSE_TOKEN set, every service asks for it and the printed
+    ``claude mcp add`` line sends it as ``--header "Authorization: Bearer <token>"``."""
+    config, ports = write_config(tmp_path)
+    proc = start_up(config, token="up-test-token")
+    try:
+        out = read_until(proc, "Press Ctrl-C")
+        runtime = f"http://127.0.0.1:{ports['runtime']}/mcp"
+        assert (
+            f"claude mcp add --transport http luftpause {runtime} "
+            '--header "Authorization: Bearer up-test-token"'
+        ) in out
+        models = f"http://127.0.0.1:{ports['dataplane']}/v1/models"
+        assert httpx.get(models, timeout=10).status_code == 401
+        auth = {"Authorization": "Bearer up-test-token"}
+        assert httpx.get(models, headers=auth, timeout=10).status_code == 200
+        assert httpx.post(runtime, json={}, timeout=10).status_code == 401
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.runtime.hygiene import check_call, coerce_arguments, recover_text_tool_calls
+from luftpause.runtime.hygiene import (
+    check_call,
+    coerce_arguments,
+    compile_schema,
+    recover_text_tool_calls,
+)
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -113,3 +119,51 @@ def test_text_that_is_not_a_call_is_left_alone() -> None:
     assert recover_text_tool_calls('{"name": "lookup", "parameters": {}} and more', offered) == []
     fenced = '```json\n{"name": "lookup", "arguments": "{\\"query\\": \\"x\\"}"}\n```'
     assert [c.arguments for c in recover_text_tool_calls(fenced, offered)] == [{"query": "x"}]
+
+
+INVALID_SCHEMAS = [
+    ({"type": "object", "properties": {"a": {"type": "strnig"}}}, "properties/a/type"),
+    ({"type": "object", "properties": {"a": {"minimum": "x"}}}, "properties/a/minimum"),
+    ({"type": 5}, "type"),
+    ({"type": "object", "required": "a"}, "required"),
+    ({"type": "object", "properties": {"a": {"pattern": "("}}}, "'regex'"),
+    ({"type": "string"}, "not an object of arguments"),
+]
+
+
+@pytest.mark.parametrize(("schema", "where"), INVALID_SCHEMAS)
+def test_a_tool_with_an_invalid_schema_is_unusable_and_refused(
+    schema: dict[str, Any], where: str
+) -> None:
+    """R6: an input schema that is not valid JSON Schema (a jsonschema validator never checks
+    its own schema: these used to crash the call or let anything through) makes the tool
+    unusable; every call is refused with the reason, never executed."""
+    compiled = compile_schema(schema)
+    assert not compiled.usable and compiled.validator is None
+    assert compiled.problem is not None and where in compiled.problem
+    for raw in ('{"a": 3}', "{}", '{"a": "x"}'):
+        check = check_call("broken", raw, schema)
+        assert not check.ok and check.arguments is None
+        assert check.refusal is not None
+        assert "'broken' cannot be used: its input schema is invalid" in check.refusal
+        assert compiled.problem in check.refusal
+        assert check_call("broken", raw, schema, compiled).refusal == check.refusal
+
+
+def test_a_schema_that_cannot_be_resolved_refuses_the_call() -> None:
+    """R6: what the meta-schema cannot see (a $ref to nowhere) refuses the call, no crash."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}
+    assert compile_schema(schema).usable
+    check = check_call("lookup", '{"a": 1}', schema)
+    assert not check.ok and "cannot be checked" in (check.refusal or "")
+    assert "nope" in (check.refusal or "")
+
+
+@pytest.mark.parametrize(
+    "schema", [SCHEMA, {}, {"properties": {"q": {"type": "string"}}}, {"type": ["object", "null"]}]
+)
+def test_valid_schemas_are_usable(schema: dict[str, Any]) -> None:
+    """R6: valid schemas (also without a type, as some servers send) stay usable."""
+    compiled = compile_schema(schema)
+    assert compiled.usable and compiled.problem is None and compiled.validator is not None
+    assert check_call("lookup", '{"query": "q"}', schema, compiled).ok

@@ -55,8 +55,14 @@ class AgentOptions:
     turn_timeout_s: float = 600.0
     max_turns: int = 10
     nonce: str = "0"
+    token: str | None = None  # sent as Authorization: Bearer to every target (X2, D9)
     # Runs in flight (run ID -> base URL), so a load that stops can end them (D8).
     live: dict[str, str] = field(default_factory=dict)
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """``Authorization: Bearer <token>`` for luftpause (D9, X2), or nothing."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 async def end_runs(options: AgentOptions, timeout_s: float = 5.0) -> int:
@@ -67,7 +73,7 @@ async def end_runs(options: AgentOptions, timeout_s: float = 5.0) -> int:
         options.live.clear()
         return 0
     ended = 0
-    async with httpx.AsyncClient(timeout=timeout_s) as http:
+    async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(options.token)) as http:
         for run_id, base in list(options.live.items()):
             with contextlib.suppress(httpx.HTTPError):
                 r = await http.delete(f"{base}/runs/{run_id}")
@@ -78,6 +84,8 @@ async def end_runs(options: AgentOptions, timeout_s: float = 5.0) -> int:
 
 class ToolPool(ClientPool):
     """A few MCP sessions to the tool server, shared round robin by the agents."""
+
+    service = "tool server"
 
     def __init__(self, url: str, size: int, timeout_s: float = 120.0) -> None:
         super().__init__(url, size, timeout_s)
@@ -313,7 +321,7 @@ def make_client(base_url: str, options: AgentOptions, connections: int) -> opena
     timeout = openai.Timeout(options.turn_timeout_s, connect=5.0)
     return openai.AsyncOpenAI(
         base_url=base_url,
-        api_key="luftpause-loadgen",
+        api_key=options.token or "luftpause-loadgen",  # the key a target without auth ignores
         max_retries=0,
         timeout=timeout,
         http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout),

@@ -22,8 +22,15 @@ Sub-agents through the runtime (``--runtime URL`` of its ``/mcp``)::
     luftpause loadgen --runtime http://127.0.0.1:7000/mcp --spawn 16 [--sequential]
     luftpause loadgen --runtime ... --group 48:batch:crowd:subagents --duration-s 180
 
+With ``LUFTPAUSE_TOKEN`` set on the stack (D9, X2), pass the same token: ``--token``
+(default: the ``LUFTPAUSE_TOKEN`` environment variable) is sent as
+``Authorization: Bearer`` to every ``--target`` and to ``--runtime``. A token the
+dataplane or the runtime refuses stops the load before it starts, with one line
+saying so.
+
 Exit status: 0 the load ran without a failed run; 3 it ran and some runs failed
-(counted by kind in the table and the JSON); 2 bad usage or nothing could start.
+(counted by kind in the table and the JSON); 2 bad usage or nothing could start
+(a refused token included).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from luftpause.loadgen.mix import (
     parse_group,
     unique_names,
 )
+from luftpause.loadgen.pool import TokenRefused
 
 DEFAULT_MODEL = "llama-3.2-1b"
 DEFAULT_TOOLS_URL = "http://127.0.0.1:9000/mcp"
@@ -109,6 +117,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL[,URL...]",
         help="OpenAI-compatible base URL(s) for own-loop agents: the dataplane, a router or "
         "engines (several: agents pinned round robin)",
+    )
+    load.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="bearer token for luftpause (its LUFTPAUSE_TOKEN), sent as 'Authorization: "
+        "Bearer TOKEN' to every --target and to --runtime (default: $LUFTPAUSE_TOKEN; "
+        "--token '' sends none)",
     )
     load.add_argument("--agents", type=_positive_int, help="own-loop agents in one group")
     load.add_argument(
@@ -358,16 +373,24 @@ async def _progress(rec: Recorder, stream: TextIO, period_s: float = 1.0) -> Non
         await asyncio.sleep(period_s)
 
 
-async def _model_of(target: str) -> str:
+async def _models_of(target: str, token: str | None) -> list[str]:
+    """``GET {target}/models``: the model names, or ``[]`` when the target does not say.
+
+    Raises :class:`TokenRefused` on a 401, so a load with the wrong token (or none) stops
+    before it starts instead of failing every run.
+    """
     try:
-        async with httpx.AsyncClient(timeout=5.0) as c:
+        async with httpx.AsyncClient(timeout=5.0, headers=agents.auth_headers(token)) as c:
             r = await c.get(f"{target}/models")
-            data = r.json().get("data") or []
-            if r.status_code == 200 and data:
-                return str(data[0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return DEFAULT_MODEL
+    except httpx.HTTPError:
+        return []  # unreachable: the load runs and counts the failures
+    if r.status_code == 401:
+        raise TokenRefused("dataplane", target, token_sent=bool(token))
+    try:
+        data = r.json().get("data") or []
+        return [str(m["id"]) for m in data] if r.status_code == 200 else []
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def build_groups(args: argparse.Namespace) -> list[Group]:
@@ -406,7 +429,10 @@ def _tool_names(text: str) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-async def run_load(args: argparse.Namespace, groups: list[Group], stderr: TextIO) -> dict[str, Any]:
+async def run_load(
+    args: argparse.Namespace, groups: list[Group], stderr: TextIO, token: str | None = None
+) -> dict[str, Any]:
+    """The load ``args`` describe; ``token`` goes to the targets and the runtime."""
     nonce = args.seed or secrets.token_hex(4)
     targets = [base_url(u) for u in (args.target or "").split(",") if u.strip()]
     own = [g for g in groups if g.kind == "agents"]
@@ -417,7 +443,8 @@ async def run_load(args: argparse.Namespace, groups: list[Group], stderr: TextIO
         raise MixError("sub-agents need --runtime (the runtime's MCP URL)")
     if args.spawn and groups:
         raise MixError("--spawn is a one-shot fan-out; run it without closed-loop groups")
-    model = args.model or (await _model_of(targets[0]) if targets else None)
+    listed = await asyncio.gather(*(_models_of(t, token) for t in targets)) if own else []
+    model = args.model or (listed[0][0] if listed and listed[0] else None)
     tool_names = _tool_names(args.tools)
     options = agents.AgentOptions(
         model=model or DEFAULT_MODEL,
@@ -427,12 +454,14 @@ async def run_load(args: argparse.Namespace, groups: list[Group], stderr: TextIO
         turn_timeout_s=args.turn_timeout_s,
         max_turns=args.max_turns,
         nonce=nonce,
+        token=token,
     )
     spawn_options = spawn.SpawnOptions(tool_names=tool_names, model=args.model)
     rec = Recorder(max_runs=args.max_runs)
     rec.window = (args.warmup_s, args.warmup_s + args.duration_s)
     result: dict[str, Any] = {}
     total_own = sum(g.count for g in own)
+    runtime_headers = agents.auth_headers(token)
     async with agents.clients(targets, options, total_own + 16) as openai_clients:
         pool: agents.ToolPool | None = None
         sessions: dict[str, spawn.SessionPool] = {}
@@ -446,7 +475,7 @@ async def run_load(args: argparse.Namespace, groups: list[Group], stderr: TextIO
             tools = content.openai_tools(pool.tools, tool_names) if pool is not None else []
             for g in subs:
                 sessions[g.name] = await stack.enter_async_context(
-                    spawn.SessionPool(args.runtime, min(8, g.count))
+                    spawn.SessionPool(args.runtime, min(8, g.count), headers=runtime_headers)
                 )
             if args.spawn:
                 fan_group = Group(
@@ -459,7 +488,9 @@ async def run_load(args: argparse.Namespace, groups: list[Group], stderr: TextIO
                     tool_calls=args.tool_calls,
                     max_tokens=args.max_tokens,
                 )
-                async with spawn.SessionPool(args.runtime, 1) as fan_sessions:
+                async with spawn.SessionPool(
+                    args.runtime, 1, headers=runtime_headers
+                ) as fan_sessions:
                     fan = await spawn.fan_out(
                         fan_sessions.clients[0],
                         fan_group,
@@ -586,7 +617,16 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or ``exc`` itself."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
 def main(args: argparse.Namespace) -> int:
+    # The one place the environment is read: library code gets the token passed in.
+    token = args.token if args.token is not None else os.environ.get("LUFTPAUSE_TOKEN")
     try:
         groups = build_groups(args)
     except MixError as exc:
@@ -600,12 +640,18 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        result = asyncio.run(run_load(args, groups, sys.stderr))
-    except MixError as exc:
+        result = asyncio.run(run_load(args, groups, sys.stderr, token or None))
+    except (MixError, TokenRefused) as exc:
         print(f"luftpause loadgen: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # e.g. the tool server or runtime cannot be reached
-        print(f"luftpause loadgen: could not start: {exc!r}", file=sys.stderr)
+        leaves = _leaves(exc)
+        refused = next((e for e in leaves if isinstance(e, TokenRefused)), None)
+        if refused is not None:
+            print(f"luftpause loadgen: {refused}", file=sys.stderr)
+        else:
+            reasons = "; ".join(dict.fromkeys(repr(e) for e in leaves))
+            print(f"luftpause loadgen: could not start: {reasons}", file=sys.stderr)
         return 2
     print(render(result))
     if args.json is not None:

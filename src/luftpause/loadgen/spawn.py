@@ -138,8 +138,16 @@ async def subagent_once(
 class SessionPool(ClientPool):
     """MCP sessions to the runtime; each is one caller to the dataplane."""
 
-    def __init__(self, url: str, size: int, timeout_s: float = AWAIT_TIMEOUT_S + 60) -> None:
-        super().__init__(url, size, timeout_s)
+    service = "runtime"
+
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        timeout_s: float = AWAIT_TIMEOUT_S + 60,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(url, size, timeout_s, headers)
         self.live: dict[str, Client] = {}  # handle -> session, for runs not yet awaited to end
 
     async def cancel_live(self) -> int:

@@ -12,6 +12,12 @@ Small models get tool calls wrong in a few typical ways, and each has a fix here
   validator (``jsonschema``) and, on failure, returns a refusal that tells the
   model what went wrong *and* the expected shape, so its next turn can fix it.
   A call that does not fit is never executed.
+* **Tools whose input schema is itself invalid**: :func:`compile_schema` checks
+  the schema against its dialect's meta-schema once, when the tool list is
+  loaded (a jsonschema validator does not check its own schema: an invalid one
+  either raises something unexpected at the first call or quietly lets
+  everything through). Such a tool is listed as unusable with the reason, and
+  every call to it is refused with that reason.
 * **Calls written as text** (Llama 3: ``{"name": ..., "parameters": {...}}``,
   optionally after ``<|python_tag|>``, several separated by ``;``):
   :func:`recover_text_tool_calls` turns such a reply into structured calls, but
@@ -23,10 +29,11 @@ Everything here is pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,20 +237,87 @@ def expected_shape(schema: Any) -> str:
     return _describe(schema if isinstance(schema, Mapping) else {"type": "object"})
 
 
-def _validator_for(schema: Mapping[str, Any]) -> Any:
-    cls: Callable[..., Any] = jsonschema.validators.validator_for(
-        schema, default=jsonschema.Draft202012Validator
+@dataclass(frozen=True)
+class CompiledSchema:
+    """A tool's input schema, checked and ready to validate calls (build it once per tool)."""
+
+    schema: Mapping[str, Any]
+    validator: Any  # a jsonschema validator; None when the schema is unusable
+    problem: str | None  # why the schema cannot be used, or None
+    shape: str  # the expected arguments, as refusals describe them
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+
+def _schema_error_text(exc: SchemaError) -> str:
+    where = "/".join(str(p) for p in exc.absolute_path)
+    return f"{where}: {exc.message}" if where else exc.message
+
+
+def compile_schema(schema: Any) -> CompiledSchema:
+    """Check ``schema`` against its dialect's meta-schema and build its validator.
+
+    Not a mapping (absent) means "any object". A schema that is not valid JSON Schema, or
+    that does not describe an object (MCP tools take an object of arguments), is unusable.
+    """
+    schema_map: Mapping[str, Any] = schema if isinstance(schema, Mapping) else {"type": "object"}
+    shape = expected_shape(schema_map)
+    try:
+        cls: Any = jsonschema.validators.validator_for(
+            schema_map, default=jsonschema.Draft202012Validator
+        )
+        cls.check_schema(schema_map)
+        validator = cls(schema_map)
+    except SchemaError as exc:
+        return CompiledSchema(schema_map, None, _schema_error_text(exc), shape)
+    except Exception as exc:  # e.g. a $schema the library cannot load
+        return CompiledSchema(schema_map, None, f"{type(exc).__name__}: {exc}", shape)
+    kinds = _types_of(schema_map)
+    if "type" in schema_map and "object" not in kinds:
+        problem = f"it describes {'/'.join(kinds) or 'no type'}, not an object of arguments"
+        return CompiledSchema(schema_map, None, problem, shape)
+    return CompiledSchema(schema_map, validator, None, shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_from_json(text: str) -> CompiledSchema:
+    return compile_schema(json.loads(text))
+
+
+def _compiled(schema: Any) -> CompiledSchema:
+    """For callers that pass a bare schema: compiled once per distinct schema (a meta-schema
+    check costs milliseconds, validating a call microseconds)."""
+    try:
+        text = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError):
+        return compile_schema(schema)
+    return _compiled_from_json(text)
+
+
+def unusable_refusal(name: str, problem: str) -> str:
+    """What the model sees when it calls a tool whose input schema is unusable."""
+    return (
+        f"Error: tool {name!r} cannot be used: its input schema is invalid ({problem}), so "
+        "the call was not made. Do not call this tool again; tell the user if you need it."
     )
-    return cls(schema)
 
 
-def check_call(name: str, raw_arguments: Any, schema: Any) -> CallCheck:
+def check_call(
+    name: str, raw_arguments: Any, schema: Any, compiled: CompiledSchema | None = None
+) -> CallCheck:
     """Parse, coerce and validate one call's arguments against the tool's input schema.
 
     ``raw_arguments`` is what the model sent: a JSON string (OpenAI wire form),
-    a dict (text-recovered calls) or anything else (refused).
+    a dict (text-recovered calls) or anything else (refused). ``compiled`` is the
+    tool's :func:`compile_schema` of ``schema`` (built from ``schema`` if not given).
+    A tool whose schema is unusable refuses every call, with the reason.
     """
-    shape = expected_shape(schema)
+    checked = compiled if compiled is not None else _compiled(schema)
+    if checked.problem is not None:
+        return CallCheck(None, unusable_refusal(name, checked.problem))
+    shape = checked.shape
     if isinstance(raw_arguments, str):
         text = raw_arguments.strip() or "{}"
         try:
@@ -264,14 +338,17 @@ def check_call(name: str, raw_arguments: Any, schema: Any) -> CallCheck:
             f"Error: the arguments for tool {name!r} must be a JSON object, got "
             f"{type(parsed).__name__}, so the call was not made. Expected arguments: {shape}",
         )
-    schema_map = schema if isinstance(schema, Mapping) else {"type": "object"}
-    arguments = coerce_arguments(parsed, schema_map)
+    arguments = coerce_arguments(parsed, checked.schema)
     try:
-        validator = _validator_for(schema_map)
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-    except SchemaError as exc:
+        errors = sorted(
+            checked.validator.iter_errors(arguments), key=lambda e: list(e.absolute_path)
+        )
+    except Exception as exc:  # what the meta-schema cannot see, e.g. a $ref to nowhere
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         return CallCheck(
-            None, f"Error: tool {name!r} has an input schema that cannot be checked: {exc.message}"
+            None,
+            f"Error: tool {name!r} has an input schema that cannot be checked ({reason}), so "
+            "the call was not made.",
         )
     if errors:
         problems = []

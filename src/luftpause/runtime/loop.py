@@ -63,7 +63,7 @@ from luftpause.runtime.core import (
 )
 from luftpause.runtime.core.apply import AnyRecord
 from luftpause.runtime.core.state import owner_breach
-from luftpause.runtime.hygiene import check_call, recover_text_tool_calls
+from luftpause.runtime.hygiene import recover_text_tool_calls
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient, Identity, TurnFailed
 from luftpause.runtime.metrics import RuntimeMetrics
@@ -456,7 +456,7 @@ class Runtime:
                     True,
                 )
                 continue
-            check = check_call(name, call["function"]["arguments"], tool.input_schema)
+            check = tool.check(call["function"]["arguments"])
             if check.refusal is not None or check.arguments is None:
                 self.metrics.tool_call("refused")
                 outcomes[i] = ToolOutcome(check.refusal or "Error: invalid arguments", True)

@@ -11,12 +11,20 @@ A server that cannot be reached at start is logged and retried when ``tools``
 is called or a call needs it. Tool names are offered to models as the server
 gives them; when two servers have a tool of the same name, both are offered as
 ``<server>__<tool>``.
+
+Each tool's input schema is checked and its validator built once, when the tool
+list is loaded (R6, :func:`~luftpause.runtime.hygiene.compile_schema`); a tool
+list reloaded unchanged keeps them. A tool whose schema is invalid stays listed
+(``usable: false`` and the reason), is offered to models with an empty schema
+and the reason in its description (an engine never sees the invalid schema),
+and every call to it is refused with the reason without reaching its server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -28,6 +36,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, Tool
 
 from luftpause.config import ToolServer
+from luftpause.runtime.hygiene import CallCheck, CompiledSchema, check_call, compile_schema
 
 log = logging.getLogger("luftpause.runtime.upstream")
 
@@ -53,14 +62,31 @@ class UpstreamTool:
         """R11: marked ``destructiveHint: true`` and not ``readOnlyHint: true``."""
         return self.destructive and not self.read_only
 
+    @functools.cached_property
+    def compiled(self) -> CompiledSchema:
+        """The input schema, checked, with its validator (built on first use, then kept)."""
+        return compile_schema(self.input_schema or {"type": "object"})
+
+    @property
+    def unusable_reason(self) -> str | None:
+        """Why no call to this tool can be made (its input schema is invalid), or None."""
+        problem = self.compiled.problem
+        return None if problem is None else f"its input schema is invalid: {problem}"
+
+    def check(self, raw_arguments: Any) -> CallCheck:
+        """R6: one call's arguments fitted to this tool, or the refusal the model sees."""
+        return check_call(self.name, raw_arguments, self.input_schema, self.compiled)
+
     def openai_tool(self) -> dict[str, Any]:
+        parameters = self.input_schema or {"type": "object", "properties": {}}
+        description = self.description
+        reason = self.unusable_reason
+        if reason is not None:  # the engine never sees a schema that is not one
+            parameters = {"type": "object", "properties": {}}
+            description = f"[unusable: {reason}] {description}"
         return {
             "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.input_schema or {"type": "object", "properties": {}},
-            },
+            "function": {"name": self.name, "description": description, "parameters": parameters},
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -72,6 +98,8 @@ class UpstreamTool:
             "readOnly": self.read_only,
             "destructive": self.destructive,
             "needsApproval": self.destructive_needs_approval,
+            "usable": self.unusable_reason is None,
+            "unusableReason": self.unusable_reason,
         }
 
 
@@ -220,7 +248,7 @@ class ToolHub:
             for tool in server.tools:
                 name = tool.name if counts[tool.name] == 1 else f"{server.name}__{tool.name}"
                 ann = tool.annotations
-                tools[name] = UpstreamTool(
+                built = UpstreamTool(
                     name=name,
                     server=server.name,
                     remote_name=tool.name,
@@ -229,9 +257,24 @@ class ToolHub:
                     read_only=bool(ann is not None and ann.read_only_hint is True),
                     destructive=bool(ann is not None and ann.destructive_hint is True),
                 )
+                old = self.tools.get(name)
+                if old is not None and old == built:
+                    tools[name] = old  # unchanged: keeps its checked schema and validator
+                    continue
+                tools[name] = built
+                if built.unusable_reason is not None:  # checks the schema now, once
+                    log.warning(
+                        "tool server %s: tool %s is unusable: %s",
+                        server.name,
+                        name,
+                        built.unusable_reason,
+                    )
         self.tools = tools
 
     async def call(self, tool: UpstreamTool, arguments: dict[str, Any]) -> ToolOutcome:
+        reason = tool.unusable_reason
+        if reason is not None:  # callers check first (UpstreamTool.check); never send it
+            return ToolOutcome(tool.check(arguments).refusal or reason, True)
         return await self.servers[tool.server].call(tool.remote_name, arguments)
 
     def status(self) -> list[dict[str, Any]]:
@@ -241,6 +284,11 @@ class ToolHub:
                 "connected": s.client is not None,
                 "error": s.error,
                 "tools": [t.name for t in s.tools],
+                "unusableTools": {
+                    t.name: t.unusable_reason
+                    for t in self.tools.values()
+                    if t.server == s.name and t.unusable_reason is not None
+                },
             }
             for s in self.servers.values()
         ]
