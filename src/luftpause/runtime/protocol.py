@@ -92,8 +92,12 @@ def caller_of(ctx: Context[Any, Any]) -> str:
         if session:
             return session
     params = ctx.session.client_params
-    info = getattr(params, "client_info", None) if params is not None else None
-    name = getattr(info, "name", None)
+    return caller_named(getattr(params, "client_info", None) if params is not None else None)
+
+
+def caller_named(client_info: Any) -> str:
+    """The caller of a request without a session: its ``clientInfo`` name."""
+    name = getattr(client_info, "name", None)
     # The caller travels in the x-luftpause-caller header: printable ASCII only.
     safe = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in str(name or "")).strip()
     return f"client:{safe}" if safe else "anonymous"
@@ -108,7 +112,7 @@ def _declares_elicitation(ctx: Context[Any, Any]) -> bool:
     return caps is not None and caps.elicitation is not None
 
 
-def _approval_message(run: Run) -> str:
+def approval_message(run: Run) -> str:
     pending = run.pending
     assert pending is not None
     args = json.dumps(pending.arguments, ensure_ascii=False)
@@ -195,7 +199,7 @@ class Waiter:
             if run is None or run.pending is None or run.pending.key != call_key:
                 continue  # answered meanwhile by someone else, or the run ended
             self.asked.add(f"{handle}/{call_key}")
-            allow = _allow_from(response)
+            allow = allow_from(response)
             if allow is None:
                 continue  # cancelled: leave it to approve()
             with contextlib.suppress(RuntimeError_):
@@ -240,7 +244,7 @@ class Waiter:
         if decided is None:
             return
         ask: asyncio.Future[Any] = asyncio.ensure_future(
-            self.ctx.elicit(_approval_message(run), ApprovalForm)
+            self.ctx.elicit(approval_message(run), ApprovalForm)
         )
         try:
             done, _ = await asyncio.wait(
@@ -274,14 +278,14 @@ class Waiter:
             assert run.pending is not None
             requests[f"{APPROVE_KEY_PREFIX}{run.id}/{run.pending.key}"] = ElicitRequest(
                 params=ElicitRequestFormParams(
-                    message=_approval_message(run), requested_schema=APPROVAL_SCHEMA
+                    message=approval_message(run), requested_schema=APPROVAL_SCHEMA
                 )
             )
         state = {"deadline": self.deadline, "asked": sorted(self.asked), **(extra or {})}
         return InputRequiredResult(input_requests=requests, request_state=json.dumps(state))
 
 
-def _allow_from(response: Any) -> bool | None:
+def allow_from(response: Any) -> bool | None:
     """``allow`` from an elicitation answer: accept -> its value, decline -> False."""
     action: Any
     content: Any

@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -27,6 +28,7 @@ from starlette.routing import Mount, Route
 
 from luftpause.runtime.http_headers import StripHeaderWhitespace
 from luftpause.runtime.loop import Runtime
+from luftpause.runtime.mcp_tasks import TasksExtension, TaskStore
 from luftpause.runtime.protocol import describe_argument_errors
 from luftpause.runtime.status import status_tree
 from luftpause.runtime.tools import INSTRUCTIONS, RuntimeTools
@@ -60,7 +62,12 @@ class RuntimeMCPServer(MCPServer[Any]):
             raise
 
 
-def build_mcp(rt: Runtime, *, request_state_key: bytes | None = None) -> MCPServer[Any]:
+def build_mcp(
+    rt: Runtime,
+    *,
+    request_state_key: bytes | None = None,
+    tasks: TasksExtension | None = None,
+) -> MCPServer[Any]:
     """The runtime's MCP server: the protocol layer of the SDK with our tools on it.
 
     The ``requestState`` of an input-required result (deadline, what was asked, the
@@ -80,8 +87,9 @@ def build_mcp(rt: Runtime, *, request_state_key: bytes | None = None) -> MCPServ
         instructions=INSTRUCTIONS,
         log_level="WARNING",
         request_state_security=security,
+        extensions=[tasks] if tasks is not None else None,
     )
-    RuntimeTools(rt).register(mcp)
+    RuntimeTools(rt).register(mcp, tasks)
     return mcp
 
 
@@ -210,7 +218,8 @@ def build_app(
     on_stop: Callable[[], Awaitable[None]],
     request_state_key: bytes | None = None,
 ) -> ASGIApp:
-    mcp = build_mcp(rt, request_state_key=request_state_key)
+    tasks = TasksExtension(TaskStore(Path(rt.settings.state_dir)))
+    mcp = build_mcp(rt, request_state_key=request_state_key, tasks=tasks)
     mcp_app = mcp.streamable_http_app(
         streamable_http_path=MCP_PATH,
         stateless_http=False,
@@ -233,7 +242,7 @@ def build_app(
         await on_start()
         try:
             # A mounted app's own lifespan never runs: enter the session manager here.
-            async with mcp.session_manager.run():
+            async with tasks.running(), mcp.session_manager.run():
                 yield
         finally:
             await on_stop()

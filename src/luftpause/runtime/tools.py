@@ -6,6 +6,8 @@ call waits and asks its client for approvals lives in ``protocol.py``; the
 arguments of ``spawn`` and ``run`` are :class:`~luftpause.runtime.spawn_args.SpawnArgs`.
 """
 
+import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -14,16 +16,23 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from luftpause.runtime.core import Run
 from luftpause.runtime.decide import decide as run_decide
 from luftpause.runtime.loop import Runtime, RuntimeError_
+from luftpause.runtime.mcp_tasks import TaskHandle, TasksExtension, elicitation_request
 from luftpause.runtime.protocol import (
+    APPROVAL_SCHEMA,
+    APPROVE_KEY_PREFIX,
     Waiter,
+    allow_from,
     approval_hint,
+    approval_message,
     awaiting_approval,
+    caller_named,
     caller_of,
+    describe_argument_errors,
     request_state_of,
     tool_result,
 )
@@ -63,7 +72,9 @@ RUN_DESCRIPTION = (
     "Start a sub-agent and wait until it finishes (spawn + await in one call). "
     "Takes the same arguments as `spawn`, plus `timeout`; returns the run's result, "
     "toolCalls and failedToolCalls, or at the timeout its current state and handle, to "
-    "`await` on. Prefer spawn + await for several sub-agents at once." + APPROVALS
+    "`await` on. Prefer spawn + await for several sub-agents at once." + APPROVALS + " "
+    "A client that declared the MCP Tasks extension gets a task instead: poll tasks/get; "
+    "approvals show as input_required, answered with tasks/update."
 )
 
 
@@ -169,6 +180,79 @@ class RuntimeTools:
             payload["note"] = note
         return tool_result(payload)
 
+    async def run_task(self, handle: TaskHandle, arguments: dict[str, Any]) -> CallToolResult:
+        """``run`` as an MCP task (R12): spawn, then follow the run until it ends.
+
+        Each tool call in the run's tree that waits for approval becomes one input
+        request of the task (``input_required``); its answer (``tasks/update``) is
+        journaled like any other. An approval answered some other way (``approve``)
+        withdraws its request. ``tasks/cancel`` cancels the run's tree. When the
+        runtime stops, the task is left open (it fails on restart) and the run is
+        not touched: it resumes from the journal.
+        """
+        rt = self.rt
+        try:
+            args = SpawnArgs.model_validate(
+                {k: v for k, v in arguments.items() if k != "timeout"}, by_alias=True
+            )
+        except ValidationError as exc:
+            raise ToolError(describe_argument_errors("run", exc)) from None
+        try:
+            the_run = await rt.spawn(args, caller_named(handle.client_info))
+        except RuntimeError_ as exc:
+            raise ToolError(str(exc)) from None
+        await handle.attach(the_run.id)
+
+        async def cancel_tree() -> None:
+            await rt.cancel_tree(the_run, "cancelled by the client (tasks/cancel)")
+
+        handle.on_cancel(cancel_tree)
+        askers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        asked: set[tuple[str, str]] = set()  # asked once: an answer of "cancel" leaves approve()
+        event = asyncio.Event()
+        rt.watchers.watch([the_run.id], event)
+        try:
+            while not the_run.done:
+                event.clear()
+                waiting = {
+                    (r.id, r.pending.key): r
+                    for r in rt.state.descendants(the_run)
+                    if r.pending is not None and not r.done
+                }
+                for key, asker in list(askers.items()):
+                    if key not in waiting or asker.done():
+                        asker.cancel()
+                        del askers[key]
+                for key, run in waiting.items():
+                    if key not in asked:
+                        asked.add(key)
+                        askers[key] = asyncio.create_task(
+                            self._ask_in_task(handle, run, len(asked))
+                        )
+                await event.wait()
+        finally:
+            rt.watchers.unwatch([the_run.id], event)
+            for asker in askers.values():
+                asker.cancel()
+            await asyncio.gather(*askers.values(), return_exceptions=True)
+        payload = rt.run_json(the_run)
+        payload["finished"] = True
+        return tool_result(payload)
+
+    async def _ask_in_task(self, handle: TaskHandle, run: Run, nonce: int) -> None:
+        pending = run.pending
+        if pending is None:
+            return
+        # Keys are unique over a task's life, so each carries the number of the asking.
+        key = f"{APPROVE_KEY_PREFIX}{run.id}/{pending.key}/{nonce}"
+        answers = await handle.require_input(
+            {key: elicitation_request(approval_message(run), APPROVAL_SCHEMA)}
+        )
+        allow = allow_from(answers.get(key))
+        if allow is not None and run.pending is pending:
+            with contextlib.suppress(RuntimeError_):
+                await self.rt.decide_approval(run, allow, pending.key)
+
     async def status(self, handle: str | None) -> CallToolResult:
         if handle is not None:
             return tool_result(self.rt.run_json(self.lookup([handle])[0]))
@@ -226,8 +310,11 @@ class RuntimeTools:
 
     # ------------------------------------------------------------------ registration
 
-    def register(self, mcp: MCPServer[Any]) -> None:
-        """Add every tool to ``mcp`` with its schema, description and annotations."""
+    def register(self, mcp: MCPServer[Any], tasks: TasksExtension | None = None) -> None:
+        """Add every tool to ``mcp`` with its schema, description and annotations; with
+        ``tasks`` (mounted on ``mcp``), ``run`` is also a task tool."""
+        if tasks is not None:
+            tasks.task_tool("run", self.run_task)
         settings = self.rt.settings
         await_default = settings.await_timeout_s
         spawn_params = spawn_parameters(
