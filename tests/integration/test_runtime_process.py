@@ -32,6 +32,7 @@ import httpx
 import httpx2
 import pytest
 import uvicorn
+from _mcp_raw import RawMcp
 from conftest import Services
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -42,6 +43,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from luftpause.procs import ServiceProcess
+from luftpause.runtime.core import RuntimeState, replay
+from luftpause.runtime.journal import read_lines
 
 pytestmark = pytest.mark.integration
 
@@ -543,6 +546,32 @@ async def test_run_hands_approvals_back_to_a_client_that_cannot_be_asked(
     assert "awaitingApproval" not in got
 
 
+async def test_run_as_a_task_with_approval_by_tasks_update(stack: Stack) -> None:
+    """R12, R11: over raw JSON-RPC, a client that declared Tasks gets ``run`` as a task;
+    each approval is an input request answered by tasks/update; the result is inlined."""
+    async with httpx.AsyncClient(base_url=stack.runtime.urls["http"], timeout=30) as http:
+        raw = RawMcp(http)
+        created = (
+            await raw.modern(
+                "tools/call",
+                {
+                    "name": "run",
+                    "arguments": {"task": "task approvals", "tools": ["delete_record"]},
+                },
+            )
+        ).result
+        assert created["resultType"] == "task"
+        task_id = created["taskId"]
+        for allow in (True, False):
+            task = await raw.wait_for(task_id, "input_required", keys=1)
+            [key] = task["inputRequests"]
+            answer = {key: {"action": "accept", "content": {"allow": allow}}}
+            await raw.modern("tasks/update", {"taskId": task_id, "inputResponses": answer})
+        done = await raw.wait_for(task_id, "completed")
+    out = json.loads(done["result"]["content"][0]["text"])
+    assert out["state"] == "Completed" and (out["toolCalls"], out["failedToolCalls"]) == (2, 1)
+
+
 async def test_run_returns_at_its_timeout(stack: Stack) -> None:
     """R12: ``run`` never waits silently past its timeout: it returns the run's current
     state, its handle and what to do next."""
@@ -646,13 +675,16 @@ def _journal(path: Path) -> list[dict[str, Any]]:
 
 
 async def test_sigkill_mid_run_then_restart(stack: Stack) -> None:
-    """R8: a runtime SIGKILLed while 10 sub-agents run resumes them all after a restart;
-    no tool call of a journaled (complete) round is executed again; finished runs answer."""
+    """R8, R12: a runtime SIGKILLed while 10 sub-agents run and 3 ``run`` tasks are open
+    resumes every run after a restart (the tasks' runs too); no tool call of a journaled
+    (complete) round is executed again; finished runs answer; the open tasks report
+    failed; the journal replays to the same state twice."""
     tools = stack.services.start(
         "fake-mcp", "--port", "0", "--lookup-delay-s", "0.3", name="fake-mcp-restart"
     )
     rt = stack.start_runtime("restart", tools=tools)
-    journal = stack.tmp / "state-restart" / "runs.jsonl"
+    state_dir = stack.tmp / "state-restart"
+    journal = state_dir / "runs.jsonl"
     async with connect(rt.urls["http"] + "/mcp", "legacy") as c:
         quick = await spawn(c, "done before the kill", tools=["lookup"], maxToolCalls=0)
         await await_all(c, [quick])
@@ -660,6 +692,24 @@ async def test_sigkill_mid_run_then_restart(stack: Stack) -> None:
             await spawn(c, f"survivor {i} [results=4] [unique]", tools=["lookup"])
             for i in range(10)
         ]
+    async with httpx.AsyncClient(base_url=rt.urls["http"], timeout=30) as http:
+        raw = RawMcp(http)
+        task_ids = []
+        for i in range(3):
+            created = (
+                await raw.modern(
+                    "tools/call",
+                    {
+                        "name": "run",
+                        "arguments": {
+                            "task": f"task {i} [results=4] [unique]",
+                            "tools": ["lookup"],
+                        },
+                    },
+                )
+            ).result
+            assert created["resultType"] == "task", created
+            task_ids.append(created["taskId"])
     deadline = time.monotonic() + 30
     while sum(1 for r in _journal(journal) if r["t"] == "tools") < 5:
         assert time.monotonic() < deadline
@@ -668,6 +718,14 @@ async def test_sigkill_mid_run_then_restart(stack: Stack) -> None:
     before = _journal(journal)
     ended_before = {r["run"] for r in before if r["t"] == "end"}
     assert not set(handles) <= ended_before, "every run ended before the kill"
+    task_runs = sorted(
+        {
+            r["task"]["attachment"]
+            for r in _journal(state_dir / "tasks.jsonl")
+            if r["task"].get("attachment")
+        }
+    )
+    assert len(task_runs) == 3
     complete = {(r["run"], r["seq"]) for r in before if r["t"] == "tools"}
     journaled_calls = [
         json.dumps(json.loads(call["function"]["arguments"]), sort_keys=True, separators=(",", ":"))
@@ -676,8 +734,14 @@ async def test_sigkill_mid_run_then_restart(stack: Stack) -> None:
         for call in r["message"]["tool_calls"]
     ]
     rt2 = stack.services.start(*rt_args(stack, "restart"), name="runtime-restart-2")
+    async with httpx.AsyncClient(base_url=rt2.urls["http"], timeout=30) as http:
+        raw = RawMcp(http)
+        for task_id in task_ids:
+            task = await raw.get(task_id)
+            assert task["status"] == "failed", task
+            assert "restarted" in task["error"]["message"]
     async with connect(rt2.urls["http"] + "/mcp", "auto") as c:
-        out = await await_all(c, [quick, *handles], timeout=60)
+        out = await await_all(c, [quick, *handles, *task_runs], timeout=60)
     assert out["finished"]
     for r in out["results"][1:]:
         assert r["state"] == "Completed", r
@@ -687,6 +751,20 @@ async def test_sigkill_mid_run_then_restart(stack: Stack) -> None:
     assert journaled_calls and all(completed[key] == 1 for key in journaled_calls)
     assert all(n <= 2 for n in completed.values())  # only an in-flight round may run twice
     rt2.stop()
+    lines, _ = read_lines(journal)
+    once, twice = RuntimeState(), RuntimeState()
+    assert replay(once, lines).problems == []
+    replay(twice, lines)
+    replay(twice, lines)
+    assert _state_view(once) == _state_view(twice)
+    assert all(run.done for run in once.runs.values())
+
+
+def _state_view(state: RuntimeState) -> dict[str, Any]:
+    return {
+        rid: (r.state, r.turns, r.results, r.approvals, r.own.to_json(), r.subtree.to_json())
+        for rid, r in state.runs.items()
+    }
 
 
 def rt_args(stack: Stack, name: str) -> list[str]:
