@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?=
 
-.PHONY: run test lint typecheck contracts proto proto-check unit component integration bench-core clean
+.PHONY: run test lint typecheck contracts proto proto-check unit component integration conformance bench-core clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ component: $(STAMP)
 
 integration: $(STAMP)
 	$(PY) -m pytest -q tests/integration
+
+# The MCP conformance suite against the runtime (npm: Node 22 + the suite, into .cache/node).
+# `make test` runs these too.
+conformance: $(STAMP)
+	$(PY) -m pytest -q -m conformance
 
 bench-core: $(STAMP)
 	$(PY) tools/bench/core.py

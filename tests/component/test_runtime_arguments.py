@@ -37,7 +37,7 @@ async def connected(tmp_path: Path) -> AsyncIterator[Client]:
 @pytest.mark.parametrize(
     ("tool", "arguments", "message"),
     [
-        ("spawn", {"task": "x", "maxToolCalls": 999}, "'maxToolCalls' must be at most 64 (got 999)"),
+        ("spawn", {"task": "x", "maxToolCalls": 99}, "'maxToolCalls' must be at most 64 (got 99)"),
         ("spawn", {"task": ""}, "argument 'task' must not be empty"),
         ("spawn", {}, "spawn: argument 'task' is required"),
         ("run", {"task": "x", "timeout": 0}, "argument 'timeout' must be greater than 0 (got 0)"),
