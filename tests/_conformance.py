@@ -341,3 +341,18 @@ def require_conformance() -> bool:
         os.environ.get(var, "").strip().lower() not in ("", "0", "false", "no")
         for var in ("CI", "LUFTPAUSE_REQUIRE_CONFORMANCE")
     )
+
+
+def installed_or_skip() -> None:
+    """For a fixture: Node 22 + the suite, installed once; a real inability to install
+    skips the test with the reason, or fails it where the suite must run (CI /
+    LUFTPAUSE_REQUIRE_CONFORMANCE)."""
+    import pytest
+
+    try:
+        ensure_installed()
+    except ConformanceUnavailable as exc:
+        reason = f"MCP conformance suite unavailable: {exc}"
+        if require_conformance():
+            pytest.fail(reason + " (required here: CI or LUFTPAUSE_REQUIRE_CONFORMANCE is set)")
+        pytest.skip(reason)

@@ -65,6 +65,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from starlette.applications import Starlette
 
 from luftpause.config import RuntimeSettings
 from luftpause.runtime.core import RunState
@@ -267,7 +268,10 @@ class Harness:
             await self.llm.aclose()
 
         app = build_app(self.rt, host="127.0.0.1", token=None, on_start=on_start, on_stop=on_stop)
-        self.starlette = app.app  # type: ignore[attr-defined]
+        inner: Any = app
+        while not isinstance(inner, Starlette):  # below the auth and header middleware
+            inner = inner.app
+        self.starlette = inner
         self.http = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
         )

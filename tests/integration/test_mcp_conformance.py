@@ -17,9 +17,7 @@ import pytest
 from _conformance import (
     INSTALL_TIMEOUT_S,
     ConformanceResults,
-    ConformanceUnavailable,
-    ensure_installed,
-    require_conformance,
+    installed_or_skip,
     run_conformance,
 )
 from conftest import Services
@@ -64,15 +62,7 @@ RUN_TIMEOUT_S = 240.0
 
 @pytest.fixture(scope="module")
 def suite_ready() -> None:
-    """Node 22 + the suite, installed once; a real inability to install skips (or fails
-    where the suite must run: CI / LUFTPAUSE_REQUIRE_CONFORMANCE)."""
-    try:
-        ensure_installed()
-    except ConformanceUnavailable as exc:
-        reason = f"MCP conformance suite unavailable: {exc}"
-        if require_conformance():
-            pytest.fail(reason + " (required here: CI or LUFTPAUSE_REQUIRE_CONFORMANCE is set)")
-        pytest.skip(reason)
+    installed_or_skip()
 
 
 @pytest.fixture(scope="module")

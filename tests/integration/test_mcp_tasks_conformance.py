@@ -26,9 +26,7 @@ import pytest
 from _conformance import (
     INSTALL_TIMEOUT_S,
     ConformanceResults,
-    ConformanceUnavailable,
-    ensure_installed,
-    require_conformance,
+    installed_or_skip,
     run_conformance,
 )
 
@@ -108,13 +106,7 @@ def start_fixture(tmp: Path, state_dir: Path, name: str = "fixture") -> ServiceP
 
 @pytest.fixture(scope="module")
 def suite_ready() -> None:
-    try:
-        ensure_installed()
-    except ConformanceUnavailable as exc:
-        reason = f"MCP conformance suite unavailable: {exc}"
-        if require_conformance():
-            pytest.fail(reason + " (required here: CI or LUFTPAUSE_REQUIRE_CONFORMANCE is set)")
-        pytest.skip(reason)
+    installed_or_skip()
 
 
 @pytest.fixture(scope="module")
