@@ -34,12 +34,13 @@ from typing import Any, TypeVar
 
 import aiohttp
 from fastapi import FastAPI, Request
+from opentelemetry.trace import Span
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.config import DataplaneSettings, Endpoint, EndpointKind, Secrets
-from luftpause.dataplane import identity
+from luftpause.dataplane import identity, tracing
 from luftpause.dataplane.errors import (
     Abandoned,
     BadRequest,
@@ -257,7 +258,7 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-def _engine_headers(dp: Dataplane, request: Request, replica: str) -> dict[str, str]:
+def _engine_headers(dp: Dataplane, request: Request, replica: str, span: Span) -> dict[str, str]:
     headers = {
         k: v
         for k, v in request.headers.items()
@@ -268,6 +269,7 @@ def _engine_headers(dp: Dataplane, request: Request, replica: str) -> dict[str, 
         headers["authorization"] = f"Bearer {key}"
     headers["accept-encoding"] = "identity"
     headers.setdefault("content-type", "application/json")
+    tracing.inject(span, headers)
     return headers
 
 
@@ -337,30 +339,39 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
             raise UnknownModel(f"no Generative replica serves model {shown(chat.model)}")
         turn_id = f"turn-{uuid.uuid4().hex}"
         dp.runs.touch(run_id, cls, caller)
-        admitted = await _admit(
-            dp,
-            request,
-            pb.AdmitRequest(
-                turn_id=turn_id,
-                run_id=run_id,
-                model=chat.model,
-                service_class=_CLASS_PB[cls],
-                caller=caller,
-                kind=pb.ENDPOINT_KIND_GENERATIVE,
-                traceparent=request.headers.get("traceparent", ""),
-            ),
-            cls,
+        span = tracing.start_turn(
+            request.headers, route="chat", model=chat.model, service_class=cls, run_id=run_id
         )
+        try:
+            admitted = await _admit(
+                dp,
+                request,
+                pb.AdmitRequest(
+                    turn_id=turn_id,
+                    run_id=run_id,
+                    model=chat.model,
+                    service_class=_CLASS_PB[cls],
+                    caller=caller,
+                    kind=pb.ENDPOINT_KIND_GENERATIVE,
+                    traceparent=tracing.traceparent_of(span),
+                ),
+                cls,
+            )
+        except BaseException as exc:
+            tracing.end(span, exc.outcome.value if isinstance(exc, TurnError) else "abandoned")
+            raise
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns.labels(cls, exc.outcome.value).inc()
         return exc.response(request.state.run_id)
 
+    tracing.admitted(span, replica=admitted.replica, held_s=admitted.held_s)
     turn = Turn(
         TurnRecord(turn_id, run_id, admitted.replica, chat.model, cls, caller),
         link=dp.link,
         metrics=dp.metrics,
         runs=dp.runs,
         memory=dp.memory,
+        span=span,
     )
     return await serve(turn, _forward_chat(dp, request, chat, turn, admitted))
 
@@ -388,7 +399,7 @@ async def _forward_chat(
             dp.http.post(
                 f"{base}/v1/chat/completions",
                 data=raw,
-                headers=_engine_headers(dp, request, record.replica),
+                headers=_engine_headers(dp, request, record.replica, turn.span),
             ),
         )
     except ENGINE_ERRORS as exc:
@@ -467,27 +478,41 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
         except identity.BadHeader as exc:
             raise BadRequest(str(exc)) from None
         turn_id = f"turn-{uuid.uuid4().hex}"
-        admitted = await _admit(
-            dp,
-            request,
-            pb.AdmitRequest(
-                turn_id=turn_id,
-                run_id=run_id,
-                model=model,
-                service_class=pb.SERVICE_CLASS_INTERACTIVE,
-                caller=caller,
-                kind=pb.ENDPOINT_KIND_SINGLE_PASS,
-            ),
-            "interactive",
+        span = tracing.start_turn(
+            request.headers,
+            route="decide",
+            model=model,
+            service_class="interactive",
+            run_id=run_id,
         )
+        try:
+            admitted = await _admit(
+                dp,
+                request,
+                pb.AdmitRequest(
+                    turn_id=turn_id,
+                    run_id=run_id,
+                    model=model,
+                    service_class=pb.SERVICE_CLASS_INTERACTIVE,
+                    caller=caller,
+                    kind=pb.ENDPOINT_KIND_SINGLE_PASS,
+                    traceparent=tracing.traceparent_of(span),
+                ),
+                "interactive",
+            )
+        except BaseException as exc:
+            tracing.end(span, exc.outcome.value if isinstance(exc, TurnError) else "abandoned")
+            raise
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns.labels("interactive", exc.outcome.value).inc()
         return exc.response(request.state.run_id)
 
+    tracing.admitted(span, replica=admitted.replica, held_s=admitted.held_s)
     turn = Turn(
         TurnRecord(turn_id, run_id, admitted.replica, model, "interactive", caller),
         link=dp.link,
         metrics=dp.metrics,
+        span=span,
     )
     return await serve(turn, _classify(dp, request, payload, turn, admitted))
 
@@ -507,7 +532,7 @@ async def _classify(
             f"{base}/classify",
             data=payload,
             headers={
-                **_engine_headers(dp, request, replica),
+                **_engine_headers(dp, request, replica, turn.span),
                 "content-type": "application/json",
             },
         ) as response:

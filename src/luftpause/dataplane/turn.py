@@ -17,9 +17,11 @@ import logging
 import time
 from collections.abc import Awaitable
 
+from opentelemetry.trace import INVALID_SPAN, Span
 from starlette.responses import Response
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause.dataplane import tracing
 from luftpause.dataplane.errors import ClientLeft, InternalError, Outcome, TurnError
 from luftpause.dataplane.identity import ToolCallMemory
 from luftpause.dataplane.metrics import Metrics
@@ -43,8 +45,10 @@ class Turn:
         metrics: Metrics,
         runs: RunTable | None = None,
         memory: ToolCallMemory | None = None,
+        span: Span = INVALID_SPAN,
     ) -> None:
         self.record = record
+        self.span = span  # the turn's span (tracing.py); ended with the turn
         self._link = link
         self._metrics = metrics
         self._runs = runs  # None: a single-pass turn, which never enters run state (S13)
@@ -86,7 +90,11 @@ class Turn:
         if self._memory is not None:
             self._memory.remember(outcome.tool_call_ids, self.record.run_id)
         self._report(finished=event)
-        self._end(Outcome.PAUSED_ON_TOOL if paused else Outcome.FINISHED, paused_on_tool=paused)
+        self._end(
+            Outcome.PAUSED_ON_TOOL if paused else Outcome.FINISHED,
+            paused_on_tool=paused,
+            usage=(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens),
+        )
 
     def failed(self, error: TurnError) -> None:
         """The turn failed after admission: its slot is freed and its run left idle (D5)."""
@@ -100,8 +108,22 @@ class Turn:
         finally:  # the slot is ours to give back whatever the report did
             self._end(error.outcome, paused_on_tool=False)
 
-    def _end(self, outcome: Outcome, *, paused_on_tool: bool) -> None:
+    def _end(
+        self,
+        outcome: Outcome,
+        *,
+        paused_on_tool: bool,
+        usage: tuple[int, int, int] | None = None,
+    ) -> None:
         self.ended = outcome
+        prompt, completion, cached = usage if usage is not None else (None, None, None)
+        tracing.end(
+            self.span,
+            outcome.value,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_tokens=cached,
+        )
         if self._runs is not None:
             self._runs.ended(self.record.turn_id, paused_on_tool=paused_on_tool)
         self._metrics.in_flight.labels(self.record.service_class).dec()

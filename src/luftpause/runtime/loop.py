@@ -40,7 +40,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import Span, StatusCode
+
 from luftpause.config import RuntimeSettings
+from luftpause.runtime import tracing
 from luftpause.runtime.core import (
     Approval,
     AssistantMessage,
@@ -111,6 +115,7 @@ class Runtime:
     # run's task, and the answer an open approval waits for.
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _decisions: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
+    _spans: dict[str, Span] = field(default_factory=dict)  # each running run's invoke_agent
     replay_report: ReplayReport = field(default_factory=ReplayReport)
     metrics: RuntimeMetrics = field(init=False)
 
@@ -229,7 +234,9 @@ class Runtime:
             raise RuntimeError_("no model given, none configured, and the dataplane lists none")
         return models[0]
 
-    async def spawn(self, req: SpawnArgs, caller: str) -> Run:
+    async def spawn(self, req: SpawnArgs, caller: str, traceparent: str | None = None) -> Run:
+        """Start a run. ``traceparent``: the trace context of the request that asked for
+        it; a child run's span is the child of its parent's instead."""
         for label, text in (("task", req.task), ("model", req.model), ("system", req.system)):
             check_text(label, text)
         parent: Run | None = None
@@ -284,6 +291,7 @@ class Runtime:
             parent=parent.id if parent is not None else None,
             created=self.clock(),
             caller=caller,
+            traceparent=self._parent_trace(parent, traceparent),
         )
 
         async def commit() -> Run:
@@ -300,22 +308,33 @@ class Runtime:
         run: Run = await asyncio.shield(self._background_task(commit(), f"spawn-{run_id}"))
         return run
 
+    def _parent_trace(self, parent: Run | None, traceparent: str | None) -> str | None:
+        span = self._spans.get(parent.id) if parent is not None else None
+        if span is not None:
+            return tracing.traceparent_of(trace.set_span_in_context(span))
+        return traceparent
+
     # ------------------------------------------------------------------ the loop
 
     async def drive(self, run: Run) -> None:
-        try:
-            await self._loop(run)
-        except asyncio.CancelledError:
-            if run.done:
-                return  # ended by cancel or a budget: already journaled
-            raise  # shutdown: the journal resumes the run at the next start
-        except BudgetTripped:
-            return
-        except TurnFailed as exc:
-            await self.finish(run, RunState.FAILED, error=str(exc))
-        except Exception as exc:
-            log.exception("run %s crashed", run.id)
-            await self.finish(run, RunState.FAILED, error=f"internal error: {exc!r}")
+        with tracing.agent_span(run) as span:
+            self._spans[run.id] = span
+            try:
+                await self._loop(run)
+            except asyncio.CancelledError:
+                if run.done:
+                    return  # ended by cancel or a budget: already journaled
+                raise  # shutdown: the journal resumes the run at the next start
+            except BudgetTripped:
+                return
+            except TurnFailed as exc:
+                await self.finish(run, RunState.FAILED, error=str(exc))
+            except Exception as exc:
+                log.exception("run %s crashed", run.id)
+                await self.finish(run, RunState.FAILED, error=f"internal error: {exc!r}")
+            finally:
+                self._spans.pop(run.id, None)
+                tracing.end_agent_span(span, run)
 
     def identity(self, run: Run) -> Identity:
         return Identity(run.id, run.spec.service_class, run.caller or "anonymous")
@@ -334,21 +353,23 @@ class Runtime:
                     body["tools"] = [t.openai_tool() for t in offered]
                     body["parallel_tool_calls"] = spec.parallel_tool_calls
                 started = time.monotonic()
-                try:
-                    data = await self.llm.chat(body, self.identity(run))
-                except TurnFailed:
-                    self.metrics.turn("failed")
-                    raise
-                self.metrics.turn("ok")
-                elapsed = time.monotonic() - started
-                found = data.get("usage")
-                raw_usage: dict[str, Any] = found if isinstance(found, dict) else {}
-                usage = Usage(
-                    turns=1,
-                    prompt_tokens=int(raw_usage.get("prompt_tokens") or 0),
-                    completion_tokens=int(raw_usage.get("completion_tokens") or 0),
-                    turn_seconds=elapsed,
-                )
+                with tracing.chat_span(run) as span:
+                    try:
+                        data = await self.llm.chat(body, self.identity(run))
+                    except TurnFailed:
+                        self.metrics.turn("failed")
+                        raise
+                    self.metrics.turn("ok")
+                    elapsed = time.monotonic() - started
+                    found = data.get("usage")
+                    raw_usage: dict[str, Any] = found if isinstance(found, dict) else {}
+                    usage = Usage(
+                        turns=1,
+                        prompt_tokens=int(raw_usage.get("prompt_tokens") or 0),
+                        completion_tokens=int(raw_usage.get("completion_tokens") or 0),
+                        turn_seconds=elapsed,
+                    )
+                    tracing.record_reply(span, data, usage)
                 message = data["choices"][0].get("message") or {}
                 seq = run.next_seq
                 calls = self._tool_calls(run, seq, message, offered)
@@ -476,7 +497,10 @@ class Runtime:
 
         async def execute(i: int, tool: UpstreamTool, args: dict[str, Any]) -> None:
             started = time.monotonic()
-            outcome = await self.hub.call(tool, args)
+            with tracing.tool_span(tool.name, str(calls[i]["id"])) as span:
+                outcome = await self.hub.call(tool, args)
+                if outcome.is_error:
+                    span.set_status(StatusCode.ERROR, outcome.text[:200])
             self.metrics.tool_call("error" if outcome.is_error else "ok")
             outcomes[i] = outcome
             durations.append(time.monotonic() - started)

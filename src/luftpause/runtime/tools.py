@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -18,6 +18,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field, ValidationError
 
+from luftpause.runtime import tracing
 from luftpause.runtime.core import Run
 from luftpause.runtime.decide import decide as run_decide
 from luftpause.runtime.loop import Runtime, RuntimeError_
@@ -94,8 +95,10 @@ class RuntimeTools:
         return [runs[h] for h in dict.fromkeys(handles)]
 
     async def do_spawn(self, args: SpawnArgs, ctx: Context[Any, Any]) -> Run:
+        meta: Mapping[str, Any] | None = ctx.request_context.meta
+        traceparent = tracing.request_traceparent(meta, ctx.headers)
         try:
-            return await self.rt.spawn(args, caller_of(ctx))
+            return await self.rt.spawn(args, caller_of(ctx), traceparent)
         except RuntimeError_ as exc:
             raise ToolError(str(exc)) from None
 
@@ -198,7 +201,9 @@ class RuntimeTools:
         except ValidationError as exc:
             raise ToolError(describe_argument_errors("run", exc)) from None
         try:
-            the_run = await rt.spawn(args, caller_named(handle.client_info))
+            the_run = await rt.spawn(
+                args, caller_named(handle.client_info), tracing.traceparent_of()
+            )
         except RuntimeError_ as exc:
             raise ToolError(str(exc)) from None
         await handle.attach(the_run.id)

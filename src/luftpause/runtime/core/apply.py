@@ -101,6 +101,7 @@ def _spawn(state: RuntimeState, record: Spawn) -> Run:
         parent=parent,
         caller=record.caller,
         created=record.created,
+        traceparent=record.traceparent,
     )
     state.runs[run.id] = run
     if parent is not None and parent in state.runs:

@@ -8,7 +8,8 @@ keyed by the run and, where the step repeats, a sequence number:
 ============  ======================================================  ===============
 ``t``         fields                                                  key
 ============  ======================================================  ===============
-``spawn``     ``spec, parent, created, caller``: the run exists        run
+``spawn``     ``spec, parent, created, caller, traceparent``: the run   run
+              exists (``traceparent``: the trace its spans join)
 ``turn``      ``seq, message, usage``: model turn ``seq`` ended in      run, seq
               tool calls; ``message`` is the assistant message, its
               calls in structured form even when recovered from text
@@ -105,6 +106,7 @@ class Spawn(_Record):
     parent: str | None = None
     created: float = Field(allow_inf_nan=False)
     caller: str = ""
+    traceparent: str | None = None  # W3C trace context the run's span continues (X1)
 
 
 class Turn(_Record):

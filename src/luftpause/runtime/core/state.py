@@ -153,6 +153,7 @@ class Run:
     error: str | None = None
     ended: float | None = None
     budget_exceeded: str | None = None  # set on the run that owns the breached budget
+    traceparent: str | None = None  # the trace context its spans continue (X1)
 
     @property
     def done(self) -> bool:

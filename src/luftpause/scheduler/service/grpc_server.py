@@ -14,7 +14,7 @@ from grpc_health.v1._async import HealthServicer
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler.core import DataplaneConnected, DataplaneDisconnected, Event, RunEnded
-from luftpause.scheduler.service import convert
+from luftpause.scheduler.service import convert, tracing
 from luftpause.scheduler.service.host import Host, Stamp
 
 log = logging.getLogger("luftpause.scheduler.grpc")
@@ -40,9 +40,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self._streams: Counter[str] = Counter()  # open report streams per dataplane
 
     async def Admit(self, request: pb.AdmitRequest, context: Any) -> pb.AdmitResponse:
-        outcome = await self.host.admit(
-            request.turn_id, lambda at: convert.turn_requested(request, at)
-        )
+        with tracing.admit_span(request) as span:
+            outcome = await self.host.admit(
+                request.turn_id, lambda at: convert.turn_requested(request, at)
+            )
+            tracing.decided(span, outcome)
         url = self.urls.get(getattr(outcome, "replica", ""), "")
         return convert.admit_response(outcome, url)
 

@@ -1,0 +1,98 @@
+"""The dataplane's span per turn (X1).
+
+A turn's span starts when its request arrives and ends with the turn: it covers
+the time held by the scheduler and the engine's reply. Its parent is the
+caller's trace context (the ``traceparent`` header, or the ASGI server span when
+that instrumentation is on); the scheduler's ``admit`` span (through
+``AdmitRequest.traceparent``) and the engine request (its ``traceparent``
+header) are its children, so one trace runs client → dataplane → scheduler →
+engine.
+
+Attributes: ``luftpause.run_id``, ``luftpause.service_class``,
+``gen_ai.request.model``, then ``luftpause.held_ms`` and ``luftpause.replica``
+once admitted, and at the end ``luftpause.outcome`` (the same label as the
+``outcome`` of ``luftpause_dataplane_turns_total``) and the reply's token counts
+including ``gen_ai.usage.cache_read.input_tokens``.
+
+With no tracer provider configured, spans are non-recording no-ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_tracer = trace.get_tracer("luftpause.dataplane")
+_propagator = TraceContextTextMapPropagator()
+
+FAILED_OUTCOMES = frozenset(
+    {"engine_unreachable", "engine_rejected", "engine_broke", "internal_error"}
+)
+
+
+def _parent(headers: Mapping[str, str]) -> Context:
+    current = trace.get_current_span()
+    if current.get_span_context().is_valid:
+        return trace.set_span_in_context(current, Context())
+    header = headers.get("traceparent")
+    if header:
+        return _propagator.extract({"traceparent": header}, context=Context())
+    return Context()
+
+
+def start_turn(
+    headers: Mapping[str, str], *, route: str, model: str, service_class: str, run_id: str
+) -> Span:
+    return _tracer.start_span(
+        f"turn {model}" if model else f"turn {route}",
+        context=_parent(headers),
+        kind=SpanKind.SERVER,
+        attributes={
+            "luftpause.run_id": run_id,
+            "luftpause.service_class": service_class,
+            "luftpause.route": route,
+            gen_ai.GEN_AI_REQUEST_MODEL: model,
+        },
+    )
+
+
+def traceparent_of(span: Span) -> str:
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(span, Context()))
+    return carrier.get("traceparent", "")
+
+
+def inject(span: Span, headers: MutableMapping[str, str]) -> None:
+    """Point the engine request's ``traceparent`` at the turn's span."""
+    headers.pop("tracestate", None)
+    _propagator.inject(headers, context=trace.set_span_in_context(span, Context()))
+
+
+def admitted(span: Span, *, replica: str, held_s: float) -> None:
+    span.set_attribute("luftpause.replica", replica)
+    span.set_attribute("luftpause.held_ms", round(held_s * 1000.0, 3))
+
+
+def end(
+    span: Span,
+    outcome: str,
+    *,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+    cached_tokens: int | None = None,
+) -> None:
+    span.set_attribute("luftpause.outcome", outcome)
+    if prompt_tokens is not None:
+        span.set_attribute(gen_ai.GEN_AI_USAGE_INPUT_TOKENS, prompt_tokens)
+    if completion_tokens is not None:
+        span.set_attribute(gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS, completion_tokens)
+    if cached_tokens is not None:
+        span.set_attribute(gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, cached_tokens)
+    if outcome in FAILED_OUTCOMES:
+        span.set_status(Status(StatusCode.ERROR, outcome))
+    span.end()

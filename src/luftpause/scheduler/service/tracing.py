@@ -1,0 +1,55 @@
+"""The scheduler's ``admit`` span (X1): one per ``Admit`` call, the child of the
+dataplane's turn span (``AdmitRequest.traceparent``), from the call's arrival to
+the decision. Attributes: ``luftpause.turn_id``, ``luftpause.run_id``,
+``luftpause.service_class``, ``luftpause.caller``, then ``luftpause.replica`` and
+``luftpause.held_ms`` (the core's held time) when admitted, or
+``luftpause.rejected`` (the reason code) when not.
+
+With no tracer provider configured, the span is a non-recording no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause.scheduler.core.actions import Admit, Reject
+
+_tracer = trace.get_tracer("luftpause.scheduler")
+_propagator = TraceContextTextMapPropagator()
+
+
+@contextmanager
+def admit_span(request: pb.AdmitRequest) -> Iterator[Span]:
+    parent = (
+        _propagator.extract({"traceparent": request.traceparent}, context=Context())
+        if request.traceparent
+        else Context()
+    )
+    with _tracer.start_as_current_span(
+        "admit",
+        context=parent,
+        kind=SpanKind.SERVER,
+        attributes={
+            "luftpause.turn_id": request.turn_id,
+            "luftpause.run_id": request.run_id,
+            "luftpause.service_class": pb.ServiceClass.Name(request.service_class),
+            "luftpause.caller": request.caller,
+        },
+    ) as span:
+        yield span
+
+
+def decided(span: Span, outcome: Admit | Reject) -> None:
+    if isinstance(outcome, Admit):
+        span.set_attribute("luftpause.replica", outcome.replica)
+        span.set_attribute("luftpause.held_ms", round(outcome.held_s * 1000.0, 3))
+    else:
+        span.set_attribute("luftpause.rejected", outcome.code.value)
+        span.set_status(Status(StatusCode.ERROR, outcome.message[:200]))
