@@ -72,3 +72,18 @@ async def test_a_refused_turn_ends_its_span_with_the_outcome(stack: Stack) -> No
     await nothing_in_flight(stack)
     [turn] = named(spans.get_finished_spans(), "turn")
     assert turn.attributes is not None and turn.attributes["luftpause.outcome"] == "engine_rejected"
+
+
+def test_trace_id_of_a_traceparent() -> None:
+    """X1: the scheduler keeps a held turn's trace ID from its AdmitRequest.traceparent;
+    anything that is not a valid traceparent gives none."""
+    from luftpause.scheduler.service.convert import trace_id_of
+
+    assert trace_id_of(f"00-{TRACE_ID.upper()}-{CLIENT_SPAN}-01") == TRACE_ID
+    for bad in (
+        "",
+        "garbage",
+        f"00-{'0' * 32}-{CLIENT_SPAN}-01",
+        f"00-{'z' * 32}-{CLIENT_SPAN}-01",
+    ):
+        assert trace_id_of(bad) == ""

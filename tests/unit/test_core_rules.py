@@ -87,8 +87,9 @@ class Sim:
         caller: str = "c",
         kind: EndpointKind = GEN,
         dp: str = "dp",
+        trace: str = "",
     ) -> tuple[Action, ...]:
-        return self(TurnRequested(self.t, turn, run, model, cls, caller, kind, dp))
+        return self(TurnRequested(self.t, turn, run, model, cls, caller, kind, dp, trace))
 
     def probe(
         self,
@@ -1370,8 +1371,8 @@ def test_status_view_shape() -> None:
     sim.t = 2
     sim.req("t2", "r2", cls=BAT, caller="bob")
     sim.t = 3
-    sim.req("t3", "r3", cls=BAT, caller="bob")
-    sim.req("t4", "r4", cls=INT, caller="carol")
+    sim.req("t3", "r3", cls=BAT, caller="bob", trace="ab" * 16)
+    sim.req("t4", "r4", cls=INT, caller="carol", trace="cd" * 16)
     v = status(sim.state, 5.0)
     assert set(v) == {
         "replicas",
@@ -1404,9 +1405,10 @@ def test_status_view_shape() -> None:
     }
     sp = v["replicas"][1]
     assert sp["healthy"] is False and sp["probed_s_ago"] is None and sp["kind"] == "single_pass"
+    # X1: the oldest held turn's trace (t2 was sent without one; t4 with one).
     assert v["held"] == {
-        "batch": {"bob": {"held": 2, "oldest_wait_s": 3.0}},
-        "interactive": {"carol": {"held": 1, "oldest_wait_s": 2.0}},
+        "batch": {"bob": {"held": 2, "oldest_wait_s": 3.0, "oldest_trace_id": None}},
+        "interactive": {"carol": {"held": 1, "oldest_wait_s": 2.0, "oldest_trace_id": "cd" * 16}},
     }
     assert v["held_total"] == 3
     assert v["in_flight_total"] == 1

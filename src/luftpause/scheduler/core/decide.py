@@ -254,6 +254,7 @@ class _Tx:
             seq=self.seq,
             lane=lane,
             slot=-1,
+            trace_id=ev.trace_id,
         )
         if ev.kind is EndpointKind.GENERATIVE:
             self._touch_run(ev.run_id, ev.service_class, ev.caller)
@@ -997,6 +998,7 @@ def _held_with(h: HeldTurn, *, lane: Lane | None = None, slot: int = -1) -> Held
         h.seq,
         h.lane if lane is None else lane,
         slot,
+        h.trace_id,
     )
 
 

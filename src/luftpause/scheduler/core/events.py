@@ -26,6 +26,7 @@ class TurnRequested:
     caller: str = ""
     kind: EndpointKind = EndpointKind.GENERATIVE
     dataplane_id: str = ""
+    trace_id: str = ""  # the turn's trace (X1), shown for held turns in the status
 
 
 @dataclass(frozen=True, slots=True)

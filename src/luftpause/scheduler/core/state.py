@@ -155,6 +155,7 @@ class HeldTurn:
     seq: int  # global arrival order: the fairness tie-break (S5)
     lane: Lane
     slot: int  # position in its FIFO
+    trace_id: str = ""  # the turn's trace (X1): a long wait in the status leads to it
 
 
 @dataclass(frozen=True, slots=True)

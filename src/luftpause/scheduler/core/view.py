@@ -35,9 +35,14 @@ def status(state: State, now: float) -> dict[str, Any]:
     held: dict[str, dict[str, dict[str, Any]]] = {}
     for h in state.held.values():
         by_caller = held.setdefault(h.service_class.value, {})
-        entry = by_caller.setdefault(h.caller, {"held": 0, "oldest_wait_s": 0.0})
+        entry = by_caller.setdefault(
+            h.caller, {"held": 0, "oldest_wait_s": 0.0, "oldest_trace_id": None}
+        )
         entry["held"] += 1
-        entry["oldest_wait_s"] = round(max(entry["oldest_wait_s"], now - h.requested_at), 3)
+        wait = round(now - h.requested_at, 3)
+        if entry["held"] == 1 or wait > entry["oldest_wait_s"]:
+            entry["oldest_wait_s"] = max(wait, 0.0)
+            entry["oldest_trace_id"] = h.trace_id or None
     runs: dict[str, dict[str, int]] = {}
     for r in state.runs.values():
         by_class = runs.setdefault(r.phase.value, {})
