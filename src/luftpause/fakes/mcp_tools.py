@@ -130,6 +130,7 @@ class CallCounts:
 
     def __init__(self, counts_file: Path | None = None) -> None:
         self._counts_file = counts_file
+        self._traces: dict[str, None] = {}  # trace IDs of recent calls (X1), oldest first
         self._started: dict[str, dict[str, int]] = {}
         self._completed: dict[str, dict[str, int]] = {}
         if counts_file is not None:
@@ -165,6 +166,19 @@ class CallCounts:
             "total_started": sum(sum(per.values()) for per in self._started.values()),
             "total_completed": sum(sum(per.values()) for per in self._completed.values()),
         }
+
+    def trace_ids(self) -> list[str]:
+        return list(self._traces)
+
+    def saw_trace(self, traceparent: str | None) -> None:
+        """Remember the trace a call belongs to (its W3C traceparent), the last 1000."""
+        parts = (traceparent or "").strip().split("-")
+        if len(parts) != 4 or len(parts[1]) != 32:
+            return
+        self._traces.pop(parts[1], None)
+        self._traces[parts[1]] = None
+        while len(self._traces) > 1000:
+            del self._traces[next(iter(self._traces))]
 
     def reset(self) -> None:
         self._started.clear()
@@ -284,6 +298,16 @@ def _raw_arguments(ctx: Context[Any, Any], validated: dict[str, Any]) -> dict[st
     return dict(raw) if isinstance(raw, Mapping) else validated
 
 
+def _traceparent(ctx: Context[Any, Any]) -> str | None:
+    """The trace a call belongs to: ``_meta.traceparent`` (the MCP convention), else the
+    HTTP ``traceparent`` header."""
+    meta: Mapping[str, Any] | None = ctx.request_context.meta
+    found = meta.get("traceparent") if meta is not None else None
+    if isinstance(found, str):
+        return found
+    return ctx.headers.get("traceparent") if ctx.headers is not None else None
+
+
 # Strict: a string where an integer belongs is refused, not coerced (see module docstring).
 Limit = Annotated[
     int,
@@ -319,6 +343,7 @@ def build_mcp_server(tools: FakeTools) -> MCPServer[Any]:
     )
     async def lookup(query: Query, ctx: Context[Any, Any], limit: Limit = 3) -> LookupResult:
         raw = _raw_arguments(ctx, {"query": query, "limit": limit})
+        tools.counts.saw_trace(_traceparent(ctx))
         return await tools.lookup(raw, query, limit)
 
     @mcp.tool(
@@ -336,6 +361,7 @@ def build_mcp_server(tools: FakeTools) -> MCPServer[Any]:
         query: Query, ctx: Context[Any, Any], depth: Depth = 2
     ) -> DeepSearchResult:
         raw = _raw_arguments(ctx, {"query": query, "depth": depth})
+        tools.counts.saw_trace(_traceparent(ctx))
         return await tools.deep_search(raw, query, depth)
 
     @mcp.tool(
@@ -350,6 +376,7 @@ def build_mcp_server(tools: FakeTools) -> MCPServer[Any]:
     )
     async def delete_record(record_id: RecordId, ctx: Context[Any, Any]) -> DeleteResult:
         raw = _raw_arguments(ctx, {"record_id": record_id})
+        tools.counts.saw_trace(_traceparent(ctx))
         return await tools.delete_record(raw, record_id)
 
     return mcp
@@ -382,7 +409,8 @@ def transport_security_for(host: str) -> TransportSecuritySettings:
 
 
 def build_app(tools: FakeTools, *, host: str = DEFAULT_HOST) -> Starlette:
-    """The HTTP app: MCP at ``/mcp`` plus ``/health`` and ``/counts``.
+    """The HTTP app: MCP at ``/mcp`` plus ``/health``, ``/counts`` and ``/traces`` (the
+    trace IDs of recent calls, X1).
 
     Build a new one per server run: the MCP session manager runs only once.
     """
@@ -403,6 +431,9 @@ def build_app(tools: FakeTools, *, host: str = DEFAULT_HOST) -> Starlette:
         tools.counts.reset()
         return JSONResponse(tools.counts.snapshot())
 
+    async def traces(_: Request) -> JSONResponse:
+        return JSONResponse({"trace_ids": tools.counts.trace_ids()})
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         # A mounted app's own lifespan never runs: enter the session manager here.
@@ -414,6 +445,7 @@ def build_app(tools: FakeTools, *, host: str = DEFAULT_HOST) -> Starlette:
             Route("/health", health, methods=["GET"]),
             Route("/counts", counts, methods=["GET"]),
             Route("/counts/reset", reset_counts, methods=["POST"]),
+            Route("/traces", traces, methods=["GET"]),
             Mount("/", app=mcp_app),
         ],
         lifespan=lifespan,
