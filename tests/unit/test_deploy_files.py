@@ -37,3 +37,17 @@ def test_dockerfile_installs_with_the_pinned_constraints() -> None:
     assert "pip install -c constraints.txt" in text
     assert "COPY docker/stack.toml /etc/luftpause/stack.toml" in text
     assert 'ENTRYPOINT ["luftpause"]' in text
+
+
+def test_the_otel_override_points_every_service_at_jaeger() -> None:
+    """X1, X3: compose.otel.yaml adds Jaeger and gives each luftpause service of
+    compose.yaml the OTLP endpoint (a service it names must exist in compose.yaml)."""
+    base = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    otel = yaml.safe_load((ROOT / "compose.otel.yaml").read_text())["services"]
+    assert otel["jaeger"]["image"].startswith("jaegertracing/all-in-one:")
+    assert otel["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    assert set(otel) - {"jaeger"} == set(base)
+    for name in base:
+        env = otel[name]["environment"]
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+        assert "jaeger" in otel[name]["depends_on"]
