@@ -2,6 +2,8 @@
 
     python tools/bench/overhead.py            # full: ~3 minutes
     python tools/bench/overhead.py --quick    # ~1 minute
+    python tools/bench/overhead.py --tracing  # the same, the dataplane and scheduler
+                                              # exporting spans to a local OTLP sink
 
 Starts two fake engines with a fixed short reply (16 tokens, time-scaled so the
 engine itself takes almost no time), the scheduler and the dataplane, and the
@@ -18,6 +20,11 @@ run, with arms alternated block by block:
 Everything runs on this machine, so all processes share its cores: the table
 reports the load average and each process's CPU seconds so the numbers can be
 read against that. Timings are measured, never asserted.
+
+With ``--tracing`` the scheduler and the dataplane run with
+``OTEL_EXPORTER_OTLP_ENDPOINT`` pointed at an OTLP/HTTP sink in this process
+(it accepts and drops every export), so the dataplane's added latency includes
+making and exporting its spans; run once with and once without to see the cost.
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -235,11 +244,40 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+class _Sink(BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that accepts every export and keeps nothing."""
+
+    exports = 0
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.rfile.read(length)
+        type(self).exports += 1
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def start_sink() -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns, shorter runs")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--logs", metavar="DIR", help="keep every process's log in DIR")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="run the scheduler and dataplane with tracing on, exporting to a local OTLP sink",
+    )
     args = parser.parse_args()
     args.sequential_turns = 100 if args.quick else 300
     args.concurrent_turns = 400 if args.quick else 1200
@@ -252,8 +290,17 @@ def main() -> int:
         tmp.mkdir(parents=True, exist_ok=True)
         started: list[ServiceProcess] = []
 
-        def start(*a: str, name: str) -> ServiceProcess:
-            svc = launch(a, name=name, ready_file=tmp / f"{name}.json", stderr=tmp / f"{name}.log")
+        sink, sink_url = start_sink() if args.tracing else (None, "")
+        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink_url} if args.tracing else {}
+
+        def start(*a: str, name: str, env: dict[str, str] | None = None) -> ServiceProcess:
+            svc = launch(
+                a,
+                name=name,
+                ready_file=tmp / f"{name}.json",
+                stderr=tmp / f"{name}.log",
+                env=env,
+            )
             started.append(svc)
             svc.wait_ready(60)
             return svc
@@ -283,6 +330,7 @@ def main() -> int:
                 "--log-level",
                 "WARNING",
                 name="scheduler",
+                env=otel,
             )
             dp = start(
                 "dataplane",
@@ -295,6 +343,7 @@ def main() -> int:
                 "--log-level",
                 "WARNING",
                 name="dataplane",
+                env=otel,
             )
             router = launch_sglang_router(engines, "cache_aware", tmp / "router.log", MODEL)
             procs = {s.name: s.pid for s in started}
@@ -305,8 +354,14 @@ def main() -> int:
             if router is not None:
                 router.stop()
             stop_all(started)
+            if sink is not None:
+                sink.shutdown()
     table = render(result, args)
-    print(f"Command: python tools/bench/overhead.py{' --quick' if args.quick else ''}\n")
+    flags = (" --quick" if args.quick else "") + (" --tracing" if args.tracing else "")
+    print(f"Command: python tools/bench/overhead.py{flags}\n")
+    if args.tracing:
+        print(f"Tracing on: {_Sink.exports} OTLP exports received by the sink.\n")
+        result["otlp_exports"] = _Sink.exports
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
