@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -12,6 +19,7 @@ class Metrics:
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series are noise
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_* series
         self.turns = Counter(
             "luftpause_dataplane_turns",
             "Turns by service class and outcome.",

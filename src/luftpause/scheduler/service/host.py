@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from luftpause.scheduler.core import (
     TurnRequested,
     decide,
 )
+from luftpause.scheduler.service.metrics import SchedulerMetrics
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -45,6 +47,7 @@ class Host:
         self._queue: asyncio.Queue[tuple[Stamp, asyncio.Future[None] | None]] = asyncio.Queue()
         self._waiters: dict[str, _Waiters] = {}
         self.counters: dict[str, int] = {}
+        self.metrics = SchedulerMetrics(lambda: self.state, clock)  # GET /metrics
 
     # ----------------------------------------------------------------- inputs
 
@@ -91,11 +94,19 @@ class Host:
         while True:
             stamp, done = await self._queue.get()
             event = stamp(self.clock())
+            started = time.perf_counter()
             try:
-                self.state, actions = decide(self.state, event)
+                state, actions = decide(self.state, event)
             except Exception:  # decide must never raise; if it does, keep serving
                 log.exception("decide raised on %r; event dropped", event)
                 actions = ()
+            else:
+                elapsed = time.perf_counter() - started
+                try:
+                    self.metrics.decided(event, elapsed, self.state, state, actions)
+                except Exception:  # a metrics bug must not stop the writer
+                    log.exception("metrics failed on %r", event)
+                self.state = state
             for action in actions:
                 self._execute(action)
             if done is not None and not done.done():
