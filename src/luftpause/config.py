@@ -151,6 +151,11 @@ class SchedulerSettings(_Frozen):
     # finds less than this share of its run's previous prompt cached lowers the cap.
     keep_prefixes: bool = True
     prefix_miss_share: Annotated[float, Field(gt=0, le=1)] = 0.5
+    # S12: runtimes (base URLs, http(s)://host:port) the status page may show besides
+    # loopback ones; the scheduler fetches their /status for the page.
+    status_runtimes: tuple[
+        Annotated[str, Field(pattern=r"^https?://[^/?#@\s]+(:[0-9]+)?/?$")], ...
+    ] = ()
 
 
 class DataplaneSettings(_Frozen):

@@ -5,23 +5,47 @@ real port is known before anyone connects), then writes a *ready file*: a small
 JSON object ``{"pid": ..., "service": ..., "ports": {name: port}, "urls": {...}}``
 written atomically (temp file + rename) once the service accepts connections.
 Tests and ``luftpause up`` wait for that file instead of sleeping.
+
+:class:`Bootstrap` is the one life every service process shares: logging,
+tracing (:mod:`luftpause.telemetry`), listeners started by the service's start
+function, the ready file, SIGTERM/SIGINT, and a graceful stop in a fixed order::
+
+    def main(args):
+        boot = Bootstrap("dataplane", args, os.environ)     # logging from here on
+        config = load_config_or_exit(args.config)
+
+        async def start(svc: Service) -> int | None:
+            sock = svc.bind(port)
+            await svc.serve_asgi("http", sock, app)         # ready-file port "http"
+            svc.on_ready(lambda: log.info("listening ..."))
+            svc.on_stop(client.aclose)
+            return None                                     # or a status: stop, not ready
+
+        return boot.run(host, start, instrumentations=(...))
+
+Stop order: listeners stop accepting (uvicorn drains for up to 3 s; gRPC
+servers get their own grace), then background tasks are cancelled, then the
+``on_stop`` hooks run (last registered first), then spans are flushed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+from luftpause.telemetry import Instrumentation, Tracing, TracingConfigError, setup_tracing
 
 log = logging.getLogger("luftpause")
 
@@ -156,3 +180,187 @@ def load_config_or_exit(path: str | None) -> Any:
         print(f"luftpause: configuration error:\n{exc}", file=sys.stderr)
         raise SystemExit(2) from None
     return config
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+StopHook = Callable[[], Awaitable[object] | object]
+
+
+class Service:
+    """Handed to a service's start function: it binds, serves and registers hooks through this.
+
+    ``ports`` fills in as listeners start and becomes the ready file's ``ports``.
+    """
+
+    def __init__(self, name: str, host: str, tracing: Tracing, uvicorn_log_level: str) -> None:
+        self.name = name
+        self.host = host
+        self.tracing = tracing
+        self.ports: dict[str, int] = {}
+        self._uvicorn_log_level = uvicorn_log_level
+        self._servers: list[uvicorn.Server] = []
+        self._listener_tasks: list[asyncio.Task[None]] = []
+        self._listener_stops: list[Callable[[], Awaitable[object]]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._ready_hooks: list[Callable[[], None]] = []
+        self._stop_hooks: list[StopHook] = []
+        self._reported: set[asyncio.Task[Any]] = set()
+
+    def bind(self, port: int, host: str | None = None) -> socket.socket:
+        """A listening socket on ``host`` (default: the service's) and ``port`` (0: any free)."""
+        return bind_socket(self.host if host is None else host, port)
+
+    async def serve_asgi(
+        self, listener: str, sock: socket.socket, app: Any, *, log_level: str | None = None
+    ) -> uvicorn.Server:
+        """Serve ``app`` on ``sock`` (traced when ASGI tracing is on) and wait until it accepts,
+        its lifespan start-up included; its port goes into the ready file as ``listener``."""
+        server = uvicorn_server(
+            self.tracing.wrap_asgi(app), log_level=log_level or self._uvicorn_log_level
+        )
+        task = asyncio.create_task(server.serve(sockets=[sock]), name=f"{listener} server")
+        self._servers.append(server)
+        self._listener_tasks.append(task)
+        await wait_started(server, task)
+        self.ports[listener] = bound_port(sock)
+        return server
+
+    def add_listener(self, listener: str, port: int, stop: Callable[[], Awaitable[object]]) -> None:
+        """A listener the service started itself (the scheduler's gRPC server): its port goes
+        into the ready file; ``stop()`` runs when the HTTP listeners stop accepting."""
+        self.ports[listener] = port
+        self._listener_stops.append(stop)
+
+    def task(self, work: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
+        """Background work for the life of the service: cancelled at stop; if it ends first,
+        the service stops (with status 1 when it raised)."""
+        task = asyncio.create_task(work, name=name)
+        self._tasks.append(task)
+        return task
+
+    def on_ready(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once the ready file is written (the "listening on" log line)."""
+        self._ready_hooks.append(hook)
+
+    def on_stop(self, hook: StopHook) -> None:
+        """Run ``hook`` (sync or async) after listeners and tasks have stopped; hooks run
+        last registered first, and one that fails is logged without stopping the others."""
+        self._stop_hooks.append(hook)
+
+    def _failed(self, task: asyncio.Task[Any]) -> bool:
+        """Log a task's failure once; True when it raised."""
+        if task in self._reported or not task.done() or task.cancelled():
+            return False
+        exc = task.exception()
+        if exc is None:
+            return False
+        self._reported.add(task)
+        log.error("%s failed: %r", task.get_name(), exc)
+        return True
+
+    async def _wait(self, stop: asyncio.Event) -> int:
+        """Until a signal, or a listener or task ends; 1 when one of them raised."""
+        stopper = asyncio.create_task(stop.wait(), name="stop signal")
+        try:
+            done, _ = await asyncio.wait(
+                [stopper, *self._listener_tasks, *self._tasks],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            stopper.cancel()
+        return 1 if any([self._failed(t) for t in done if t is not stopper]) else 0
+
+    async def _stop(self) -> int:
+        rc = 0
+        for server in self._servers:
+            server.should_exit = True
+        for result in await asyncio.gather(
+            *(stop() for stop in self._listener_stops), return_exceptions=True
+        ):
+            if isinstance(result, Exception):
+                log.error("stopping a listener failed: %r", result)
+                rc = 1
+        await asyncio.gather(*self._listener_tasks, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if any([self._failed(t) for t in self._listener_tasks]):
+            rc = 1
+        for hook in reversed(self._stop_hooks):
+            try:
+                result = hook()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("stop hook %r failed", hook)
+                rc = 1
+        return rc
+
+
+class Bootstrap:
+    """The life of one service process; see the module docstring.
+
+    Creating it configures logging (so configuration errors that follow are
+    logged alike); :meth:`run` does the rest and returns the exit status.
+    ``args`` carries ``ready_file`` and ``log_level`` (:func:`add_service_arguments`).
+    ``env`` is the process environment, read for the ``OTEL_*`` tracing settings.
+    """
+
+    def __init__(
+        self, service: str, args: Any, env: Mapping[str, str], *, label: str | None = None
+    ) -> None:
+        self.service = service
+        self.env = env
+        self.ready_file: str | None = getattr(args, "ready_file", None)
+        self.log_level: str = getattr(args, "log_level", "INFO")
+        setup_logging(label or service, self.log_level)
+
+    def run(
+        self,
+        host: str,
+        start: Callable[[Service], Awaitable[int | None]],
+        *,
+        instrumentations: Iterable[Instrumentation] = (),
+        instance: str | None = None,
+    ) -> int:
+        """Set up tracing, run ``start`` on the event loop, write the ready file, serve until
+        SIGTERM/SIGINT (or a listener or task ends), stop, flush spans.
+
+        ``start`` returns None once everything it serves is started, or an exit status to
+        stop without becoming ready (after printing why).
+        """
+        try:
+            tracing = setup_tracing(self.service, self.env, instrumentations, instance=instance)
+        except TracingConfigError as exc:
+            print(f"luftpause {self.service}: {exc}", file=sys.stderr)
+            return 2
+        try:
+            return run_async(lambda stop: self._serve(host, start, tracing, stop))
+        finally:
+            tracing.shutdown()
+
+    async def _serve(
+        self,
+        host: str,
+        start: Callable[[Service], Awaitable[int | None]],
+        tracing: Tracing,
+        stop: asyncio.Event,
+    ) -> int:
+        svc = Service(
+            self.service, host, tracing, "debug" if self.log_level == "DEBUG" else "warning"
+        )
+        try:
+            code = await start(svc)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await svc._stop()
+            raise
+        if code is not None:
+            await svc._stop()
+            return code
+        write_ready_file(self.ready_file, self.service, svc.ports, host)
+        for hook in svc._ready_hooks:
+            hook()
+        rc = await svc._wait(stop)
+        return max(rc, await svc._stop())

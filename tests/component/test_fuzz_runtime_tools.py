@@ -213,7 +213,8 @@ def _messages(response: httpx.Response) -> list[dict[str, Any]]:
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         return [
             _strict_json(line[5:].strip())
-            for line in response.text.splitlines()
+            # SSE lines end in \n; str.splitlines would also split on U+0085 inside JSON
+            for line in response.text.split("\n")
             if line.startswith("data:") and line[5:].strip()
         ]
     data = _strict_json(response.text)

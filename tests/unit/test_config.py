@@ -92,6 +92,11 @@ kind = "generator"
         ("[scheduler]\ngrpc_port=70000", "scheduler.grpc_port", "65535"),
         ("[scheduler]\nprobe_period_s=0", "scheduler.probe_period_s", "greater than 0"),
         ("[dataplane]\nprot=1", "dataplane.prot", "unknown field"),
+        (
+            '[scheduler]\nstatus_runtimes=["http://x:7000/status?u=1"]',
+            "scheduler.status_runtimes[0]",
+            "match",
+        ),
         ('[[runtime.tool_servers]]\nname="t"', "runtime.tool_servers[0]", "exactly one"),
         ('[[endpoints]]\nname="a b"\nurl="http://x"\nmodels=["m"]', "endpoints[0].name", "match"),
         (

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 from fastapi import FastAPI, Request
+from opentelemetry import trace
 from opentelemetry.trace import Span
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
@@ -61,6 +62,7 @@ from luftpause.dataplane.request import ChatRequest, chat_request, decide_reques
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
 from luftpause.dataplane.turn import Turn, serve
+from luftpause.telemetry import fastapi_telemetry
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -153,6 +155,7 @@ def create_app(dp: Dataplane) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        telemetry=fastapi_telemetry(),
     )
 
     @app.post("/v1/chat/completions")
@@ -394,14 +397,17 @@ async def _forward_chat(
         identity.HELD_HEADER: str(round(admitted.held_s * 1000)),
     }
     try:
-        response = await _until_disconnect(
-            request,
-            dp.http.post(
-                f"{base}/v1/chat/completions",
-                data=raw,
-                headers=_engine_headers(dp, request, record.replica, turn.span),
-            ),
-        )
+        # The turn's span is current for the engine request, so a client span of the
+        # HTTP instrumentation sits under it.
+        with trace.use_span(turn.span, end_on_exit=False):
+            response = await _until_disconnect(
+                request,
+                dp.http.post(
+                    f"{base}/v1/chat/completions",
+                    data=raw,
+                    headers=_engine_headers(dp, request, record.replica, turn.span),
+                ),
+            )
     except ENGINE_ERRORS as exc:
         raise _engine_error(record.replica, exc) from None
     if response is None:
@@ -528,16 +534,17 @@ async def _classify(
     endpoint = dp.endpoints.get(replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
     try:
-        async with dp.http.post(
-            f"{base}/classify",
-            data=payload,
-            headers={
-                **_engine_headers(dp, request, replica, turn.span),
-                "content-type": "application/json",
-            },
-        ) as response:
-            status, content = response.status, await response.read()
-            engine_headers = dict(response.headers)
+        with trace.use_span(turn.span, end_on_exit=False):
+            async with dp.http.post(
+                f"{base}/classify",
+                data=payload,
+                headers={
+                    **_engine_headers(dp, request, replica, turn.span),
+                    "content-type": "application/json",
+                },
+            ) as response:
+                status, content = response.status, await response.read()
+                engine_headers = dict(response.headers)
     except ENGINE_ERRORS as exc:
         raise _engine_error(replica, exc) from None
     headers = {identity.RUN_HEADER: turn.record.run_id}

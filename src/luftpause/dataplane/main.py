@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
+import os
 import socket
 import time
 
@@ -17,16 +17,13 @@ from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.serving import (
+    Bootstrap,
+    Service,
     add_service_arguments,
-    bind_socket,
     bound_port,
     load_config_or_exit,
-    run_async,
-    setup_logging,
-    uvicorn_server,
-    wait_started,
-    write_ready_file,
 )
+from luftpause.telemetry import Instrumentation
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -92,14 +89,14 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
 
 
 def main(args: argparse.Namespace) -> int:
-    setup_logging("dataplane", args.log_level)
+    boot = Bootstrap("dataplane", args, os.environ)
     logging.getLogger("uvicorn.error").addFilter(_IntentionalAbort())
     config: StackConfig = load_config_or_exit(args.config)
     host = args.host or config.dataplane.host
     port = config.dataplane.port if args.port is None else args.port
 
-    async def serve(stop: asyncio.Event) -> int:
-        sock = bind_socket(host, port)
+    async def start(svc: Service) -> int | None:
+        sock = svc.bind(port)
         try:
             dp = build(config, args, bound_port(sock))
         except ConfigError as exc:
@@ -107,22 +104,19 @@ def main(args: argparse.Namespace) -> int:
             return 2
         if dp.secrets.token is None:
             log.warning("LUFTPAUSE_TOKEN is not set: every request is accepted without auth")
-        server = uvicorn_server(create_app(dp))
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        await wait_started(server, task)
-        write_ready_file(args.ready_file, "dataplane", {"http": bound_port(sock)}, host)
-        log.info(
-            "dataplane listening on http://%s:%d/v1 (scheduler %s)",
-            host,
-            bound_port(sock),
-            dp.link.address,
+        svc.on_stop(dp.http.close)
+        svc.on_stop(dp.link.close)
+        await svc.serve_asgi("http", sock, create_app(dp))
+        svc.on_ready(
+            lambda: log.info(
+                "dataplane listening on http://%s:%d/v1 (scheduler %s)",
+                host,
+                svc.ports["http"],
+                dp.link.address,
+            )
         )
-        stop_task = asyncio.create_task(stop.wait())
-        await asyncio.wait([stop_task, task], return_when=asyncio.FIRST_COMPLETED)
-        server.should_exit = True
-        await task
-        await dp.link.close()
-        await dp.http.close()
-        return 0
+        return None
 
-    return run_async(serve)
+    # Server spans come from FastAPI's own telemetry; the Admit call carries its trace
+    # context in AdmitRequest.traceparent (see luftpause.telemetry for why not gRPC's).
+    return boot.run(host, start, instrumentations=(Instrumentation.AIOHTTP_CLIENT,))

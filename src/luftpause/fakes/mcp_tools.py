@@ -63,16 +63,8 @@ from starlette.routing import Mount, Route
 
 from luftpause.cliargs import non_negative_float as _non_negative_float
 from luftpause.cliargs import positive_float as _positive_float
-from luftpause.serving import (
-    add_service_arguments,
-    bind_socket,
-    bound_port,
-    run_async,
-    setup_logging,
-    uvicorn_server,
-    wait_started,
-    write_ready_file,
-)
+from luftpause.serving import Bootstrap, Service, add_service_arguments, run_async
+from luftpause.telemetry import Instrumentation
 
 SERVICE = "fake-mcp"
 DEFAULT_HOST = "127.0.0.1"
@@ -518,20 +510,14 @@ async def _wait_either(work: asyncio.Task[None], stop: asyncio.Event) -> None:
         stopper.cancel()
 
 
-async def serve_http(tools: FakeTools, args: argparse.Namespace, stop: asyncio.Event) -> int:
-    host: str = args.host
-    sock = bind_socket(host, args.port)
-    port = bound_port(sock)
-    app = build_app(tools, host=host)
-    server = uvicorn_server(app, log_level="debug" if args.log_level == "DEBUG" else "warning")
-    task: asyncio.Task[None] = asyncio.create_task(server.serve(sockets=[sock]))
-    await wait_started(server, task)
-    write_ready_file(args.ready_file, SERVICE, {"http": port}, host)
-    log.info("fake-mcp listening on http://%s:%d%s", host, port, MCP_PATH)
-    await _wait_either(task, stop)
-    server.should_exit = True
-    await task
-    return 0
+async def serve_http(svc: Service, tools: FakeTools, args: argparse.Namespace) -> None:
+    sock = svc.bind(args.port)
+    await svc.serve_asgi("http", sock, build_app(tools, host=svc.host))
+    svc.on_ready(
+        lambda: log.info(
+            "fake-mcp listening on http://%s:%d%s", svc.host, svc.ports["http"], MCP_PATH
+        )
+    )
 
 
 async def serve_stdio(tools: FakeTools, stop: asyncio.Event) -> int:
@@ -557,8 +543,12 @@ async def serve_stdio(tools: FakeTools, stop: asyncio.Event) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    setup_logging(SERVICE, args.log_level)
+    boot = Bootstrap(SERVICE, args, os.environ)
     tools = FakeTools(settings_from_args(args))
-    if args.stdio:
+    if args.stdio:  # no listener, no ready file: the stdio server lives as long as stdin
         return run_async(lambda stop: serve_stdio(tools, stop))
-    return run_async(lambda stop: serve_http(tools, args, stop))
+    return boot.run(
+        args.host,
+        lambda svc: serve_http(svc, tools, args),
+        instrumentations=(Instrumentation.ASGI,),
+    )

@@ -20,7 +20,6 @@ bulk work pass ``serviceClass: "batch"``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import secrets
@@ -34,17 +33,8 @@ from luftpause.runtime.llm import DataplaneClient
 from luftpause.runtime.loop import Runtime
 from luftpause.runtime.server import MCP_PATH, build_app
 from luftpause.runtime.upstream import ToolHub
-from luftpause.serving import (
-    add_service_arguments,
-    bind_socket,
-    bound_port,
-    load_config_or_exit,
-    run_async,
-    setup_logging,
-    uvicorn_server,
-    wait_started,
-    write_ready_file,
-)
+from luftpause.serving import Bootstrap, Service, add_service_arguments, load_config_or_exit
+from luftpause.telemetry import Instrumentation
 
 SERVICE = "runtime"
 log = logging.getLogger("luftpause.runtime")
@@ -123,20 +113,8 @@ def request_state_key(state_dir: Path) -> bytes:
     return key
 
 
-async def _wait_either(task: asyncio.Task[None], stop: asyncio.Event) -> None:
-    stopper = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopper.cancel()
-
-
-async def serve(
-    settings: RuntimeSettings, token: str | None, args: argparse.Namespace, stop: asyncio.Event
-) -> int:
-    host = settings.host
-    sock = bind_socket(host, settings.port)
-    port = bound_port(sock)
+async def start(svc: Service, settings: RuntimeSettings, token: str | None) -> None:
+    sock = svc.bind(settings.port)
     journal = Journal(Path(settings.state_dir))
     try:
         lines = journal.open()
@@ -162,36 +140,37 @@ async def serve(
 
     app = build_app(
         rt,
-        host=host,
+        host=settings.host,
         token=token,
         on_start=on_start,
         on_stop=on_stop,
         request_state_key=request_state_key(Path(settings.state_dir)),
     )
-    server = uvicorn_server(app, log_level="debug" if args.log_level == "DEBUG" else "warning")
-    task: asyncio.Task[None] = asyncio.create_task(server.serve(sockets=[sock]))
-    await wait_started(server, task)
-    write_ready_file(args.ready_file, SERVICE, {"http": port}, host)
-    log.info(
-        "runtime listening on http://%s:%d%s (dataplane %s, state %s)",
-        host,
-        port,
-        MCP_PATH,
-        settings.dataplane_url,
-        settings.state_dir,
+    await svc.serve_asgi("http", sock, app)
+    svc.on_ready(
+        lambda: log.info(
+            "runtime listening on http://%s:%d%s (dataplane %s, state %s)",
+            settings.host,
+            svc.ports["http"],
+            MCP_PATH,
+            settings.dataplane_url,
+            settings.state_dir,
+        )
     )
-    await _wait_either(task, stop)
-    server.should_exit = True
-    await task
-    return 0
 
 
 def main(args: argparse.Namespace) -> int:
-    setup_logging(SERVICE, args.log_level)
+    boot = Bootstrap(SERVICE, args, os.environ)
     config: StackConfig = load_config_or_exit(args.config)
     settings = settings_from(config, args)
     # Only the token matters here; engine API keys are the dataplane's business.
     secrets = load_secrets(config.model_copy(update={"endpoints": ()}))
     if not secrets.token:
         log.warning("LUFTPAUSE_TOKEN is not set: /mcp and /status accept every request (X2)")
-    return run_async(lambda stop: serve(settings, secrets.token, args, stop))
+    return boot.run(
+        settings.host,
+        lambda svc: start(svc, settings, secrets.token),
+        # The openai client reaches the dataplane over httpx, the MCP client the HTTP
+        # tool servers over httpx2 (it also puts the trace context in each request's _meta).
+        instrumentations=(Instrumentation.ASGI, Instrumentation.HTTPX, Instrumentation.HTTPX2),
+    )

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -69,16 +70,8 @@ from luftpause.fakes.engine.script import (
     token_logprobs,
 )
 from luftpause.fakes.engine.tokens import count_tokens, render_messages
-from luftpause.serving import (
-    add_service_arguments,
-    bind_socket,
-    bound_port,
-    run_async,
-    setup_logging,
-    uvicorn_server,
-    wait_started,
-    write_ready_file,
-)
+from luftpause.serving import Bootstrap, Service, add_service_arguments, bind_socket
+from luftpause.telemetry import fastapi_telemetry
 
 log = logging.getLogger("luftpause.fake_engine")
 
@@ -451,7 +444,11 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
             await engine_driver.close()
             shutil.rmtree(model_dir, ignore_errors=True)
 
-    app = FastAPI(title=f"luftpause fake engine {config.name}", lifespan=lifespan)
+    app = FastAPI(
+        title=f"luftpause fake engine {config.name}",
+        lifespan=lifespan,
+        telemetry=fastapi_telemetry(),
+    )
     # Also removed when the app is garbage collected or the process exits (an app
     # served without lifespan events, e.g. through httpx.ASGITransport).
     weakref.finalize(app, shutil.rmtree, model_dir, True)
@@ -1088,32 +1085,26 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    setup_logging(f"fake-engine[{args.name}]", args.log_level)
+    boot = Bootstrap("fake-engine", args, os.environ, label=f"fake-engine[{args.name}]")
     config = config_from_args(args)
     host = args.host or "127.0.0.1"
     port = 8001 if args.port is None else args.port
     sock = bind_socket(host, port)
     app = create_app(config)
 
-    async def serve(stop: asyncio.Event) -> int:
-        server = uvicorn_server(app)
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        await wait_started(server, task)
-        actual = bound_port(sock)
-        write_ready_file(args.ready_file, "fake-engine", {"http": actual}, host)
-        log.info(
-            "fake engine %s serving %s on http://%s:%d (time scale %g)",
-            config.name,
-            ", ".join(config.models),
-            host,
-            actual,
-            config.params.time_scale,
+    async def start(svc: Service) -> None:
+        await svc.serve_asgi("http", sock, app)
+        svc.on_ready(
+            lambda: log.info(
+                "fake engine %s serving %s on http://%s:%d (time scale %g)",
+                config.name,
+                ", ".join(config.models),
+                host,
+                svc.ports["http"],
+                config.params.time_scale,
+            )
         )
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        server.should_exit = True
-        await task
-        stopper.cancel()
-        return 0
 
-    return run_async(serve)
+    # No ASGI wrapper: its send would hide uvicorn's transport from the faults that drop
+    # connections. FastAPI's own telemetry makes the server spans.
+    return boot.run(host, start, instance=config.name)

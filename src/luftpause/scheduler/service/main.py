@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
+import os
 import time
 
 from luftpause.config import EndpointKind as ConfigKind
@@ -14,17 +14,8 @@ from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.probe import Prober
 from luftpause.scheduler.service.status_http import status_app
-from luftpause.serving import (
-    add_service_arguments,
-    bind_socket,
-    bound_port,
-    load_config_or_exit,
-    run_async,
-    setup_logging,
-    uvicorn_server,
-    wait_started,
-    write_ready_file,
-)
+from luftpause.serving import Bootstrap, Service, add_service_arguments, load_config_or_exit
+from luftpause.telemetry import Instrumentation
 
 log = logging.getLogger("luftpause.scheduler")
 
@@ -53,7 +44,7 @@ def replica_specs(config: StackConfig) -> tuple[ReplicaSpec, ...]:
 
 
 def main(args: argparse.Namespace) -> int:
-    setup_logging("scheduler", args.log_level)
+    boot = Bootstrap("scheduler", args, os.environ)
     config: StackConfig = load_config_or_exit(args.config)
     try:
         secrets = load_secrets(config)
@@ -67,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
     if not config.endpoints:
         log.warning("no endpoints configured: every turn will be rejected as an unknown model")
 
-    async def serve(stop: asyncio.Event) -> int:
+    async def start(svc: Service) -> None:
         clock = time.monotonic
         params = Params(
             turn_timeout_s=settings.turn_timeout_s,
@@ -79,52 +70,35 @@ def main(args: argparse.Namespace) -> int:
             queue_probes=settings.queue_probes,
         )
         host = Host(initial_state(replica_specs(config), params, clock()), clock)
-        writer = asyncio.create_task(host.run(), name="writer")
+        svc.task(host.run(), name="writer")
         prober = Prober(config.endpoints, secrets.api_keys, settings.probe_period_s, host.post)
+        svc.on_stop(prober.client.aclose)
         await prober.probe_all()  # know the pool before admitting anything
         urls = {e.name: e.url for e in config.endpoints}
         grpc_server, bound_grpc = await start_grpc(host, urls, f"{host_addr}:{grpc_port}")
-        sock = bind_socket(host_addr, http_port)
+        svc.add_listener("grpc", bound_grpc, lambda: grpc_server.stop(grace=1.0))
+        sock = svc.bind(http_port)
         started = time.time()
-        http = uvicorn_server(
-            status_app(
-                host,
-                clock,
-                lambda: {"grpc_port": bound_grpc, "uptime_s": round(time.time() - started, 1)},
+        app = status_app(
+            host,
+            clock,
+            lambda: {"grpc_port": bound_grpc, "uptime_s": round(time.time() - started, 1)},
+            runtimes=settings.status_runtimes,
+        )
+        await svc.serve_asgi("http", sock, app)
+        svc.task(prober.run_forever(), name="prober")
+        svc.task(host.tick_forever(settings.clock_tick_s), name="clock")
+        svc.on_ready(
+            lambda: log.info(
+                "scheduler listening: gRPC %s:%d, status http://%s:%d/status, %d replicas",
+                host_addr,
+                bound_grpc,
+                host_addr,
+                svc.ports["http"],
+                len(config.endpoints),
             )
         )
-        http_task = asyncio.create_task(http.serve(sockets=[sock]), name="status-http")
-        await wait_started(http, http_task)
-        tasks = [
-            writer,
-            http_task,
-            asyncio.create_task(prober.run_forever(), name="prober"),
-            asyncio.create_task(host.tick_forever(settings.clock_tick_s), name="clock"),
-        ]
-        ports = {"grpc": bound_grpc, "http": bound_port(sock)}
-        write_ready_file(args.ready_file, "scheduler", ports, host_addr)
-        log.info(
-            "scheduler listening: gRPC %s:%d, status http://%s:%d/status, %d replicas",
-            host_addr,
-            bound_grpc,
-            host_addr,
-            ports["http"],
-            len(config.endpoints),
-        )
-        stop_task = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([stop_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        rc = 0
-        for task in done:
-            if task is not stop_task and task.exception() is not None:
-                log.error("%s failed: %r", task.get_name(), task.exception())
-                rc = 1
-        http.should_exit = True
-        await grpc_server.stop(grace=1.0)
-        for task in tasks:
-            if task is not http_task:
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await prober.client.aclose()
-        return rc
 
-    return run_async(serve)
+    # The admit span continues AdmitRequest.traceparent; no gRPC server spans (see
+    # luftpause.telemetry).
+    return boot.run(host_addr, start, instrumentations=(Instrumentation.ASGI,))
