@@ -158,6 +158,12 @@ def _run(
     for s in started:
         print(f"  {s.name:<{width}}  {_describe(s)}")
     runtime = next((s for s in started if s.name == "runtime"), None)
+    scheduler = next((s for s in started if s.name == "scheduler"), None)
+    if scheduler is not None:
+        page = f"{scheduler.urls.get('http', '')}/"
+        if runtime is not None:
+            page += f"?runtime={runtime.urls.get('http', '')}"
+        print(f"\nLive status page:\n  {page}   (or: luftpause status --watch)")
     if runtime is not None:
         url = runtime.urls.get("http", "")
         print(f"\nAdd it to Claude Code:\n  {claude_mcp_add(f'{url}/mcp', token)}")

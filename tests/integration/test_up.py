@@ -99,6 +99,7 @@ def test_up_starts_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         out = read_until(proc, "Press Ctrl-C")
         assert f"status http://127.0.0.1:{ports['http']}/status" in out
         assert f"http://127.0.0.1:{ports['dataplane']}/v1" in out
+        assert f"Live status page:\n  http://127.0.0.1:{ports['http']}/" in out
         kids = children(proc.pid)
         assert len(kids) >= 4
         models = httpx.get(f"http://127.0.0.1:{ports['dataplane']}/v1/models", timeout=10)

@@ -966,6 +966,15 @@ def test_s10_unreported_turn_expires_and_frees_its_slot() -> None:
     assert sim.replica("a")["in_flight"] == 1
 
 
+def test_a_dropped_turn_names_its_trace() -> None:
+    """S10, X1: the trace a turn was requested with stays with it once admitted, so the
+    drop of an unreported turn (logged by the service) leads to its trace."""
+    sim = Sim(gen("a"))
+    sim.probe("a")
+    sim.req("t1", "r1", trace="ef" * 16)
+    assert sim.tick(601) == (DropTurn("t1", "a", DropReason.EXPIRED, "ef" * 16),)
+
+
 def test_s10_expiry_respects_fractional_deadlines() -> None:
     """S10: a turn admitted at 0.5 is not dropped before 600.5."""
     sim = Sim(gen("a"))

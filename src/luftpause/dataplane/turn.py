@@ -101,6 +101,16 @@ class Turn:
         if self.ended is not None:
             return
         reason = error.message[:1000].encode("utf-8", "replace").decode("utf-8")
+        trace_id = self.span.get_span_context().trace_id
+        log.info(
+            "turn %s of run %s on %s ended %s: %s%s",
+            self.record.turn_id,
+            self.record.run_id,
+            self.record.replica,
+            error.outcome.value,
+            reason[:200],
+            f" (trace {trace_id:032x})" if trace_id else "",
+        )
         try:
             self._report(
                 failed=pb.TurnFailed(reason=reason, replica_unreachable=error.replica_unreachable)

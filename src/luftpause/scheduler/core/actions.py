@@ -32,6 +32,7 @@ class DropTurn:
     turn_id: str
     replica: str
     reason: DropReason
+    trace_id: str = ""  # the turn's trace (X1): the log line leads to it
 
 
 @dataclass(frozen=True, slots=True)

@@ -373,6 +373,7 @@ class _Tx:
                 admitted_at=now,
                 deadline=deadline,
                 expect_cached=self._expect_cached(held, replica),
+                trace_id=held.trace_id,
             ),
         )
         self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, held.turn_id)
@@ -800,7 +801,9 @@ class _Tx:
                 turn = self.turns.get(turn_id)
                 if turn is not None and turn.deadline <= self.now:
                     self.end_turn(turn_id, paused_on_tool=False)
-                    self.actions.append(DropTurn(turn_id, turn.replica, DropReason.EXPIRED))
+                    self.actions.append(
+                        DropTurn(turn_id, turn.replica, DropReason.EXPIRED, turn.trace_id)
+                    )
             self.turn_deadlines = self.turn_deadlines.delete(second)
         for second in _due(self.run_deadlines, self.swept_until, until):
             for run_id in sorted(self.run_deadlines[second]):
@@ -890,7 +893,9 @@ class _Tx:
         for turn_id in stale:
             turn = self.end_turn(turn_id, paused_on_tool=False)
             if turn is not None:
-                self.actions.append(DropTurn(turn_id, turn.replica, DropReason.RELEASED))
+                self.actions.append(
+                    DropTurn(turn_id, turn.replica, DropReason.RELEASED, turn.trace_id)
+                )
 
     def _adopt_turn(self, t: TurnSnapshot, dataplane_id: str, rep: ReplicaState) -> None:
         deadline = self.now + self.params.turn_timeout_s
@@ -1095,4 +1100,5 @@ def _turn_with(t: TurnState, *, started: bool, first_token_at: float | None = No
         started=started,
         first_token_at=first_token_at if first_token_at is not None else t.first_token_at,
         expect_cached=t.expect_cached,
+        trace_id=t.trace_id,
     )

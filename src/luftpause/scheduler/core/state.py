@@ -140,6 +140,7 @@ class TurnState:
     # Prefix keeping: back from a tool, the prompt tokens it should find cached here
     # (its run's previous prompt on this replica when it was admitted); 0 = not judged.
     expect_cached: int = 0
+    trace_id: str = ""  # the turn's trace (X1), from its request
 
 
 @dataclass(frozen=True, slots=True)

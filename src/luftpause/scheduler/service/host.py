@@ -126,7 +126,11 @@ class Host:
                     self.counters.get(f"dropped_{action.reason.value}", 0) + 1
                 )
                 log.warning(
-                    "turn %s on %s dropped: %s", action.turn_id, action.replica, action.reason.value
+                    "turn %s on %s dropped: %s%s",
+                    action.turn_id,
+                    action.replica,
+                    action.reason.value,
+                    f" (trace {action.trace_id})" if action.trace_id else "",
                 )
             case ForgetRun():
                 self.counters["runs_forgotten"] = self.counters.get("runs_forgotten", 0) + 1
