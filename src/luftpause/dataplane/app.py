@@ -276,10 +276,25 @@ def _engine_headers(dp: Dataplane, request: Request, replica: str, span: Span) -
     return headers
 
 
-async def _admit(dp: Dataplane, request: Request, req: pb.AdmitRequest, cls: str) -> Admitted:
+async def _admit(
+    dp: Dataplane, request: Request, req: pb.AdmitRequest, cls: str, span: Span
+) -> Admitted:
     """Ask the scheduler and wait while held (D4). On the way out, the turn is either
-    admitted (and the caller owns it) or it never took a slot: the client left
-    (``Abandoned``) or the scheduler refused it."""
+    admitted (and the caller owns it and its ``span``) or it never took a slot: the
+    client left (``Abandoned``) or the scheduler refused it, and its span is ended."""
+    req.traceparent = tracing.traceparent_of(span)
+    try:
+        admitted = await _admit_untraced(dp, request, req, cls)
+    except BaseException as exc:
+        tracing.end(span, exc.outcome.value if isinstance(exc, TurnError) else "abandoned")
+        raise
+    tracing.admitted(span, replica=admitted.replica, held_s=admitted.held_s)
+    return admitted
+
+
+async def _admit_untraced(
+    dp: Dataplane, request: Request, req: pb.AdmitRequest, cls: str
+) -> Admitted:
     t0 = time.monotonic()
     dp.metrics.holding.labels(cls).inc()
     try:
@@ -345,29 +360,24 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
         span = tracing.start_turn(
             request.headers, route="chat", model=chat.model, service_class=cls, run_id=run_id
         )
-        try:
-            admitted = await _admit(
-                dp,
-                request,
-                pb.AdmitRequest(
-                    turn_id=turn_id,
-                    run_id=run_id,
-                    model=chat.model,
-                    service_class=_CLASS_PB[cls],
-                    caller=caller,
-                    kind=pb.ENDPOINT_KIND_GENERATIVE,
-                    traceparent=tracing.traceparent_of(span),
-                ),
-                cls,
-            )
-        except BaseException as exc:
-            tracing.end(span, exc.outcome.value if isinstance(exc, TurnError) else "abandoned")
-            raise
+        admitted = await _admit(
+            dp,
+            request,
+            pb.AdmitRequest(
+                turn_id=turn_id,
+                run_id=run_id,
+                model=chat.model,
+                service_class=_CLASS_PB[cls],
+                caller=caller,
+                kind=pb.ENDPOINT_KIND_GENERATIVE,
+            ),
+            cls,
+            span,
+        )
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns.labels(cls, exc.outcome.value).inc()
         return exc.response(request.state.run_id)
 
-    tracing.admitted(span, replica=admitted.replica, held_s=admitted.held_s)
     turn = Turn(
         TurnRecord(turn_id, run_id, admitted.replica, chat.model, cls, caller),
         link=dp.link,
@@ -491,29 +501,24 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
             service_class="interactive",
             run_id=run_id,
         )
-        try:
-            admitted = await _admit(
-                dp,
-                request,
-                pb.AdmitRequest(
-                    turn_id=turn_id,
-                    run_id=run_id,
-                    model=model,
-                    service_class=pb.SERVICE_CLASS_INTERACTIVE,
-                    caller=caller,
-                    kind=pb.ENDPOINT_KIND_SINGLE_PASS,
-                    traceparent=tracing.traceparent_of(span),
-                ),
-                "interactive",
-            )
-        except BaseException as exc:
-            tracing.end(span, exc.outcome.value if isinstance(exc, TurnError) else "abandoned")
-            raise
+        admitted = await _admit(
+            dp,
+            request,
+            pb.AdmitRequest(
+                turn_id=turn_id,
+                run_id=run_id,
+                model=model,
+                service_class=pb.SERVICE_CLASS_INTERACTIVE,
+                caller=caller,
+                kind=pb.ENDPOINT_KIND_SINGLE_PASS,
+            ),
+            "interactive",
+            span,
+        )
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns.labels("interactive", exc.outcome.value).inc()
         return exc.response(request.state.run_id)
 
-    tracing.admitted(span, replica=admitted.replica, held_s=admitted.held_s)
     turn = Turn(
         TurnRecord(turn_id, run_id, admitted.replica, model, "interactive", caller),
         link=dp.link,
