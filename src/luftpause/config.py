@@ -157,6 +157,19 @@ class SchedulerSettings(_Frozen):
         Annotated[str, Field(pattern=r"^https?://[^/?#@\s]+(:[0-9]+)?/?$")], ...
     ] = ()
 
+    @field_validator("status_runtimes")
+    @classmethod
+    def _runtime_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        for url in urls:
+            try:
+                parts = urlsplit(url)
+                port = parts.port
+            except ValueError as exc:
+                raise ValueError(f"{url!r} is not a usable URL ({exc})") from None
+            if not parts.hostname or (port is not None and not 0 < port < 65536):
+                raise ValueError(f"{url!r} needs a host and a port from 1 to 65535")
+        return urls
+
 
 class DataplaneSettings(_Frozen):
     host: str = "127.0.0.1"

@@ -83,6 +83,13 @@ def plan(config: StackConfig, config_path: Path, log_level: str) -> list[Planned
     return children
 
 
+def _reachable(url: str) -> str:
+    """A URL a browser on this machine can open: a wildcard bind becomes loopback."""
+    for wildcard in ("//0.0.0.0:", "//[::]:"):
+        url = url.replace(wildcard, "//127.0.0.1:")
+    return url
+
+
 def _describe(s: ServiceProcess) -> str:
     urls = s.urls
     if s.name == "scheduler":
@@ -160,9 +167,9 @@ def _run(
     runtime = next((s for s in started if s.name == "runtime"), None)
     scheduler = next((s for s in started if s.name == "scheduler"), None)
     if scheduler is not None:
-        page = f"{scheduler.urls.get('http', '')}/"
+        page = _reachable(f"{scheduler.urls.get('http', '')}/")
         if runtime is not None:
-            page += f"?runtime={runtime.urls.get('http', '')}"
+            page += f"?runtime={_reachable(runtime.urls.get('http', ''))}"
         print(f"\nLive status page:\n  {page}   (or: luftpause status --watch)")
     if runtime is not None:
         url = runtime.urls.get("http", "")

@@ -87,3 +87,16 @@ def test_trace_id_of_a_traceparent() -> None:
         f"00-{'z' * 32}-{CLIENT_SPAN}-01",
     ):
         assert trace_id_of(bad) == ""
+
+
+def test_admit_span_takes_an_unknown_service_class() -> None:
+    """X1: the admit span never fails an Admit: an enum value this scheduler does not
+    know (a newer dataplane) is read as the core reads it (batch)."""
+    from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+    from luftpause.scheduler.service.tracing import admit_span
+
+    spans = memory_spans()
+    with admit_span(pb.AdmitRequest(turn_id="t", run_id="r", service_class=99)):
+        pass
+    [span] = named(spans.get_finished_spans(), "admit")
+    assert span.attributes is not None and span.attributes["luftpause.service_class"] == "batch"

@@ -188,3 +188,23 @@ async def test_input_required_state_cannot_be_edited_or_moved(tmp_path: Path) ->
         )
         assert ok.result["resultType"] == "input_required"  # the second call now asks
         await until(lambda: s.hub.calls == [{"path": "/a"}], "the allowed call")
+
+
+async def test_a_task_cancelled_at_once_leaves_no_run_behind(tmp_path: Path) -> None:
+    """R12, R9: tasks/cancel right after the task is created (while its spawn may still
+    be journaled) ends the run the spawn starts; nothing keeps running."""
+    async with serving(tmp_path) as s:
+        task_ids = [
+            (await s.call("run", {"task": f"quick {i}", "tools": ["rm"]}))["taskId"]
+            for i in range(3)
+        ]
+        for task_id in task_ids:
+            await s.modern("tasks/cancel", {"taskId": task_id})
+        await until(
+            lambda: len(s.rt.state.runs) == 3 and all(r.done for r in s.rt.state.runs.values()),
+            "every run ended",
+        )
+        assert {r.state for r in s.rt.state.runs.values()} == {RunState.CANCELLED}
+        for task_id in task_ids:
+            assert (await s.get(task_id))["status"] == "cancelled"
+        assert s.hub.calls == []

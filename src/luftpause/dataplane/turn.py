@@ -126,18 +126,21 @@ class Turn:
         usage: tuple[int, int, int] | None = None,
     ) -> None:
         self.ended = outcome
-        prompt, completion, cached = usage if usage is not None else (None, None, None)
-        tracing.end(
-            self.span,
-            outcome.value,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            cached_tokens=cached,
-        )
         if self._runs is not None:
             self._runs.ended(self.record.turn_id, paused_on_tool=paused_on_tool)
         self._metrics.in_flight.labels(self.record.service_class).dec()
         self._metrics.turns.labels(self.record.service_class, outcome.value).inc()
+        prompt, completion, cached = usage if usage is not None else (None, None, None)
+        try:  # last, and never in the way: the bookkeeping above is what must happen
+            tracing.end(
+                self.span,
+                outcome.value,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cached_tokens=cached,
+            )
+        except Exception:
+            log.exception("turn %s: cannot end its span", self.record.turn_id)
 
     def _report(self, **event: object) -> None:
         self._link.report(

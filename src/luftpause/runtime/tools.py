@@ -9,6 +9,7 @@ arguments of ``spawn`` and ``run`` are :class:`~luftpause.runtime.spawn_args.Spa
 import asyncio
 import contextlib
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal
@@ -38,6 +39,8 @@ from luftpause.runtime.protocol import (
     tool_result,
 )
 from luftpause.runtime.spawn_args import SpawnArgs, spawn_args_from, spawn_parameters
+
+log = logging.getLogger("luftpause.runtime.tools")
 
 MAX_HANDLES = 1000
 STATUS_LIST_LIMIT = 200
@@ -200,18 +203,29 @@ class RuntimeTools:
             )
         except ValidationError as exc:
             raise ToolError(describe_argument_errors("run", exc)) from None
-        try:
-            the_run = await rt.spawn(
-                args, caller_named(handle.client_info), tracing.traceparent_of()
-            )
-        except RuntimeError_ as exc:
-            raise ToolError(str(exc)) from None
-        await handle.attach(the_run.id)
+        started: list[Run] = []
 
         async def cancel_tree() -> None:
-            await rt.cancel_tree(the_run, "cancelled by the client (tasks/cancel)")
+            for run in started:
+                await rt.cancel_tree(run, "cancelled by the client (tasks/cancel)")
 
+        # Registered before the spawn: a cancel that arrives while the spawn is being
+        # journaled must still end the run the spawn starts.
         handle.on_cancel(cancel_tree)
+        spawning = asyncio.ensure_future(
+            rt.spawn(args, caller_named(handle.client_info), tracing.traceparent_of())
+        )
+        try:
+            the_run = await asyncio.shield(spawning)
+        except RuntimeError_ as exc:
+            raise ToolError(str(exc)) from None
+        except asyncio.CancelledError:
+            if handle.cancel_requested:  # the spawn still completes: end what it started
+                with contextlib.suppress(Exception):
+                    await rt.cancel_tree(await spawning, "cancelled by the client (tasks/cancel)")
+            raise
+        started.append(the_run)
+        await handle.attach(the_run.id)
         askers: dict[tuple[str, str], asyncio.Task[None]] = {}
         asked: set[tuple[str, str]] = set()  # asked once: an answer of "cancel" leaves approve()
         event = asyncio.Event()
@@ -250,9 +264,13 @@ class RuntimeTools:
             return
         # Keys are unique over a task's life, so each carries the number of the asking.
         key = f"{APPROVE_KEY_PREFIX}{run.id}/{pending.key}/{nonce}"
-        answers = await handle.require_input(
-            {key: elicitation_request(approval_message(run), APPROVAL_SCHEMA)}
-        )
+        try:
+            answers = await handle.require_input(
+                {key: elicitation_request(approval_message(run), APPROVAL_SCHEMA)}
+            )
+        except Exception:  # e.g. the task journal cannot be written: approve() still works
+            log.exception("run %s: cannot ask for approval through its task", run.id)
+            return
         allow = allow_from(answers.get(key))
         if allow is not None and run.pending is pending:
             with contextlib.suppress(RuntimeError_):

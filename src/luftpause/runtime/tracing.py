@@ -56,7 +56,7 @@ def request_traceparent(
     if headers is not None:
         header = headers.get("traceparent")
         if header and trace.get_current_span(context_from(header)).get_span_context().is_valid:
-            return header
+            return traceparent_of(context_from(header))  # re-serialised: never the raw header
     return traceparent_of()
 
 

@@ -20,6 +20,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.scheduler.core.actions import Admit, Reject
+from luftpause.scheduler.service import convert
 
 _tracer = trace.get_tracer("luftpause.scheduler")
 _propagator = TraceContextTextMapPropagator()
@@ -39,7 +40,7 @@ def admit_span(request: pb.AdmitRequest) -> Iterator[Span]:
         attributes={
             "luftpause.turn_id": request.turn_id,
             "luftpause.run_id": request.run_id,
-            "luftpause.service_class": pb.ServiceClass.Name(request.service_class),
+            "luftpause.service_class": convert.service_class(request.service_class).value,
             "luftpause.caller": request.caller,
         },
     ) as span:
