@@ -359,6 +359,8 @@ class Bootstrap:
         if code is not None:
             await svc._stop()
             return code
+        if stop.is_set():  # asked to stop while starting: never announce readiness
+            return await svc._stop()
         write_ready_file(self.ready_file, self.service, svc.ports, host)
         for hook in svc._ready_hooks:
             hook()

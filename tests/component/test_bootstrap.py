@@ -111,6 +111,20 @@ def test_sigterm_stops_gracefully(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "ready.json").read_text())["ports"]["other"] == 1234
 
 
+def test_a_stop_asked_while_starting_never_writes_the_ready_file(tmp_path: Path) -> None:
+    """A SIGTERM that arrives during start stops the service before it says it is ready."""
+    events: list[str] = []
+
+    async def start(svc: Service) -> None:
+        await svc.serve_asgi("http", svc.bind(0), app(events))
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0.05)  # let the handler run while still starting
+
+    assert Bootstrap("demo", args(tmp_path), {}).run("127.0.0.1", start) == 0
+    assert not (tmp_path / "ready.json").exists()
+    assert events == ["lifespan start", "lifespan stop"]
+
+
 def test_a_failed_task_stops_the_service_with_status_1(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
