@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import gzip
-import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
+from _serve import ThreadServer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -43,12 +41,8 @@ class OtlpReceiver:
         self.spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
         app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"])])
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+        self._server = ThreadServer(app)
+        self.url = self._server.url
 
     async def _traces(self, request: Request) -> Response:
         body = await request.body()
@@ -90,14 +84,7 @@ class OtlpReceiver:
             return [s for s in self.spans if s.trace_id == trace_id]
 
     def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the OTLP receiver did not start")
-            time.sleep(0.01)
+        self._server.start()
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
+        self._server.stop()
