@@ -24,6 +24,7 @@ is not an open proxy:
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 from collections.abc import Iterable
@@ -116,23 +117,26 @@ class RuntimeFetcher:
             target = self.target(url)
         except BadRuntimeUrl as exc:
             return exc.status, {"error": str(exc)}
-        headers = {"Accept": "application/json"}
+        # identity: the size cap counts the bytes as sent, never a decompressed bomb
+        headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
         if authorization:
             headers["Authorization"] = authorization
         try:
+            # One deadline for the whole fetch: a peer that drips bytes cannot hold it.
             async with (
+                asyncio.timeout(FETCH_TIMEOUT_S),
                 httpx.AsyncClient(
                     timeout=FETCH_TIMEOUT_S, follow_redirects=False, trust_env=False
                 ) as client,
                 client.stream("GET", target, headers=headers) as resp,
             ):
                 body = bytearray()
-                async for chunk in resp.aiter_bytes():
+                async for chunk in resp.aiter_raw():
                     body += chunk
                     if len(body) > MAX_BODY:
                         return 502, {"error": f"{target}: answer larger than {MAX_BODY} bytes"}
                 code = resp.status_code
-        except httpx.TimeoutException:
+        except (httpx.TimeoutException, TimeoutError):
             return 504, {"error": f"{target}: no answer within {FETCH_TIMEOUT_S:g} s"}
         except httpx.HTTPError as exc:
             return 502, {"error": f"cannot reach the runtime at {target}: {_reason(exc)}"}
