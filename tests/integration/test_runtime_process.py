@@ -19,9 +19,7 @@ import contextlib
 import json
 import re
 import signal
-import socket
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -31,8 +29,8 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from _mcp_raw import RawMcp
+from _serve import ThreadServer
 from conftest import Services
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -73,24 +71,14 @@ class Standin:
                 Route("/v1/runs/{run_id}", self.end, methods=["DELETE"]),
             ]
         )
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+        self._server = ThreadServer(app)
+        self.url = self._server.url
 
     def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "stand-in did not start"
-            time.sleep(0.01)
+        self._server.start()
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self._server.stop()
 
     def turns_of(self, run_id: str) -> list[dict[str, Any]]:
         return [t for t in self.turns if t["headers"].get("x-luftpause-run-id") == run_id]
