@@ -63,6 +63,18 @@ def write_config(
     return path
 
 
+def write_runtime_config(tmp: Path, dataplane_url: str, tools_url: str) -> Path:
+    """``tmp/runtime.toml``: a runtime on ``dataplane_url`` with the fake tool server at
+    ``tools_url`` (its base URL) and its state in ``tmp/state``."""
+    path = tmp / "runtime.toml"
+    path.write_text(
+        f'[runtime]\ndataplane_url = "{dataplane_url}"\n'
+        f'state_dir = "{tmp / "state"}"\ndefault_model = "{MODEL}"\n'
+        f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{tools_url}/mcp"\n'
+    )
+    return path
+
+
 def start_stack(
     services: Any,
     tmp: Path,

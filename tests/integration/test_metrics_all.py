@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 from conftest import Services
-from fullstack import MODEL, Stack, eventually, start_stack
+from fullstack import MODEL, Stack, eventually, start_stack, write_runtime_config
 from mcp import Client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -112,12 +112,7 @@ async def test_every_service_serves_its_listed_series(
         services, tmp, engine_args=("--time-scale", "50", "--tool-results", "1")
     )
     tools = services.start("fake-mcp", "--port", "0", "--lookup-delay-s", "0.05")
-    config = tmp / "runtime.toml"
-    config.write_text(
-        f'[runtime]\ndataplane_url = "{stack.dataplane.urls["http"]}"\n'
-        f'state_dir = "{tmp / "state"}"\ndefault_model = "{MODEL}"\n'
-        f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{tools.urls["http"]}/mcp"\n'
-    )
+    config = write_runtime_config(tmp, stack.dataplane.urls["http"], tools.urls["http"])
     runtime: ServiceProcess = services.start("runtime", "--config", str(config), "--port", "0")
     sched_url = stack.scheduler.urls["http"]
     before = await scrape(sched_url)

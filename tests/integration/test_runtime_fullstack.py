@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import Services
-from fullstack import MODEL, start_stack
+from fullstack import start_stack, write_runtime_config
 from mcp import Client
 from mcp_types import CallToolResult
 
@@ -55,12 +55,7 @@ def full(module_services: Services, tmp_path_factory: pytest.TempPathFactory) ->
         extra_config=extra,
     )
     tools = module_services.start("fake-mcp", "--port", "0", "--lookup-delay-s", "0.05")
-    config = tmp / "runtime.toml"
-    config.write_text(
-        f'[runtime]\ndataplane_url = "{stack.dataplane.urls["http"]}"\n'
-        f'state_dir = "{tmp / "state"}"\ndefault_model = "{MODEL}"\n'
-        f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{tools.urls["http"]}/mcp"\n'
-    )
+    config = write_runtime_config(tmp, stack.dataplane.urls["http"], tools.urls["http"])
     runtime = module_services.start("runtime", "--config", str(config), "--port", "0")
     yield Full(runtime, stack.dataplane)
 

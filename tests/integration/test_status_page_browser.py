@@ -32,7 +32,7 @@ import pytest
 from _browser import Browser, Node, parse, require_chromium
 from _serve import ThreadServer
 from conftest import Services
-from fullstack import MODEL, Stack, start_stack
+from fullstack import Stack, start_stack, write_runtime_config
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from starlette.applications import Starlette
@@ -135,12 +135,7 @@ def live(
     tools = module_services.start(
         "fake-mcp", "--port", "0", "--deep-search-delay-s", "600", "--lookup-delay-s", "0.05"
     )
-    config = tmp / "runtime.toml"
-    config.write_text(
-        f'[runtime]\ndataplane_url = "{stack.dataplane.urls["http"]}"\n'
-        f'state_dir = "{tmp / "state"}"\ndefault_model = "{MODEL}"\n'
-        f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{tools.urls["http"]}/mcp"\n'
-    )
+    config = write_runtime_config(tmp, stack.dataplane.urls["http"], tools.urls["http"])
     runtime = module_services.start("runtime", "--config", str(config), "--port", "0", env=env)
     trees = asyncio.run(_spawn_trees(runtime.urls["http"] + "/mcp"))
     load = _start_load(stack, tools, tmp)

@@ -18,7 +18,7 @@ import pytest
 from _mcp_raw import RawMcp
 from _otlp_receiver import OtlpReceiver, ReceivedSpan
 from conftest import Services
-from fullstack import MODEL, write_config
+from fullstack import write_config, write_runtime_config
 
 pytestmark = pytest.mark.integration
 
@@ -67,12 +67,7 @@ async def test_one_spawn_is_one_trace_across_the_stack(
         "--scheduler", f"127.0.0.1:{scheduler.ports['grpc']}", env=env,
     )  # fmt: skip
     tools = services.start("fake-mcp", "--port", "0", "--lookup-delay-s", "0.05", env=env)
-    runtime_config = tmp_path / "runtime.toml"
-    runtime_config.write_text(
-        f'[runtime]\ndataplane_url = "{dataplane.urls["http"]}"\n'
-        f'state_dir = "{tmp_path / "state"}"\ndefault_model = "{MODEL}"\n'
-        f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{tools.urls["http"]}/mcp"\n'
-    )
+    runtime_config = write_runtime_config(tmp_path, dataplane.urls["http"], tools.urls["http"])
     runtime = services.start("runtime", "--config", str(runtime_config), "--port", "0", env=env)
 
     async with httpx.AsyncClient(base_url=runtime.urls["http"], timeout=60) as http:
