@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi.telemetry import TelemetryConfig
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -281,6 +283,59 @@ class Tracing:
 
 
 DISABLED = Tracing()
+
+
+# ----------------------------------------------------------------------------- trace context
+# W3C trace context as the services pass it along by hand: in the journal (a run's
+# spawn), in AdmitRequest.traceparent, and as the trace IDs status and logs show.
+
+_TRACECONTEXT = TraceContextTextMapPropagator()
+
+
+def context_of(traceparent: str | None) -> Context:
+    """A context holding only the remote parent ``traceparent`` names (empty if none)."""
+    if not traceparent:
+        return Context()
+    return _TRACECONTEXT.extract({"traceparent": traceparent}, context=Context())
+
+
+def traceparent_of(context: Context | None = None) -> str | None:
+    """The W3C ``traceparent`` of ``context`` (default: the current one), if it has a span."""
+    carrier: dict[str, str] = {}
+    _TRACECONTEXT.inject(carrier, context=context)
+    return carrier.get("traceparent")
+
+
+def trace_id_of(traceparent: str | None) -> str:
+    """The trace ID of a W3C ``traceparent`` (``00-<trace>-<span>-<flags>``), else ""."""
+    parts = (traceparent or "").strip().split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32:
+        try:
+            int(parts[1], 16)
+        except ValueError:
+            return ""
+        return parts[1].lower()
+    return ""
+
+
+class RecentTraces:
+    """The trace IDs of the last ``keep`` requests seen, oldest first (test fakes show them)."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self.keep = keep
+        self._seen: dict[str, None] = {}  # insertion-ordered set
+
+    def saw(self, traceparent: str | None) -> None:
+        trace_id = trace_id_of(traceparent)
+        if not trace_id:
+            return
+        self._seen.pop(trace_id, None)
+        self._seen[trace_id] = None
+        while len(self._seen) > self.keep:
+            del self._seen[next(iter(self._seen))]
+
+    def ids(self) -> list[str]:
+        return list(self._seen)
 
 
 def polled(scope: Mapping[str, Any]) -> bool:

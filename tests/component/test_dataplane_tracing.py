@@ -77,7 +77,7 @@ async def test_a_refused_turn_ends_its_span_with_the_outcome(stack: Stack) -> No
 def test_trace_id_of_a_traceparent() -> None:
     """X1: the scheduler keeps a held turn's trace ID from its AdmitRequest.traceparent;
     anything that is not a valid traceparent gives none."""
-    from luftpause.scheduler.service.convert import trace_id_of
+    from luftpause.telemetry import trace_id_of
 
     assert trace_id_of(f"00-{TRACE_ID.upper()}-{CLIENT_SPAN}-01") == TRACE_ID
     for bad in (

@@ -25,10 +25,11 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from luftpause import telemetry
+from luftpause.telemetry import context_of
 
 _tracer = trace.get_tracer("luftpause.dataplane")
-_propagator = TraceContextTextMapPropagator()
 
 FAILED_OUTCOMES = frozenset(
     {"engine_unreachable", "engine_rejected", "engine_broke", "internal_error"}
@@ -39,10 +40,7 @@ def _parent(headers: Mapping[str, str]) -> Context:
     current = trace.get_current_span()
     if current.get_span_context().is_valid:
         return trace.set_span_in_context(current, Context())
-    header = headers.get("traceparent")
-    if header:
-        return _propagator.extract({"traceparent": header}, context=Context())
-    return Context()
+    return context_of(headers.get("traceparent"))
 
 
 def start_turn(
@@ -62,15 +60,15 @@ def start_turn(
 
 
 def traceparent_of(span: Span) -> str:
-    carrier: dict[str, str] = {}
-    _propagator.inject(carrier, context=trace.set_span_in_context(span, Context()))
-    return carrier.get("traceparent", "")
+    return telemetry.traceparent_of(trace.set_span_in_context(span, Context())) or ""
 
 
 def inject(span: Span, headers: MutableMapping[str, str]) -> None:
     """Point the engine request's ``traceparent`` at the turn's span."""
     headers.pop("tracestate", None)
-    _propagator.inject(headers, context=trace.set_span_in_context(span, Context()))
+    traceparent = traceparent_of(span)
+    if traceparent:  # no span (tracing off, no caller trace): the caller's header stays
+        headers["traceparent"] = traceparent
 
 
 def admitted(span: Span, *, replica: str, held_s: float) -> None:

@@ -64,7 +64,7 @@ from starlette.routing import Mount, Route
 from luftpause.cliargs import non_negative_float as _non_negative_float
 from luftpause.cliargs import positive_float as _positive_float
 from luftpause.serving import Bootstrap, Service, add_service_arguments, run_async
-from luftpause.telemetry import Instrumentation
+from luftpause.telemetry import Instrumentation, RecentTraces
 
 SERVICE = "fake-mcp"
 DEFAULT_HOST = "127.0.0.1"
@@ -122,7 +122,7 @@ class CallCounts:
 
     def __init__(self, counts_file: Path | None = None) -> None:
         self._counts_file = counts_file
-        self._traces: dict[str, None] = {}  # trace IDs of recent calls (X1), oldest first
+        self.traces = RecentTraces()  # trace IDs of recent calls (X1), oldest first
         self._started: dict[str, dict[str, int]] = {}
         self._completed: dict[str, dict[str, int]] = {}
         if counts_file is not None:
@@ -158,19 +158,6 @@ class CallCounts:
             "total_started": sum(sum(per.values()) for per in self._started.values()),
             "total_completed": sum(sum(per.values()) for per in self._completed.values()),
         }
-
-    def trace_ids(self) -> list[str]:
-        return list(self._traces)
-
-    def saw_trace(self, traceparent: str | None) -> None:
-        """Remember the trace a call belongs to (its W3C traceparent), the last 1000."""
-        parts = (traceparent or "").strip().split("-")
-        if len(parts) != 4 or len(parts[1]) != 32:
-            return
-        self._traces.pop(parts[1], None)
-        self._traces[parts[1]] = None
-        while len(self._traces) > 1000:
-            del self._traces[next(iter(self._traces))]
 
     def reset(self) -> None:
         self._started.clear()
@@ -335,7 +322,7 @@ def build_mcp_server(tools: FakeTools) -> MCPServer[Any]:
     )
     async def lookup(query: Query, ctx: Context[Any, Any], limit: Limit = 3) -> LookupResult:
         raw = _raw_arguments(ctx, {"query": query, "limit": limit})
-        tools.counts.saw_trace(_traceparent(ctx))
+        tools.counts.traces.saw(_traceparent(ctx))
         return await tools.lookup(raw, query, limit)
 
     @mcp.tool(
@@ -353,7 +340,7 @@ def build_mcp_server(tools: FakeTools) -> MCPServer[Any]:
         query: Query, ctx: Context[Any, Any], depth: Depth = 2
     ) -> DeepSearchResult:
         raw = _raw_arguments(ctx, {"query": query, "depth": depth})
-        tools.counts.saw_trace(_traceparent(ctx))
+        tools.counts.traces.saw(_traceparent(ctx))
         return await tools.deep_search(raw, query, depth)
 
     @mcp.tool(
@@ -368,7 +355,7 @@ def build_mcp_server(tools: FakeTools) -> MCPServer[Any]:
     )
     async def delete_record(record_id: RecordId, ctx: Context[Any, Any]) -> DeleteResult:
         raw = _raw_arguments(ctx, {"record_id": record_id})
-        tools.counts.saw_trace(_traceparent(ctx))
+        tools.counts.traces.saw(_traceparent(ctx))
         return await tools.delete_record(raw, record_id)
 
     return mcp
@@ -424,7 +411,7 @@ def build_app(tools: FakeTools, *, host: str = DEFAULT_HOST) -> Starlette:
         return JSONResponse(tools.counts.snapshot())
 
     async def traces(_: Request) -> JSONResponse:
-        return JSONResponse({"trace_ids": tools.counts.trace_ids()})
+        return JSONResponse({"trace_ids": tools.counts.traces.ids()})
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

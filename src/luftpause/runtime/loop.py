@@ -43,6 +43,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
 
+from luftpause import telemetry
 from luftpause.config import RuntimeSettings
 from luftpause.runtime import tracing
 from luftpause.runtime.core import (
@@ -311,7 +312,7 @@ class Runtime:
     def _parent_trace(self, parent: Run | None, traceparent: str | None) -> str | None:
         span = self._spans.get(parent.id) if parent is not None else None
         if span is not None:
-            return tracing.traceparent_of(trace.set_span_in_context(span))
+            return telemetry.traceparent_of(trace.set_span_in_context(span))
         return traceparent
 
     # ------------------------------------------------------------------ the loop

@@ -19,6 +19,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field, ValidationError
 
+from luftpause import telemetry
 from luftpause.runtime import tracing
 from luftpause.runtime.core import Run
 from luftpause.runtime.decide import decide as run_decide
@@ -213,7 +214,7 @@ class RuntimeTools:
         # journaled must still end the run the spawn starts.
         handle.on_cancel(cancel_tree)
         spawning = asyncio.ensure_future(
-            rt.spawn(args, caller_named(handle.client_info), tracing.traceparent_of())
+            rt.spawn(args, caller_named(handle.client_info), telemetry.traceparent_of())
         )
         try:
             the_run = await asyncio.shield(spawning)

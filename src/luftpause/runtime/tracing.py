@@ -17,32 +17,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from luftpause.runtime.core import Run, Usage
+from luftpause.telemetry import context_of, traceparent_of
 
 _tracer = trace.get_tracer("luftpause.runtime")
-_propagator = TraceContextTextMapPropagator()
 
 AGENT_NAME = "luftpause sub-agent"
 PROVIDER = "luftpause"  # the dataplane in front of the engines
-
-
-def traceparent_of(context: Context | None = None) -> str | None:
-    """The W3C ``traceparent`` of ``context`` (default: the current one), if it has a span."""
-    carrier: dict[str, str] = {}
-    _propagator.inject(carrier, context=context)
-    return carrier.get("traceparent")
-
-
-def context_from(traceparent: str | None) -> Context:
-    """A context holding only the remote parent ``traceparent`` names (empty if none)."""
-    if not traceparent:
-        return Context()
-    return _propagator.extract({"traceparent": traceparent}, context=Context())
 
 
 def request_traceparent(
@@ -55,8 +39,8 @@ def request_traceparent(
         return traceparent_of()
     if headers is not None:
         header = headers.get("traceparent")
-        if header and trace.get_current_span(context_from(header)).get_span_context().is_valid:
-            return traceparent_of(context_from(header))  # re-serialised: never the raw header
+        if header and trace.get_current_span(context_of(header)).get_span_context().is_valid:
+            return traceparent_of(context_of(header))  # re-serialised: never the raw header
     return traceparent_of()
 
 
@@ -65,7 +49,7 @@ def agent_span(run: Run) -> Iterator[Span]:
     """The run's ``invoke_agent`` span, current while the run's loop runs."""
     with _tracer.start_as_current_span(
         f"{gen_ai.GenAiOperationNameValues.INVOKE_AGENT.value} {AGENT_NAME}",
-        context=context_from(run.traceparent),
+        context=context_of(run.traceparent),
         kind=SpanKind.INTERNAL,
         record_exception=False,  # cancellation ends a run; its outcome is set below
         set_status_on_exception=False,

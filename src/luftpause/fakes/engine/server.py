@@ -71,7 +71,7 @@ from luftpause.fakes.engine.script import (
 )
 from luftpause.fakes.engine.tokens import count_tokens, render_messages
 from luftpause.serving import Bootstrap, Service, add_service_arguments, bind_socket
-from luftpause.telemetry import fastapi_telemetry
+from luftpause.telemetry import RecentTraces, fastapi_telemetry
 
 log = logging.getLogger("luftpause.fake_engine")
 
@@ -526,7 +526,7 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
             }
         ]
 
-    trace_ids: dict[str, None] = {}  # insertion-ordered set, bounded by _saw_trace
+    traces = RecentTraces()
 
     @app.get("/debug/state")
     async def debug_state() -> dict[str, Any]:
@@ -559,7 +559,7 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
                 for r in engine_driver.model.requests(now)
             ],
             "recent": list(engine_driver.recent),
-            "trace_ids": list(trace_ids),  # X1: traces of recent chat requests, oldest first
+            "trace_ids": traces.ids(),  # X1: traces of recent chat requests, oldest first
         }
 
     @app.post("/classify")
@@ -598,24 +598,10 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        _saw_trace(trace_ids, request.headers.get("traceparent", ""))
+        traces.saw(request.headers.get("traceparent"))
         return await _chat(request, config, engine_driver)
 
     return _TransportMiddleware(app, config)
-
-
-TRACES_KEPT = 1000
-
-
-def _saw_trace(seen: dict[str, None], traceparent: str) -> None:
-    """Remember the trace ID of a W3C ``traceparent`` header (the last TRACES_KEPT)."""
-    parts = traceparent.strip().split("-")
-    if len(parts) != 4 or len(parts[1]) != 32:
-        return
-    seen.pop(parts[1], None)
-    seen[parts[1]] = None
-    while len(seen) > TRACES_KEPT:
-        del seen[next(iter(seen))]
 
 
 def _classify_inputs(value: Any) -> list[str]:

@@ -19,6 +19,7 @@ from luftpause.scheduler.core import (
     TurnSnapshot,
     TurnStarted,
 )
+from luftpause.telemetry import trace_id_of
 
 _CLASS_FROM_PB: dict[int, ServiceClass] = {
     pb.SERVICE_CLASS_UNSPECIFIED: ServiceClass.BATCH,
@@ -59,18 +60,6 @@ def turn_requested(req: pb.AdmitRequest, at: float) -> TurnRequested:
         dataplane_id=req.dataplane_id,
         trace_id=trace_id_of(req.traceparent),
     )
-
-
-def trace_id_of(traceparent: str) -> str:
-    """The trace ID of a W3C ``traceparent`` (``00-<trace>-<span>-<flags>``), else ""."""
-    parts = traceparent.strip().split("-")
-    if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32:
-        try:
-            int(parts[1], 16)
-        except ValueError:
-            return ""
-        return parts[1].lower()
-    return ""
 
 
 def turn_event(

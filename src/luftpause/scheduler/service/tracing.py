@@ -14,28 +14,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.scheduler.core.actions import Admit, Reject
 from luftpause.scheduler.service import convert
+from luftpause.telemetry import context_of
 
 _tracer = trace.get_tracer("luftpause.scheduler")
-_propagator = TraceContextTextMapPropagator()
 
 
 @contextmanager
 def admit_span(request: pb.AdmitRequest) -> Iterator[Span]:
-    parent = (
-        _propagator.extract({"traceparent": request.traceparent}, context=Context())
-        if request.traceparent
-        else Context()
-    )
     with _tracer.start_as_current_span(
         "admit",
-        context=parent,
+        context=context_of(request.traceparent),
         kind=SpanKind.SERVER,
         attributes={
             "luftpause.turn_id": request.turn_id,
