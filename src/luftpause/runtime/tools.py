@@ -98,6 +98,13 @@ class RuntimeTools:
             raise ToolError(f"unknown handle(s): {', '.join(map(repr, missing))}")
         return [runs[h] for h in dict.fromkeys(handles)]
 
+    def _clamped(self, timeout: float) -> tuple[float, str | None]:
+        """R3: a wait longer than the maximum is cut to it, and the answer says so."""
+        most = self.rt.settings.await_max_s
+        if timeout <= most:
+            return timeout, None
+        return most, f"timeout {timeout:g} s clamped to the maximum of {most:g} s"
+
     async def do_spawn(self, args: SpawnArgs, ctx: Context[Any, Any]) -> Run:
         meta: Mapping[str, Any] | None = ctx.request_context.meta
         traceparent = tracing.request_traceparent(meta, ctx.headers)
@@ -127,12 +134,8 @@ class RuntimeTools:
         mode: str,
         timeout: float,  # noqa: ASYNC109 - the spec's parameter name (R3)
     ) -> CallToolResult | InputRequiredResult:
-        settings = self.rt.settings
         runs = self.lookup(handles)
-        note = None
-        if timeout > settings.await_max_s:
-            note = f"timeout {timeout:g} s clamped to the maximum of {settings.await_max_s:g} s"
-            timeout = settings.await_max_s
+        timeout, note = self._clamped(timeout)
         state = request_state_of(ctx)
         deadline = float(state.get("deadline") or (time.time() + timeout))
         waiter = Waiter(self.rt, ctx, runs, mode, deadline, set(state.get("asked") or ()))
@@ -158,10 +161,7 @@ class RuntimeTools:
         **arguments: Any,
     ) -> CallToolResult | InputRequiredResult:
         rt = self.rt
-        note = None
-        if timeout > rt.settings.await_max_s:
-            note = f"timeout {timeout:g} s clamped to the maximum of {rt.settings.await_max_s:g} s"
-            timeout = rt.settings.await_max_s
+        timeout, note = self._clamped(timeout)
         state = request_state_of(ctx)
         handle = state.get("handle")
         started = handle if isinstance(handle, str) else None
