@@ -30,6 +30,3 @@ class Watchers:
         for run in chain:
             for event in self._events.get(run.id, ()):
                 event.set()
-
-    def __len__(self) -> int:
-        return len(self._events)

@@ -219,9 +219,3 @@ def parse(raw: bytes) -> Spawn | Turn | Tools | Approval | Budget | End:
 def encode(record: Spawn | Turn | Tools | Approval | Budget | End) -> bytes:
     """The record as one journal line (UTF-8 JSON and a newline)."""
     return record.model_dump_json(by_alias=True).encode() + b"\n"
-
-
-def dump(record: Spawn | Turn | Tools | Approval | Budget | End) -> dict[str, Any]:
-    """The record's JSON object (what :func:`encode` writes)."""
-    data: dict[str, Any] = json.loads(record.model_dump_json(by_alias=True))
-    return data
