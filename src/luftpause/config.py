@@ -181,6 +181,8 @@ class DataplaneSettings(_Frozen):
     tool_call_id_sweep_s: Seconds = 60.0
     run_idle_prune_s: Seconds = 1800.0
     caller_max_bytes: Annotated[int, Field(ge=1)] = 128
+    # A request body larger than this is refused with 413 before it reaches an engine.
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
 
 
 class ToolServer(_Frozen):

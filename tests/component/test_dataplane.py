@@ -95,7 +95,14 @@ async def test_unknown_model_is_404_before_queueing(stack: Stack) -> None:
     """S6, D6: 404 with the exact message and the run header; no engine request."""
     resp = await stack.client.post("/v1/chat/completions", json=chat(model="other"))
     assert resp.status_code == 404
-    assert resp.json() == {"error": {"message": "no Generative replica serves model 'other'"}}
+    assert resp.json() == {
+        "error": {
+            "message": "no Generative replica serves model 'other'",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "model_not_found",
+        }
+    }
     assert "x-luftpause-run-id" in resp.headers
     assert not stack.engine.seen and not stack.host.state.held
 

@@ -126,7 +126,8 @@ async def test_an_unexpected_exception_after_admission_is_a_json_500_and_ends_th
     monkeypatch.setattr(stack.dp.http, "post", broken_post)
     resp = await stack.client.post(CHAT, json=chat(), headers={"x-luftpause-run-id": "r"})
     assert resp.status_code == 500
-    assert resp.json() == {"error": {"message": "internal error in the dataplane (logged)"}}
+    assert resp.json()["error"]["message"] == "internal error in the dataplane (logged)"
+    assert resp.json()["error"]["type"] == "server_error"
     assert resp.headers["x-luftpause-run-id"] == "r"
     await nothing_in_flight(stack)
     assert outcomes(stack) == {"internal_error": 1}

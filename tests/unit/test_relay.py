@@ -40,7 +40,7 @@ CHUNKS = [
 
 def test_reads_first_token_tool_calls_finish_and_usage() -> None:
     """D5: first token, tool call IDs, finish reason, usage with cached tokens."""
-    tap = SseTap(TurnOutcome(), hide_usage_chunk=False)
+    tap = SseTap(TurnOutcome(), hide_usage=False)
     body = sse(*CHUNKS)
     assert tap.feed(body) == body
     o = tap.outcome
@@ -51,7 +51,7 @@ def test_reads_first_token_tool_calls_finish_and_usage() -> None:
 
 def test_usage_chunk_withheld_only_when_we_asked_for_it() -> None:
     """D1: the client gets the stream it asked for; our extra usage chunk is withheld."""
-    tap = SseTap(TurnOutcome(), hide_usage_chunk=True)
+    tap = SseTap(TurnOutcome(), hide_usage=True)
     out = tap.feed(sse(*CHUNKS))
     assert out == sse(*CHUNKS[:4])
     assert tap.outcome.prompt_tokens == 9
@@ -64,7 +64,7 @@ def test_usage_chunk_withheld_only_when_we_asked_for_it() -> None:
 def test_any_split_passes_the_same_bytes(cuts: list[int], sep: str) -> None:
     """D1: however the engine's bytes are split, the client receives them unchanged."""
     body = sse(*CHUNKS, sep=sep)
-    tap = SseTap(TurnOutcome(), hide_usage_chunk=False)
+    tap = SseTap(TurnOutcome(), hide_usage=False)
     out, pos = b"", 0
     for cut in cuts:
         out += tap.feed(body[pos : pos + cut])
@@ -75,7 +75,7 @@ def test_any_split_passes_the_same_bytes(cuts: list[int], sep: str) -> None:
 
 
 def test_stream_without_done_is_noticed() -> None:
-    tap = SseTap(TurnOutcome(), hide_usage_chunk=False)
+    tap = SseTap(TurnOutcome(), hide_usage=False)
     tap.feed(sse(*CHUNKS[:2], done=False))
     assert not tap.outcome.done and tap.outcome.first_token
 
@@ -101,3 +101,55 @@ def test_reply_values_a_report_cannot_carry_are_read_as_nothing() -> None:
     assert (o.prompt_tokens, o.completion_tokens, o.finish_reason) == (0, 0, "")
     o.read_chunk({"choices": [{"finish_reason": "stop"}], "usage": {"prompt_tokens": 7}})
     assert (o.prompt_tokens, o.finish_reason) == (7, "stop")
+
+
+def _engine_chunk(content: str, usage_first: bool = False) -> dict[str, object]:
+    chunk: dict[str, object] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
+    return {"usage": None, **chunk} if usage_first else {**chunk, "usage": None}
+
+
+def _stream(chunks: list[dict[str, object]], compact: bool, sep: str = "\n\n") -> bytes:
+    separators = (",", ":") if compact else (", ", ": ")
+    return "".join(f"data: {json.dumps(c, separators=separators)}{sep}" for c in chunks).encode()
+
+
+@given(
+    st.lists(st.text(max_size=40), min_size=1, max_size=5),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(["\n\n", "\r\n\r\n"]),
+)
+def test_null_usage_members_we_caused_are_cut_byte_exactly(
+    texts: list[str], compact: bool, usage_first: bool, sep: str
+) -> None:
+    """D1: when the dataplane asked for usage and the client did not, the client gets the
+    bytes the engine would have sent it: each chunk without the ``"usage": null`` member
+    (written compact as pydantic engines do, or spaced), whatever the content says —
+    even content that spells ``"usage": null`` itself."""
+    texts = [*texts, '"usage": null, "usage":null']
+    asked = [_engine_chunk(t, usage_first) for t in texts]
+    plain = [{k: v for k, v in c.items() if k != "usage"} for c in asked]
+    usage_only = {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3}}
+    tap = SseTap(TurnOutcome(), hide_usage=True)
+    out = tap.feed(_stream([*asked, usage_only], compact, sep) + f"data: [DONE]{sep}".encode())
+    assert out == _stream(plain, compact, sep) + f"data: [DONE]{sep}".encode()
+    assert tap.outcome.prompt_tokens == 3 and tap.outcome.done
+
+
+def test_null_usage_kept_when_the_client_asked_for_usage_or_it_is_nested() -> None:
+    """D1: a client that asked for usage gets the ``"usage": null`` members unchanged; a
+    nested ``usage`` member is never the one cut."""
+    asked = [_engine_chunk("hi")]
+    body = _stream(asked, compact=True)
+    tap = SseTap(TurnOutcome(), hide_usage=False)
+    assert tap.feed(body) == body
+    nested = {"id": "x", "meta": {"usage": None}, "choices": [], "usage": None}
+    tap = SseTap(TurnOutcome(), hide_usage=True)
+    out = tap.feed(_stream([nested], compact=False))
+    assert out == _stream([{"id": "x", "meta": {"usage": None}, "choices": []}], compact=False)

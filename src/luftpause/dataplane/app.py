@@ -36,6 +36,7 @@ import aiohttp
 from fastapi import FastAPI, Request
 from opentelemetry import trace
 from opentelemetry.trace import Span
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
@@ -45,10 +46,12 @@ from luftpause.dataplane import identity, tracing
 from luftpause.dataplane.errors import (
     Abandoned,
     BadRequest,
+    BodyTooLarge,
     ClientLeft,
     EngineFailed,
     EngineRejected,
     EngineUnreachable,
+    NotJson,
     TurnError,
     Unauthorized,
     UnknownModel,
@@ -129,7 +132,7 @@ def _guarded(handler: Handler) -> Handler:
             return await handler(request)
         except Exception:
             log.exception("internal error on %s %s", request.method, request.url.path)
-            run_id = getattr(request.state, "run_id", None)
+            run_id = getattr(request.state, "run_id", None) or _early_run(request, "run")
             return error_response(500, "internal error in the dataplane (logged)", run_id)
 
     return route
@@ -158,6 +161,30 @@ def create_app(dp: Dataplane) -> FastAPI:
         telemetry=fastapi_telemetry(),
     )
 
+    @app.exception_handler(StarletteHTTPException)
+    async def no_such_route(request: Request, exc: StarletteHTTPException) -> Response:
+        """Unknown routes and wrong methods answer in the same shape as every other
+        error of ours (D6), naming what the dataplane does serve."""
+        run_id = _early_run(request, "run")
+        method, path = request.method, request.url.path
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            return error_response(
+                405,
+                f"{method} is not allowed on {path}; use {allowed or 'another method'}",
+                run_id,
+                {"allow": allowed} if allowed else None,
+                code="method_not_allowed",
+            )
+        if exc.status_code == 404:
+            return error_response(
+                404,
+                f"no route {method} {path}; this proxy serves {_ROUTES}",
+                run_id,
+                code="not_found",
+            )
+        return error_response(exc.status_code, str(exc.detail), run_id)
+
     @app.post("/v1/chat/completions")
     @_guarded
     async def chat(request: Request) -> Response:
@@ -174,7 +201,7 @@ def create_app(dp: Dataplane) -> FastAPI:
         try:
             _authorize(dp, request)
         except Unauthorized as exc:
-            return exc.response(None)
+            return exc.response(_early_run(request, "run"))
         data: list[dict[str, Any]] = []
         for e in dp.endpoints.values():
             for m in e.models:
@@ -229,11 +256,41 @@ def _authorize(dp: Dataplane, request: Request) -> None:
     raise Unauthorized("missing or wrong bearer token (set Authorization: Bearer <token>)")
 
 
-async def _body(request: Request) -> bytes:
+_ROUTES = (
+    "POST /v1/chat/completions, POST /v1/decide, GET /v1/models, DELETE /v1/runs/{run_id}, "
+    "GET /metrics, GET /health"
+)
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, if it is JSON (or says nothing of its type) and at most
+    ``limit`` bytes: a larger one is refused before the rest of it is read, so it
+    never reaches an engine."""
+    content_type = request.headers.get("content-type", "")
+    media = content_type.partition(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise NotJson(f"Content-Type must be application/json, got {shown(content_type)}")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(_too_large(int(declared), limit))
+    parts: list[bytes] = []
+    size = 0
     try:
-        return await request.body()
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise BodyTooLarge(_too_large(None, limit))
+            parts.append(part)
     except ClientDisconnect:
         raise ClientLeft("client left while sending its request") from None
+    return b"".join(parts)
+
+
+def _too_large(size: int | None, limit: int) -> str:
+    what = f"{size} bytes" if size is not None else "more"
+    return (
+        f"request body is {what}; this proxy takes at most {limit} bytes (dataplane.max_body_bytes)"
+    )
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
@@ -345,7 +402,7 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
     cls = "batch"
     try:
         _authorize(dp, request)
-        chat = chat_request(await _body(request))
+        chat = chat_request(await _body(request, dp.settings.max_body_bytes))
         try:
             cls = identity.service_class(request.headers)
             run_id = identity.resolve_run_id(request.headers, chat.body, dp.memory)
@@ -354,6 +411,11 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
             raise BadRequest(str(exc)) from None
         request.state.run_id = run_id
         if chat.model not in dp.generative_models:
+            if chat.model in dp.single_pass_models:
+                raise UnknownModel(
+                    f"model {shown(chat.model)} is a single-pass model: it classifies, it "
+                    "does not chat; send its input to POST /v1/decide"
+                )
             raise UnknownModel(f"no Generative replica serves model {shown(chat.model)}")
         turn_id = f"turn-{uuid.uuid4().hex}"
         dp.runs.touch(run_id, cls, caller)
@@ -479,7 +541,7 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
     run_id = request.state.run_id = _early_run(request, "decide")
     try:
         _authorize(dp, request)
-        decide = decide_request(await _body(request))
+        decide = decide_request(await _body(request, dp.settings.max_body_bytes))
         if len(request.headers.get(identity.RUN_HEADER, "").strip()) > identity.MAX_RUN_ID:
             raise BadRequest(
                 f"{identity.RUN_HEADER} is longer than {identity.MAX_RUN_ID} characters"

@@ -4,6 +4,8 @@
 
     TurnError                  status            outcome (metric label)
     ├── BadRequest             400               rejected            never admitted
+    │   ├── BodyTooLarge       413
+    │   └── NotJson            415
     ├── Unauthorized           401               rejected            never admitted
     ├── UnknownModel           404               rejected            never admitted
     ├── ClientLeft             499 (nobody sees) client_left / abandoned
@@ -17,9 +19,9 @@
 
 Each member carries its ``outcome``; nothing recovers an outcome by reading a
 message. ``response(run_id)`` is the one place a turn failure becomes an HTTP
-answer: always ``{"error": {"message": ...}}`` (D6), with ``x-luftpause-run-id``
-when the run is known. Values a client sent are echoed through ``shown`` so a
-megabyte of model name is not sent back whole.
+answer: always ``{"error": {"message": ..., "type": ..., "param": null, "code": ...}}``
+(D6, OpenAI's shape), with ``x-luftpause-run-id``. Values a client sent are echoed
+through ``shown`` so a megabyte of model name is not sent back whole.
 """
 
 from __future__ import annotations
@@ -48,13 +50,20 @@ class Outcome(Enum):
 
 
 def error_response(
-    status: int, message: str, run_id: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    run_id: str | None = None,
+    headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
-    """The one error shape (D6): ``{"error": {"message": ...}}``."""
+    """The one error shape (D6), OpenAI's: ``{"error": {"message", "type", "param",
+    "code"}}``; ``type`` is ``invalid_request_error`` for a 4xx, ``server_error`` else."""
     hdrs = dict(headers or {})
     if run_id:
         hdrs[RUN_HEADER] = run_id
-    return JSONResponse({"error": {"message": message}}, status_code=status, headers=hdrs)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status, headers=hdrs)
 
 
 def shown(value: object, limit: int = 64) -> str:
@@ -72,6 +81,7 @@ class TurnError(Exception):
 
     status: ClassVar[int] = 500
     outcome: ClassVar[Outcome] = Outcome.INTERNAL_ERROR
+    code: ClassVar[str | None] = None  # the ``code`` of the error body
     #: set on a failure that says the replica cannot be reached (fail fast, D6)
     replica_unreachable: ClassVar[bool] = False
 
@@ -82,7 +92,7 @@ class TurnError(Exception):
 
     def response(self, run_id: str | None) -> Response:
         headers = {REPLICA_HEADER: self.replica} if self.replica else None
-        return error_response(self.status, self.message, run_id, headers)
+        return error_response(self.status, self.message, run_id, headers, self.code)
 
 
 class BadRequest(TurnError):
@@ -90,9 +100,20 @@ class BadRequest(TurnError):
     outcome = Outcome.REJECTED
 
 
+class BodyTooLarge(BadRequest):
+    status = 413
+    code = "request_too_large"
+
+
+class NotJson(BadRequest):
+    status = 415
+    code = "unsupported_media_type"
+
+
 class Unauthorized(TurnError):
     status = 401
     outcome = Outcome.REJECTED
+    code = "invalid_api_key"
 
     def response(self, run_id: str | None) -> Response:
         resp = super().response(run_id)
@@ -103,6 +124,7 @@ class Unauthorized(TurnError):
 class UnknownModel(TurnError):
     status = 404
     outcome = Outcome.REJECTED
+    code = "model_not_found"
 
 
 class ClientLeft(TurnError):

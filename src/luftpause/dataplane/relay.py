@@ -4,8 +4,9 @@
 released byte for byte as they arrive, and each ``data:`` payload is read for
 the first token, tool call IDs, the finish reason and usage. The one change it
 may make: when the dataplane itself asked the engine for usage
-(``stream_options.include_usage``) and the client did not, the usage-only chunk
-is withheld so the client gets exactly the stream it asked for.
+(``stream_options.include_usage``) and the client did not, it takes out what that
+request added — the usage-only last chunk, and the ``"usage": null`` member of
+every other chunk — so the client gets exactly the stream it asked for.
 
 ``RelayStream`` is the ASGI response that streams those bytes, stops the engine
 request when the client leaves, and closes the client connection without
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,9 +131,15 @@ def _list(value: Any) -> list[Any]:
 
 
 class SseTap:
-    def __init__(self, outcome: TurnOutcome, hide_usage_chunk: bool) -> None:
+    """Reads an event stream as it passes and releases it byte for byte, except for
+    what the dataplane itself added by asking for usage (``hide_usage``): the
+    usage-only last chunk is withheld, and the ``"usage": null`` member engines put
+    in every other chunk is cut out of it, so the client gets the bytes it would
+    have got from the engine for its own request."""
+
+    def __init__(self, outcome: TurnOutcome, hide_usage: bool) -> None:
         self.outcome = outcome
-        self.hide_usage_chunk = hide_usage_chunk
+        self.hide_usage = hide_usage
         self._buffer = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -142,10 +150,12 @@ class SseTap:
             end, sep = _event_end(self._buffer)
             if end < 0:
                 break
-            event = self._buffer[: end + sep]
+            event = self._buffer[:end]
+            separator = self._buffer[end : end + sep]
             self._buffer = self._buffer[end + sep :]
-            if self._read_event(event[:end]):
-                out.append(event)
+            passed = self._read_event(event)
+            if passed is not None:
+                out.append(passed + separator)
         return b"".join(out)
 
     def rest(self) -> bytes:
@@ -153,9 +163,10 @@ class SseTap:
         rest, self._buffer = self._buffer, b""
         return rest
 
-    def _read_event(self, event: bytes) -> bool:
-        """Account for one event; False if it must be withheld from the client."""
-        for line in event.splitlines():
+    def _read_event(self, event: bytes) -> bytes | None:
+        """Account for one event; return what the client gets of it (None: nothing)."""
+        lines = event.splitlines(keepends=True)
+        for i, line in enumerate(lines):
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
@@ -169,9 +180,38 @@ class SseTap:
             if not isinstance(chunk, dict):
                 continue
             self.outcome.read_chunk(chunk)
-            if self.hide_usage_chunk and chunk.get("usage") and not chunk.get("choices"):
-                return False
-        return True
+            if not self.hide_usage or "usage" not in chunk:
+                continue
+            if chunk["usage"] and not chunk.get("choices"):
+                return None  # the usage-only chunk the client did not ask for
+            if chunk["usage"] is None:
+                lines[i] = without_null_usage(line, chunk)
+                event = b"".join(lines)
+        return event
+
+
+# A top-level ``"usage": null`` member as engines write it (compact or spaced), with
+# the comma that joins it to its neighbour.
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,\s*')
+
+
+def without_null_usage(line: bytes, chunk: dict[str, Any]) -> bytes:
+    """``line`` (a ``data:`` line whose JSON is ``chunk``) without its top-level
+    ``"usage": null`` member, every other byte kept. A match that turns out to be
+    inside a nested object is skipped: the cut is kept only if what is left parses
+    to ``chunk`` without ``usage``. If no cut does (an engine writing JSON in a way
+    not seen yet), the chunk is written anew, compact."""
+    wanted = {k: v for k, v in chunk.items() if k != "usage"}
+    for match in _NULL_USAGE.finditer(line):
+        candidate = line[: match.start()] + line[match.end() :]
+        try:
+            if json.loads(candidate[5:]) == wanted:
+                return candidate
+        except (ValueError, RecursionError):
+            continue
+    log.debug("usage member not found by its bytes; chunk re-serialised")
+    ending = line[len(line.rstrip(b"\r\n")) :]
+    return b"data: " + json.dumps(wanted, separators=(",", ":")).encode() + ending
 
 
 def _event_end(buffer: bytes) -> tuple[int, int]:
