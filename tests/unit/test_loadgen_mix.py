@@ -19,8 +19,10 @@ def args_of(*argv: str) -> argparse.Namespace:
 
 
 def test_parse_group_forms() -> None:
+    """H3: a group is reported under the name its user gave it (its caller), else
+    ``<class>-<index>``."""
     g = parse_group("48:batch:crowd", 0)
-    assert (g.count, g.cls, g.caller, g.kind) == (48, "batch", "crowd", "agents")
+    assert (g.name, g.count, g.cls, g.caller, g.kind) == ("crowd", 48, "batch", "crowd", "agents")
     g = parse_group("4:interactive", 1, Defaults(context_chars=2000))
     assert g.caller == g.name == "interactive-1" and g.context_chars == 2000
     g = parse_group("2:interactive:me:subagents", 2)
@@ -51,9 +53,9 @@ def test_mix_file(tmp_path: Path) -> None:
     )
     groups = load_mix(path, Defaults(max_tokens=64))
     assert [(g.name, g.count, g.cls) for g in groups] == [
-        ("batch-0", 48, "batch"),
+        ("crowd", 48, "batch"),  # named by its caller
         ("interactive-1", 4, "interactive"),
-        ("crowd", 2, "batch"),
+        ("crowd-2", 2, "batch"),  # the same name again: told apart
     ]
     assert groups[0].caller == "crowd" and groups[0].max_tokens == 64
     assert groups[1].context_chars == 2000 and groups[1].tool_calls == ToolCalls(1, 3)
@@ -91,7 +93,7 @@ def test_flags_build_groups_with_unique_names() -> None:
             "--group", "5:batch:crowd", "--group", "5:batch:crowd", "--context-chars", "2000",
         )
     )  # fmt: skip
-    assert [g.name for g in groups] == ["batch-0", "batch-1", "interactive-agents"]
+    assert [g.name for g in groups] == ["crowd", "crowd-2", "me"]
     assert groups[2].caller == "me" and groups[2].count == 3
     assert all(g.context_chars == 2000 for g in groups)
 
@@ -150,3 +152,10 @@ async def test_ramp_spreads_a_groups_first_runs(monkeypatch: pytest.MonkeyPatch)
     assert args_of("--agents", "1").ramp_s == 0.0
     with pytest.raises(SystemExit):
         args_of("--agents", "1", "--ramp-s", "-1")
+
+
+def test_defaults_are_the_local_stack() -> None:
+    """H3: without --target and --runtime the load goes to the stack `luftpause up` starts."""
+    args = args_of("--agents", "1")
+    assert args.target == "http://127.0.0.1:8080/v1"
+    assert args.runtime == "http://127.0.0.1:7000/mcp"

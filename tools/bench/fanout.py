@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 from mcp import Client
 
+from luftpause.loadgen.progress import ArmClock
 from luftpause.procs import ServiceProcess, launch, stop_all
 
 FANOUT_GOAL = 5.0
@@ -214,17 +215,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             _tools, rt = start_runtime("", engine.urls["http"], args.tool_delay_s, tmp, started)
             url = rt.urls["http"] + "/mcp"
+            clock = ArmClock(1 + (not args.skip_sequential) + (args.concurrent > 0))
             if not args.skip_sequential:
+                print(f"[{clock.start()}] sequential x{args.runs}", file=sys.stderr, flush=True)
                 wall, results = await sequential(url, args.runs, args.max_tool_calls)
+                clock.finished()
                 out["sequential_s"] = round(wall, 2)
                 out["sequential_completed"] = sum(r["state"] == "Completed" for r in results)
+            print(f"[{clock.start()}] fan-out x{args.runs}", file=sys.stderr, flush=True)
             wall, results = await fanout(url, args.runs, args.max_tool_calls)
+            clock.finished()
             out["fanout_s"] = round(wall, 2)
             out["fanout_completed"] = sum(r["state"] == "Completed" for r in results)
             out["tool_calls_per_run"] = sorted({r["toolCalls"] for r in results})
             if "sequential_s" in out:
                 out["speedup"] = round(out["sequential_s"] / out["fanout_s"], 2)
             if args.concurrent > 0:
+                print(f"[{clock.start()}] memory: {args.concurrent} alive", file=sys.stderr)
                 slow, rt2 = start_runtime("-memory", engine.urls["http"], 3600.0, tmp, started)
                 out["memory"] = await memory(
                     rt2.urls["http"] + "/mcp", slow.urls["http"], rt2.pid, args.concurrent

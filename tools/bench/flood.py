@@ -62,6 +62,7 @@ from typing import Any
 import httpx
 
 from luftpause.loadgen import main as loadgen
+from luftpause.loadgen.progress import ArmClock
 from luftpause.procs import (
     RouterProcess,
     ServiceProcess,
@@ -1018,12 +1019,19 @@ def main() -> int:
                 if "fanout" in benches:
                     schedule.append(("fanout", plan.fanout_n, fanout_arms(stack)))
             block = 0
+            clock = ArmClock(plan.reps * sum(len(arms) for _, _, arms in schedule))
             for rep in range(plan.reps):
                 for bench, load, arms in schedule:
                     order = arms if block % 2 == 0 else list(reversed(arms))
                     block += 1
                     for arm in order:
+                        print(
+                            f"[{clock.start()}] {arm.bench} load {arm.load} {arm.name} rep {rep}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         r = run_loadgen(stack, arm, rep, out)
+                        clock.finished()
                         results.setdefault(bench, {}).setdefault(load, {}).setdefault(
                             arm.name, []
                         ).append(r)

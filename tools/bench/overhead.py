@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from luftpause.loadgen.progress import ArmClock
 from luftpause.procs import ServiceProcess, launch, launch_sglang_router, stop_all
 
 MODEL = "llama-3.2-1b"
@@ -155,6 +156,7 @@ async def measure(
             await latency_block(client, arm, 4, 40, 0)
             arm.latencies.clear()
         latency: dict[str, dict[str, dict[str, float]]] = {}
+        clock = ArmClock(2 * args.blocks * 2 + 3 * args.repeat)  # one step per arm run
         for concurrency, turns in ((1, args.sequential_turns), (20, args.concurrent_turns)):
             for arm in (direct, via):
                 arm.latencies.clear()
@@ -162,8 +164,10 @@ async def measure(
             for b in range(blocks):
                 order = [direct, via] if b % 2 == 0 else [via, direct]
                 for arm in order:
+                    print(f"[{clock.start()}] latency c={concurrency} block {b + 1}/{blocks}: "
+                          f"{arm.name}", file=sys.stderr, flush=True)  # fmt: skip
                     await latency_block(client, arm, concurrency, turns // blocks, b)
-                print(f"  latency c={concurrency}: block {b + 1}/{blocks}", file=sys.stderr)
+                    clock.finished()
             latency[str(concurrency)] = {
                 arm.name: {
                     "n": len(arm.latencies),
@@ -179,7 +183,9 @@ async def measure(
         for rep in range(args.repeat):
             order = [via, router_arm, direct] if rep % 2 == 0 else [direct, router_arm, via]
             for arm in order:
+                print(f"[{clock.start()}] throughput: {arm.name}", file=sys.stderr, flush=True)
                 rate = await throughput(client, arm, args.throughput_concurrency, args.seconds)
+                clock.finished()
                 through[arm.name].append(rate)
                 print(f"  throughput {arm.name}: {rate:.0f} turns/s", file=sys.stderr)
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in procs.items()}

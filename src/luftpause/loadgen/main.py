@@ -1,26 +1,30 @@
 """``luftpause loadgen``: closed-loop agent load, sub-agent fan-out, a table and JSON.
 
-Own-loop agents (one group)::
+Own-loop agents (one group) against the local stack (``luftpause up``)::
 
-    luftpause loadgen --target http://127.0.0.1:8080 --agents 8 --duration-s 60 \\
-        --class batch --caller me
+    luftpause loadgen --agents 8 --duration-s 60 --class batch --caller me
 
 Several groups in one invocation (``--group N:class[:caller[:kind]]``, repeatable,
 or ``--mix FILE``; see ``luftpause.loadgen.mix``)::
 
-    luftpause loadgen --target http://127.0.0.1:8080 --group 48:batch:crowd \\
-        --group 4:interactive:people --duration-s 180 --json out.json
+    luftpause loadgen --group 48:batch:crowd --group 4:interactive:people \\
+        --duration-s 180 --json out.json
 
-``--target URL[,URL...]``: the dataplane, the SGLang router or an engine (with or
-without ``/v1``); with several, agent *i* is pinned to target *i* mod n.
+``--target URL[,URL...]``: the dataplane (default: the local stack's, port 8080),
+the SGLang router or an engine (with or without ``/v1``); with several, agent *i*
+is pinned to target *i* mod n.
 ``--no-class-headers`` sends no luftpause headers (router / engine arms);
 ``--priority interactive=10,batch=0`` adds ``priority`` to every body (engines
 with ``--priority-scheduling``).
 
-Sub-agents through the runtime (``--runtime URL`` of its ``/mcp``)::
+Sub-agents through the runtime (``--runtime URL`` of its ``/mcp``; default: the
+local stack's, port 7000)::
 
-    luftpause loadgen --runtime http://127.0.0.1:7000/mcp --spawn 16 [--sequential]
-    luftpause loadgen --runtime ... --group 48:batch:crowd:subagents --duration-s 180
+    luftpause loadgen --spawn 16 [--sequential]
+    luftpause loadgen --group 48:batch:crowd:subagents --duration-s 180
+
+Progress is one line redrawn in place while the load runs, on a terminal only; a
+pipe or a log file gets the table alone.
 
 With ``LUFTPAUSE_TOKEN`` set on the stack (D9, X2), pass the same token: ``--token``
 (default: the ``LUFTPAUSE_TOKEN`` environment variable) is sent as
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import os
@@ -68,8 +73,12 @@ from luftpause.loadgen.mix import (
     unique_names,
 )
 from luftpause.loadgen.pool import TokenRefused
+from luftpause.loadgen.progress import LiveLine
 
 DEFAULT_MODEL = "llama-3.2-1b"
+# The stack `luftpause up` (and `make run`) starts, on its default ports.
+DEFAULT_TARGET = "http://127.0.0.1:8080/v1"
+DEFAULT_RUNTIME = "http://127.0.0.1:7000/mcp"
 DEFAULT_TOOLS_URL = "http://127.0.0.1:9000/mcp"
 ERROR_BACKOFF_S = 0.5  # a failed run's agent waits this long before its next run
 
@@ -115,8 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--target",
         metavar="URL[,URL...]",
+        default=DEFAULT_TARGET,
         help="OpenAI-compatible base URL(s) for own-loop agents: the dataplane, a router or "
-        "engines (several: agents pinned round robin)",
+        f"engines (several: agents pinned round robin; default: {DEFAULT_TARGET}, the "
+        "dataplane of `luftpause up`)",
     )
     load.add_argument(
         "--token",
@@ -228,7 +239,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "share cached prompts",
     )
     mcp = parser.add_argument_group("sub-agents over MCP")
-    mcp.add_argument("--runtime", metavar="URL", help="the runtime's MCP URL (…/mcp)")
+    mcp.add_argument(
+        "--runtime",
+        metavar="URL",
+        default=DEFAULT_RUNTIME,
+        help=f"the runtime's MCP URL (default: {DEFAULT_RUNTIME}, the runtime of `luftpause up`)",
+    )
     mcp.add_argument(
         "--spawn",
         type=_positive_int,
@@ -246,7 +262,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="include every run (and its turns) in the JSON",
     )
-    out.add_argument("--quiet", action="store_true", help="no live progress line on stderr")
+    out.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no live progress line (it is drawn only when stderr is a terminal)",
+    )
 
 
 # ------------------------------------------------------------------ recording
@@ -366,13 +386,6 @@ def _subagent_runner(
     return once
 
 
-async def _progress(rec: Recorder, stream: TextIO, period_s: float = 1.0) -> None:
-    while True:
-        stream.write("\r" + rec.progress() + "   ")
-        stream.flush()
-        await asyncio.sleep(period_s)
-
-
 async def _models_of(target: str, token: str | None) -> list[str]:
     """``GET {target}/models``: the model names, or ``[]`` when the target does not say.
 
@@ -407,7 +420,7 @@ def build_groups(args: argparse.Namespace) -> list[Group]:
     for count, kind in ((args.agents, "agents"), (args.subagents, "subagents")):
         if count:
             cls = args.cls or "batch"
-            name = f"{cls}-{kind}"
+            name = args.caller or f"{cls}-{kind}"
             groups.append(
                 Group(
                     name=name,
@@ -530,23 +543,20 @@ async def run_load(
                     )
             if tasks:
                 rec.t0 = time.monotonic()
-                ticker = None if args.quiet else asyncio.create_task(_progress(rec, stderr))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(rec.done.wait(), timeout=rec.window[1])
-                end = min(rec.clock(), rec.window[1])
-                rec.window = (rec.window[0], max(end, rec.window[0] + 1e-3))
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                live = LiveLine(_Silent() if args.quiet else stderr, rec.progress)
+                with live:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(rec.done.wait(), timeout=rec.window[1])
+                    end = min(rec.clock(), rec.window[1])
+                    rec.window = (rec.window[0], max(end, rec.window[0] + 1e-3))
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
                 # Sub-agents cut off by the deadline would keep loading the engines, and
                 # own-loop runs cut off while paused would keep interactive slots reserved.
                 for pool_ in sessions.values():
                     await pool_.cancel_live()
                 await agents.end_runs(options)
-                if ticker is not None:
-                    ticker.cancel()
-                    stderr.write("\r" + rec.progress() + "\n")
-                    stderr.flush()
         finally:
             # Tool calls cut off by the deadline make the MCP client log their late replies.
             logging.getLogger("mcp").setLevel(logging.CRITICAL)
@@ -615,6 +625,10 @@ def render(result: dict[str, Any]) -> str:
             )
         )
     return "\n".join(lines)
+
+
+class _Silent(io.StringIO):
+    """Where ``--quiet`` sends progress: nowhere (it is no terminal)."""
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -1,5 +1,6 @@
 """Groups of agents: from ``--agents/--class/--caller``, ``--group N:class[:caller[:kind]]``
-or a TOML file (``--mix FILE``).
+or a TOML file (``--mix FILE``). A group is reported under the name the user gave it:
+its ``name``, else its caller, else ``<class>-<index>``.
 
 A mix file lists groups; every key but ``count`` and ``class`` is optional and
 falls back to the command line's value::
@@ -8,7 +9,7 @@ falls back to the command line's value::
     count = 48
     class = "batch"
     caller = "crowd"          # default: the group's name
-    name = "crowd"            # default: "<class>-<index>"
+    name = "crowd"            # default: its caller, else "<class>-<index>"
     kind = "agents"           # "agents" (own loop) or "subagents" (over MCP)
     context_chars = 8000
     tool_calls = 3            # or "1-3": uniform per run
@@ -127,8 +128,8 @@ def parse_group(text: str, index: int, defaults: Defaults = Defaults()) -> Group
         raise MixError(f"--group must be N:class[:caller[:kind]], got {text!r}")
     count = _int(parts[0], f"--group {text!r}: N")
     cls = parts[1].strip()
-    name = f"{cls}-{index}"
     caller = parts[2].strip() if len(parts) > 2 and parts[2].strip() else None
+    name = caller or f"{cls}-{index}"  # the group is reported under the name it was given
     kind = parts[3].strip() if len(parts) > 3 else defaults.kind
     return Group(
         name=name,
@@ -163,7 +164,7 @@ def parse_mix(data: dict[str, Any], defaults: Defaults = Defaults()) -> list[Gro
             if key not in entry:
                 raise MixError(f"mix: group {i}: {key} is required")
         cls = str(entry["class"])
-        name = str(entry.get("name") or f"{cls}-{i}")
+        name = str(entry.get("name") or entry.get("caller") or f"{cls}-{i}")
         groups.append(
             Group(
                 name=name,
