@@ -20,8 +20,8 @@ test: $(STAMP) lint typecheck contracts proto-check
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests tools
-	$(VENV)/bin/ruff format --check src tests tools
+	$(VENV)/bin/ruff check src tests tools examples
+	$(VENV)/bin/ruff format --check src tests tools examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
