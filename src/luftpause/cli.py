@@ -4,6 +4,10 @@ Each service lives in a module that exposes ``add_arguments(parser)`` and
 ``main(args) -> int``; modules are imported only when their subcommand runs,
 so ``luftpause --help`` stays fast and a missing optional piece never breaks
 the others.
+
+The services that read the stack file (scheduler, dataplane, runtime) also take
+``--check``: validate the configuration as the service would load it, print a
+summary and exit (see :mod:`luftpause.check`), without starting anything.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -41,6 +47,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("loadgen", "luftpause.loadgen.main", "generate agent load and report run times"),
     Command("status", "luftpause.status_cli", "show replicas, held turns, runs and the run tree"),
 )
+
+# The services that read the stack file: each also takes --check (luftpause.check).
+CHECKED_COMMANDS = frozenset({"scheduler", "dataplane", "runtime"})
 
 
 def available(command: Command) -> bool:
@@ -74,10 +83,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, _ServiceModule]]:
             module = cast(_ServiceModule, importlib.import_module(command.module))
             module.add_arguments(p)
             modules[command.name] = module
+            if command.name in CHECKED_COMMANDS:
+                from luftpause.check import add_check_argument
+
+                add_check_argument(p)
     return parser, modules
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run a command; ``environ`` (default: the process's) is what ``--check`` reads."""
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     parser, modules = build_parser()
@@ -85,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if getattr(args, "check", False):
+        from luftpause.check import run_check
+
+        return run_check(args.command, args, os.environ if environ is None else environ)
     try:
         return modules[args.command].main(args)
     except KeyboardInterrupt:

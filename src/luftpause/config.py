@@ -8,11 +8,28 @@ the parts it needs down; library code never reads ``os.environ``.
 
 A bad file is reported as ``ConfigError`` whose message names the file, the
 field (as a dotted path, e.g. ``endpoints[1].kind``) and the problem.
+
+String values in the file may name environment variables, so that one file
+serves several deployments (a model name, a hosted pod's address); the
+expansion happens once, where the file is loaded (:func:`load_config`), with
+the environment the entry point passes in:
+
+- ``${NAME}``: the variable's value; unset is an error naming the variable and
+  the field.
+- ``${NAME:-default}``: the value, or ``default`` when the variable is unset or
+  empty. The default is literal text (no ``}`` and no ``$`` inside).
+- ``$$``: a literal ``$``. Any other ``$`` is an error, so a typo such as
+  ``$NAME`` does not pass silently.
+
+Keys, numbers and booleans are never expanded. A numeric field may still take a
+variable written as a string (``port = "${PORT:-8080}"``): validation converts a
+string of digits.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
@@ -300,8 +317,103 @@ def parse_config(data: Mapping[str, Any], source: str) -> StackConfig:
         raise ConfigError("\n".join(lines)) from None
 
 
-def load_config(path: str | Path | None = None) -> tuple[StackConfig, Path]:
-    """Read and validate the stack file (the packaged default when ``path`` is None)."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _UnsetVariable(Exception):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _expand_string(value: str, environ: Mapping[str, str]) -> str:
+    """``${NAME}``, ``${NAME:-default}`` and ``$$`` in one string value.
+
+    Raises ``_UnsetVariable`` for ``${NAME}`` with NAME unset, ``ValueError`` for
+    anything else after a ``$`` (the message says what is allowed).
+    """
+    out: list[str] = []
+    i = 0
+    while (j := value.find("$", i)) >= 0:
+        out.append(value[i:j])
+        following = value[j + 1 : j + 2]
+        if following == "$":
+            out.append("$")
+            i = j + 2
+            continue
+        if following != "{":
+            raise ValueError(
+                f"'$' at position {j} of {value!r} must start ${{NAME}} or ${{NAME:-default}}, "
+                "or be doubled ($$) for a literal '$'"
+            )
+        end = value.find("}", j + 2)
+        if end < 0:
+            raise ValueError(f"'${{' at position {j} of {value!r} is not closed with '}}'")
+        body = value[j + 2 : end]
+        name, has_default, default = body.partition(":-")
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(
+                f"'${{{body}}}' in {value!r} is not ${{NAME}} or ${{NAME:-default}} "
+                "(NAME: letters, digits and '_', not starting with a digit)"
+            )
+        if "$" in default:
+            raise ValueError(
+                f"the default in '${{{body}}}' is literal text and must not contain '$'"
+            )
+        got = environ.get(name)
+        if has_default:
+            out.append(got or default)
+        elif got is None:
+            raise _UnsetVariable(name)
+        else:
+            out.append(got)
+        i = end + 1
+    out.append(value[i:])
+    return "".join(out)
+
+
+def expand_environment(data: Any, environ: Mapping[str, str], source: str) -> Any:
+    """A copy of parsed TOML with ``${NAME}`` references in string values replaced.
+
+    Every problem in the file is reported at once, as ``ConfigError`` with one line
+    per field: ``<source>: <field>: environment variable NAME is not set ...``.
+    """
+    problems: list[str] = []
+
+    def walk(node: Any, loc: tuple[int | str, ...]) -> Any:
+        if isinstance(node, str):
+            try:
+                return _expand_string(node, environ)
+            except _UnsetVariable as unset:
+                problems.append(
+                    f"{source}: {_format_loc(loc)}: environment variable {unset.name} is not set "
+                    f"(export it, or write ${{{unset.name}:-default}} in the file)"
+                )
+            except ValueError as exc:
+                problems.append(f"{source}: {_format_loc(loc)}: {exc}")
+            return node
+        if isinstance(node, Mapping):
+            return {key: walk(value, (*loc, key)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value, (*loc, i)) for i, value in enumerate(node)]
+        return node
+
+    expanded = walk(data, ())
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return expanded
+
+
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[StackConfig, Path]:
+    """Read the stack file (the packaged default when ``path`` is None), expand the
+    environment variables its strings name and validate it.
+
+    ``environ`` is the environment to expand from; None means the process's own, for
+    entry points (library code passes what its entry point gave it).
+    """
+    env = os.environ if environ is None else environ
     file = Path(path) if path is not None else default_config_path()
     try:
         raw = file.read_bytes()
@@ -313,7 +425,7 @@ def load_config(path: str | Path | None = None) -> tuple[StackConfig, Path]:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
-    return parse_config(data, str(file)), file
+    return parse_config(expand_environment(data, env, str(file)), str(file)), file
 
 
 def load_secrets(config: StackConfig, environ: Mapping[str, str] | None = None) -> Secrets:

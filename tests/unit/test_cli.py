@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from luftpause import cli
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -54,3 +62,73 @@ def test_bad_numbers_are_argparse_errors_naming_the_value() -> None:
         assert out.returncode == 2, args
         assert "expected" in out.stderr and repr(args[-1]) in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_check_summarises_a_usable_config_and_starts_nothing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X3: `--check` loads and validates what the service would, prints where it listens
+    and what it serves, and exits 0 without binding a port (the one it names is taken)."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # cli.main rewrites it
+    stack = str(DOCKER / "stack.toml")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = str(taken.getsockname()[1])
+        rc = cli.main(["scheduler", "--config", stack, "--port", port, "--check"], environ={})
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert f"{stack} is usable" in out.out and f"gRPC {port}, status HTTP 5001" in out.out
+    for name in ("engine-a", "engine-b", "classifier", "llama-3.2-1b", "auth         OFF"):
+        assert name in out.out
+    env = {"LUFTPAUSE_TOKEN": "t", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318"}
+    for cmd in ("dataplane", "runtime"):
+        assert cli.main([cmd, "--config", stack, "--check"], environ=env) == 0
+        out = capsys.readouterr()
+        assert "is usable" in out.out and "auth         required" in out.out
+        assert "http/protobuf to http://jaeger:4318/v1/traces" in out.out
+    assert "--check" in run("runtime", "--help").stdout
+
+
+def test_check_reports_every_missing_variable_and_bad_flag() -> None:
+    """X3: a config that names unset variables, a missing API key or a bad flag is
+    reported in full on stderr, exit 2, no traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OLLAMA_", "RUNPOD_"))}
+    out = run_env(env, "dataplane", "--config", str(DOCKER / "ollama.toml"), "--check")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "endpoints[0].models[0]: environment variable OLLAMA_MODEL is not set" in out.stderr
+    assert "runtime.default_model" in out.stderr
+
+    env.update(RUNPOD_POD_ID="p", RUNPOD_MODEL="m")
+    runpod = ["--config", str(DOCKER / "runpod.toml")]
+    out = run_env(env, "dataplane", *runpod, "--port", "70000", "--check")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "RUNPOD_API_KEY" in out.stderr and "--port 70000" in out.stderr
+
+
+def test_check_never_shows_a_key_and_checks_the_runtimes_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X3, S8: the summary says a named key is set, never its value; the runtime needs no
+    engine key, and its own flags are validated like its config."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    env = {"RUNPOD_POD_ID": "p", "RUNPOD_MODEL": "m", "RUNPOD_API_KEY": "sk-secret-value"}
+    runpod = ["--config", str(DOCKER / "runpod.toml")]
+    assert cli.main(["dataplane", *runpod, "--check"], environ=env) == 0
+    out = capsys.readouterr().out
+    assert "$RUNPOD_API_KEY (set)" in out and "sk-secret-value" not in out
+    del env["RUNPOD_API_KEY"]
+    assert cli.main(["runtime", *runpod, "--check"], environ=env) == 0
+    capsys.readouterr()
+    rc = cli.main(["runtime", *runpod, "--dataplane-url", "ftp://x", "--check"], environ=env)
+    err = capsys.readouterr().err
+    assert rc == 2 and "dataplane_url" in err and "ftp://x" in err
+
+
+def run_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "luftpause", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )

@@ -170,3 +170,92 @@ def test_class_priority_reaches_the_scheduler_as_engine_ordering(tmp_path: Path)
     assert a.class_priority is not None and a.class_priority.for_class("interactive") == 10
     assert a.class_priority.for_class("batch") == 0
     assert [s.orders_classes for s in replica_specs(config)] == [True, False]
+
+
+def test_strings_name_environment_variables(tmp_path: Path) -> None:
+    """X3: `${NAME}`, `${NAME:-default}` and `$$` in string values are expanded from the
+    environment passed in, where the file is loaded; keys, numbers and the process's own
+    environment are left alone."""
+    path = write(
+        tmp_path,
+        """
+[dataplane]
+port = "${PORT:-8090}"
+
+[[endpoints]]
+name = "pod"
+url = "https://${POD_ID}-8000.proxy.example.net"
+models = ["${MODEL:-m-default}", "cost$$", "${EMPTY:-fallback}"]
+api_key_env = "POD_KEY"
+""",
+    )
+    env = {"POD_ID": "abc", "EMPTY": ""}
+    config, _ = load_config(path, env)
+    (pod,) = config.endpoints
+    assert pod.url == "https://abc-8000.proxy.example.net"
+    assert pod.models == ("m-default", "cost$", "fallback")
+    assert pod.api_key_env == "POD_KEY"  # a variable's name, not expanded
+    assert config.dataplane.port == 8090  # a string of digits validates as a number
+    config, _ = load_config(path, {**env, "MODEL": "llama", "PORT": "9000"})
+    assert config.endpoints[0].models[0] == "llama" and config.dataplane.port == 9000
+
+
+def test_an_unset_variable_names_itself_and_every_field(tmp_path: Path) -> None:
+    """X3: every `${NAME}` without default whose variable is unset is reported at once,
+    with the file, the field and the variable; a set but empty variable is used as is."""
+    path = write(
+        tmp_path,
+        """
+[runtime]
+default_model = "${MODEL}"
+
+[[endpoints]]
+name = "pod"
+url = "https://${POD_ID}.example.net"
+models = ["${MODEL}"]
+""",
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, {})
+    lines = str(exc.value).splitlines()
+    assert len(lines) == 3
+    assert f"{path}: runtime.default_model: environment variable MODEL is not set" in lines[0]
+    assert "endpoints[0].url: environment variable POD_ID is not set" in lines[1]
+    assert "endpoints[0].models[0]: environment variable MODEL is not set" in lines[2]
+    assert "${MODEL:-default}" in lines[0]  # how to give a default
+    config, _ = load_config(
+        write(tmp_path, '[runtime]\ndefault_model = "${MODEL}"\n'), {"MODEL": ""}
+    )
+    assert config.runtime.default_model == ""
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("$MODEL", "must start ${NAME}"),
+        ("a $ b", "must start ${NAME}"),
+        ("${MODEL", "not closed"),
+        ("${1ABC}", "is not ${NAME}"),
+        ("${A B}", "is not ${NAME}"),
+        ("${MODEL:-${OTHER}}", "literal text"),
+    ],
+)
+def test_a_malformed_reference_is_an_error(tmp_path: Path, value: str, problem: str) -> None:
+    """X3: a `$` that is not `${NAME}`, `${NAME:-default}` or `$$` is refused, so a typo
+    never reaches a service as a literal."""
+    path = write(tmp_path, f'[runtime]\ndefault_model = "{value}"\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, {"MODEL": "m", "OTHER": "o"})
+    assert "runtime.default_model" in str(exc.value) and problem in str(exc.value)
+
+
+def test_the_environment_defaults_to_the_process_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entry points call load_config without an environment: the process's is used."""
+    monkeypatch.setenv("LUFTPAUSE_TEST_MODEL", "from-process")
+    path = write(tmp_path, '[runtime]\ndefault_model = "${LUFTPAUSE_TEST_MODEL}"\n')
+    config, _ = load_config(path)
+    assert config.runtime.default_model == "from-process"
+    config, _ = load_config(path, {"LUFTPAUSE_TEST_MODEL": "passed-in"})
+    assert config.runtime.default_model == "passed-in"
