@@ -21,8 +21,9 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 
 from luftpause.fakes.engine import server as engine_server
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.fakes.engine.script import ScriptOptions
+from luftpause.fakes.engine.script import ScriptOptions, answer_length, plan_reply
 from luftpause.fakes.engine.server import ServerConfig, create_app
+from luftpause.fakes.engine.tokens import count_tokens, render_messages
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _engine_helpers import running_engine, wait_until
@@ -47,6 +48,11 @@ TOOLS: list[dict[str, Any]] = [
 
 def user(text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": text}]
+
+
+def _plan_seed(messages: list[dict[str, Any]]) -> str:
+    """The script's seed for a conversation (no tools, default seed 0)."""
+    return plan_reply(messages, None, ScriptOptions(), prompt_text=render_messages(messages)).seed
 
 
 def asgi_client(config: ServerConfig = FAST) -> httpx.AsyncClient:
@@ -90,7 +96,12 @@ async def test_plain_completion_usage_timing_and_cached_tokens() -> None:
     """H1: a non-streamed completion honours max_tokens, reports usage with cached
     tokens and the timing extension; the second identical prompt hits the cache."""
     async with asgi_client() as client:
-        body = {"model": MODEL, "messages": user("tell me about rivers " * 20), "max_tokens": 7}
+        body = {
+            "model": MODEL,
+            "messages": user("tell me about rivers " * 20),
+            "max_tokens": 7,
+            "ignore_eos": True,
+        }
         first = (await client.post("/v1/chat/completions", json=body)).json()
         assert first["object"] == "chat.completion"
         choice = first["choices"][0]
@@ -105,23 +116,31 @@ async def test_plain_completion_usage_timing_and_cached_tokens() -> None:
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         assert second["choices"][0]["message"]["content"] == choice["message"]["content"]
         # max_completion_tokens is honoured too (the SGLang router rewrites max_tokens to it).
-        body2 = {"model": MODEL, "messages": user("x"), "max_completion_tokens": 2}
+        body2 = {
+            "model": MODEL,
+            "messages": user("x"),
+            "max_completion_tokens": 2,
+            "ignore_eos": True,
+        }
         again = (await client.post("/v1/chat/completions", json=body2)).json()
         assert again["usage"]["completion_tokens"] == 2
 
 
 async def test_natural_end_gives_stop() -> None:
-    """H1: a reply shorter than max_tokens ends with finish_reason stop (no runaways)."""
-    calm = replace(FAST, script=replace(FAST.script, runaway_per_mille=0))
-    async with asgi_client(calm) as client:
-        body = {"model": MODEL, "messages": user("hello"), "max_tokens": 1000}
-        data = (await client.post("/v1/chat/completions", json=body)).json()
-        assert data["choices"][0]["finish_reason"] == "stop"
-        assert 96 <= data["usage"]["completion_tokens"] < 416
+    """H1: a plain chat answer has its natural length (the documented reply-length model,
+    the same for the same prompt) and ends with finish_reason stop, with or without
+    max_tokens; even the calibrated runaway rate never makes a plain chat answer run."""
+    async with asgi_client() as client:
+        for extra in ({"max_tokens": 1000}, {}, {}):
+            body = {"model": MODEL, "messages": user("hello"), **extra}
+            data = (await client.post("/v1/chat/completions", json=body)).json()
+            assert data["choices"][0]["finish_reason"] == "stop"
+            natural = answer_length(count_tokens("hello"), _plan_seed(user("hello")))
+            assert data["usage"]["completion_tokens"] == natural
 
 
-async def test_validation_errors_and_unknown_model() -> None:
-    """H1: bad input gives 400 with an OpenAI-like error; an unknown model gives 404."""
+async def test_validation_errors() -> None:
+    """H1: bad input gives 400 with an OpenAI-like error."""
     async with asgi_client() as client:
         cases = [
             {"model": MODEL},
@@ -142,16 +161,57 @@ async def test_validation_errors_and_unknown_model() -> None:
         )
         assert response.status_code == 400
         response = await client.post(
-            "/v1/chat/completions", json={"model": "nope", "messages": user("x")}
-        )
-        assert response.status_code == 404
-        assert "nope" in response.json()["error"]["message"]
-        response = await client.post(
             "/v1/chat/completions",
             json={"model": MODEL, "messages": user("x")},
             headers={"x-fake-tool-results": "many"},
         )
         assert response.status_code == 400
+
+
+async def test_any_model_name_is_answered_and_echoed_like_sglang() -> None:
+    """H1, S6: by default the engine answers any model name and echoes it in ``model``
+    (streamed and not), as SGLang does; /v1/models still lists the configured model."""
+    async with asgi_client() as client:
+        body = {"model": "someone/Else-7B", "messages": user("x"), "max_tokens": 2}
+        plain = await client.post("/v1/chat/completions", json=body)
+        assert plain.status_code == 200
+        assert plain.json()["model"] == "someone/Else-7B"
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**body, "stream": True}
+        ) as response:
+            events = await sse_events(response)
+        assert {e["model"] for e in events if e != "[DONE]"} == {"someone/Else-7B"}
+        models = (await client.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == [MODEL]
+        one = await client.post("/classify", json={"model": "other", "input": "x"})
+        assert one.status_code == 200 and one.json()["model"] == "other"
+
+
+async def test_strict_models_answers_404_in_vllms_shape() -> None:
+    """H1, S6: with --strict-models a model the engine does not list is a 404 with vLLM's
+    exact error body (``OpenAIServing._check_model``); a listed model is answered."""
+    strict = replace(FAST, models=(MODEL, "other"), strict_models=True)
+    async with asgi_client(strict) as client:
+        response = await client.post(
+            "/v1/chat/completions", json={"model": "nope", "messages": user("x")}
+        )
+        assert response.status_code == 404
+        assert response.json() == {
+            "error": {
+                "message": "The model `nope` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+        }
+        ok = await client.post(
+            "/v1/chat/completions",
+            json={"model": "other", "messages": user("x"), "max_tokens": 1},
+        )
+        assert ok.status_code == 200 and ok.json()["model"] == "other"
+        missing = await client.post("/v1/classify", json={"model": "nope", "input": "x"})
+        assert missing.status_code == 404
+        assert missing.json()["error"]["message"] == "The model `nope` does not exist."
 
 
 async def test_tool_calls_until_results_then_answer_and_header_overrides() -> None:
@@ -254,9 +314,6 @@ async def test_classify_endpoints() -> None:
         assert [d["index"] for d in many["data"]] == [0, 1]
         assert many["data"][0]["label"] == item["label"]
         assert (await client.post("/classify", json={"input": []})).status_code == 400
-        assert (
-            await client.post("/classify", json={"model": "other", "input": "x"})
-        ).status_code == 404
 
 
 async def test_metrics_sglang_and_vllm_names() -> None:
@@ -296,7 +353,8 @@ async def test_debug_state_lists_recent_timing() -> None:
     step counters the benchmarks read (busy, late and prefill seconds, decode batches)."""
     async with asgi_client() as client:
         await client.post(
-            "/v1/chat/completions", json={"model": MODEL, "messages": user("x"), "max_tokens": 3}
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": user("x"), "max_tokens": 3, "ignore_eos": True},
         )
         state = (await client.get("/debug/state")).json()
         assert state["metrics"]["running"] == 0
@@ -321,7 +379,10 @@ async def test_openai_package_streamed_and_plain() -> None:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=20)
         hi: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
         go: list[ChatCompletionMessageParam] = [{"role": "user", "content": "go"}]
-        plain = await client.chat.completions.create(model=MODEL, messages=hi, max_tokens=5)
+        run_on = {"ignore_eos": True}  # SGLang/vLLM: generate until max_tokens
+        plain = await client.chat.completions.create(
+            model=MODEL, messages=hi, max_tokens=5, extra_body=run_on
+        )
         assert plain.choices[0].finish_reason == "length"
         assert plain.usage is not None and plain.usage.completion_tokens == 5
         stream = await client.chat.completions.create(
@@ -330,6 +391,7 @@ async def test_openai_package_streamed_and_plain() -> None:
             max_tokens=5,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=run_on,
         )
         text = ""
         finish = None
@@ -378,6 +440,7 @@ async def test_sse_format_and_chunking() -> None:
                 "model": MODEL,
                 "messages": user("hi"),
                 "max_tokens": 10,
+                "ignore_eos": True,
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 "logprobs": True,
@@ -409,6 +472,7 @@ async def test_priority_scheduling_orders_the_queue() -> None:
                     "messages": user(text),
                     "max_tokens": max_tokens,
                     "priority": priority,
+                    "ignore_eos": True,
                 }
                 return (await client.post("/v1/chat/completions", json=body)).json()
 
@@ -438,7 +502,13 @@ async def test_client_disconnect_cancels_generation_and_frees_kv() -> None:
     async with running_engine(ServerConfig(params=EngineParams(time_scale=5.0))) as (url, app):
         driver = app.state.driver
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
-            body = {"model": MODEL, "messages": user("long"), "max_tokens": 4000, "stream": True}
+            body = {
+                "model": MODEL,
+                "messages": user("long"),
+                "max_tokens": 4000,
+                "stream": True,
+                "ignore_eos": True,
+            }
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 lines = response.aiter_lines()
                 while not (await anext(lines)).startswith("data: {"):
@@ -502,7 +572,7 @@ async def test_fault_refuse_midstream_and_stall() -> None:
     async with running_engine(FAST) as (url, app):
         driver = app.state.driver
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
-            body = {"model": MODEL, "messages": user("x"), "max_tokens": 50}
+            body = {"model": MODEL, "messages": user("x"), "max_tokens": 50, "ignore_eos": True}
             with pytest.raises(httpx.RemoteProtocolError):
                 await client.post(
                     "/v1/chat/completions", json=body, headers={"x-fake-fault": "refuse"}
@@ -596,6 +666,7 @@ def test_cli_flags_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
             "64",
             "--labels",
             "x,y",
+            "--strict-models",
         ]
     )
     config = engine_server.config_from_args(args)
@@ -607,8 +678,10 @@ def test_cli_flags_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert (config.chunk_tokens, config.metrics, config.fault) == (3, "vllm", "429")
     assert config.default_max_tokens == 64 and config.labels == ("x", "y")
+    assert config.strict_models
     defaults = engine_server.config_from_args(parse([]))
     assert defaults.models == (MODEL,) and defaults.fault is None
+    assert not defaults.strict_models
     for bad in (
         ["--time-scale", "0"],
         ["--chunk-tokens", "-1"],

@@ -81,14 +81,19 @@ async def agent_run(
 async def test_plain_and_streamed_turns(stack: Stack) -> None:
     """D1: plain and streamed completions through the proxy with the openai package."""
     client = openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused")
+    run_on = {"ignore_eos": True}  # the fake engine (like SGLang) then runs to max_tokens
     plain = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, extra_body=run_on
     )
     assert plain.choices[0].message.content and plain.usage is not None
     assert plain.usage.completion_tokens == 8
     pieces = []
     stream = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=8,
+        stream=True,
+        extra_body=run_on,
     )
     async for chunk in stream:
         assert chunk.usage is None  # the client did not ask for usage
@@ -103,6 +108,7 @@ async def test_streamed_bytes_equal_the_engine_s(stack: Stack) -> None:
         "model": MODEL,
         "messages": [{"role": "user", "content": "same"}],
         "max_tokens": 6,
+        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -189,6 +195,7 @@ async def test_engine_failing_mid_stream_closes_without_done(stack: Stack) -> No
                 "model": MODEL,
                 "messages": [{"role": "user", "content": "x"}],
                 "max_tokens": 40,
+                "ignore_eos": True,
                 "stream": True,
             },
             headers={"x-fake-fault": "midstream"},
@@ -240,6 +247,7 @@ async def test_client_leaving_mid_stream_stops_the_engine(stack: Stack) -> None:
                 "model": MODEL,
                 "messages": [{"role": "user", "content": "a long story"}],
                 "max_tokens": 4000,
+                "ignore_eos": True,
                 "stream": True,
             },
         ) as resp,
@@ -304,6 +312,7 @@ async def test_interactive_goes_before_held_batch(services: Any, tmp_path: Path)
             model=MODEL,
             messages=[{"role": "user", "content": name}],
             max_tokens=tokens,
+            extra_body={"ignore_eos": True},  # every reply runs to its max_tokens
             extra_headers={"x-luftpause-class": cls, "x-luftpause-caller": name},
         )
         done[name] = time.monotonic()
@@ -335,14 +344,20 @@ async def test_client_leaving_while_held_abandons(services: Any, tmp_path: Path)
     )
     client = openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused", timeout=120)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 150}
-    flood = [asyncio.create_task(client.chat.completions.create(**body)) for _ in range(3)]
+    run_on = {"ignore_eos": True}  # every reply runs to its max_tokens
+    flood = [
+        asyncio.create_task(client.chat.completions.create(**body, extra_body=run_on))
+        for _ in range(3)
+    ]
 
     async def capped() -> bool:
         return (await stack.status())["replicas"][0]["capacity"] == 1  # type: ignore[no-any-return]
 
     await eventually(capped, what="a cap")
     async with httpx.AsyncClient(timeout=60) as c:
-        leaving = asyncio.create_task(c.post(f"{stack.base_url}/chat/completions", json=body))
+        leaving = asyncio.create_task(
+            c.post(f"{stack.base_url}/chat/completions", json={**body, **run_on})
+        )
 
         async def held() -> bool:
             return (await stack.status())["held_total"] == 1  # type: ignore[no-any-return]

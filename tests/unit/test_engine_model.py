@@ -27,13 +27,18 @@ from luftpause.fakes.engine.model import (
     sglang_max_running,
 )
 from luftpause.fakes.engine.script import (
+    ANSWER_MAX_TOKENS,
     RUNAWAY_TOKENS,
     ReplyKind,
     ScriptOptions,
+    answer_length,
+    answer_median,
     classify,
     extract_labels,
     fill_schema,
     label_distribution,
+    normal_cdf,
+    normal_quantile,
     plan_reply,
 )
 from luftpause.fakes.engine.tokens import count_tokens, filler_tokens, render_messages
@@ -551,7 +556,8 @@ def test_script_calls_tools_until_enough_results_then_answers() -> None:
     assert len(ids) == 2
     prompt = render_messages(messages, TOOLS)
     final = plan_reply(messages, TOOLS, opts, prompt_text=prompt)
-    assert final.kind is ReplyKind.TEXT and 96 <= final.reply_tokens < 416
+    assert final.kind is ReplyKind.TEXT
+    assert final.reply_tokens == answer_length(count_tokens("find it"), final.seed)
     assert (
         plan_reply(messages, TOOLS, opts, prompt_text=prompt, tool_results=3).kind
         is ReplyKind.TOOL_CALL
@@ -587,15 +593,54 @@ def test_text_tool_calls_are_llama_style_json() -> None:
 
 
 def test_runaway_answers_never_stop_on_their_own() -> None:
-    """H1: with runaway_per_mille = 1000 every answer runs until max_tokens."""
-    plan = plan_reply(
-        [{"role": "user", "content": "x"}],
-        None,
-        ScriptOptions(runaway_per_mille=1000),
-        prompt_text="x",
-    )
-    assert plan.reply_tokens == RUNAWAY_TOKENS
+    """H1: with runaway_per_mille = 1000 every answer after a tool result runs until
+    max_tokens; a plain chat answer never runs away; ignore_eos makes any answer run."""
+    always = ScriptOptions(runaway_per_mille=1000)
+    agent: list[dict[str, object]] = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1"}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "result"},
+    ]
+    plan = plan_reply(agent, None, always, prompt_text=render_messages(agent))
+    assert plan.kind is ReplyKind.TEXT and plan.reply_tokens == RUNAWAY_TOKENS
     assert len(plan.pieces(300)) == 300
+    chat = [{"role": "user", "content": "x"}]
+    plain = plan_reply(chat, None, always, prompt_text="x")
+    assert plain.reply_tokens == answer_length(1, plain.seed) < RUNAWAY_TOKENS
+    forced = plan_reply(chat, None, ScriptOptions(), prompt_text="x", ignore_eos=True)
+    assert forced.reply_tokens == RUNAWAY_TOKENS
+
+
+def test_normal_quantile_inverts_the_cdf() -> None:
+    """H1: the hash-driven quantile function is the inverse of the normal CDF."""
+    for p in (1e-12, 1e-6, 0.01, 0.02425, 0.2, 0.5, 0.8, 0.97575, 0.99, 1 - 1e-9):
+        assert normal_cdf(normal_quantile(p)) == pytest.approx(p, rel=1e-7)
+    assert normal_quantile(0.5) == 0.0
+    with pytest.raises(ValueError):
+        normal_quantile(1.0)
+
+
+def test_answer_lengths_follow_the_documented_log_normal() -> None:
+    """H1: answer lengths (docs/calibration.md, "Reply lengths") are deterministic per
+    seed, within 1..ANSWER_MAX_TOKENS, have the documented median, grow with the user
+    message up to LMSYS-Chat-1M's mean prompt, and a greeting gets a short answer."""
+    seeds = [f"0:{i:016x}" for i in range(4000)]
+    for prompt_tokens in (2, 69, 161):
+        lengths = sorted(answer_length(prompt_tokens, s) for s in seeds)
+        assert lengths == sorted(answer_length(prompt_tokens, s) for s in seeds)
+        assert lengths[0] >= 1 and lengths[-1] <= ANSWER_MAX_TOKENS
+        assert lengths[2000] == pytest.approx(answer_median(prompt_tokens), rel=0.1)
+        # log-normal with sigma 1: p90 / median = e^1.2816 = 3.6
+        assert lengths[3600] / lengths[2000] == pytest.approx(3.6, rel=0.15)
+    assert answer_median(69) == pytest.approx(214.5 * (69 / 69.5) ** 0.8 / 1.6487, rel=1e-3)
+    assert answer_median(2) < answer_median(20) < answer_median(69) < answer_median(70)
+    assert answer_median(70) == answer_median(5000)  # longer prompts: not extrapolated
+    assert answer_median(70) == pytest.approx(214.5 / 1.6487, rel=1e-3)  # LMSYS's mean
+    assert answer_median(2) < 10  # "hello" gets a greeting back, not an essay
+    hello = [{"role": "user", "content": "hello"}]
+    plan = plan_reply(hello, None, ScriptOptions(), prompt_text=render_messages(hello))
+    again = plan_reply(hello, None, ScriptOptions(), prompt_text=render_messages(hello))
+    assert plan.reply_tokens == again.reply_tokens <= 100
 
 
 def test_label_logprobs_include_several_labels() -> None:

@@ -17,11 +17,19 @@ Rules
   (``{"name": ..., "parameters": {...}}``, with or without a leading
   ``<|python_tag|>``) instead of a structured call; ``wrong_types`` writes
   numbers and booleans as strings.
-* **Text answers** are filler of a deterministic *natural* length (96-415
-  tokens, from the conversation hash). The engine stops earlier at
-  ``max_tokens``. With ``runaway_per_mille`` > 0 that many answers in a
-  thousand never end on their own (a small model that loses the thread) and run
-  until ``max_tokens`` or the context limit.
+* **Text answers** are filler of a deterministic *natural* length drawn from a
+  log-normal distribution of chat reply lengths (``answer_length``; the fit and
+  its sources are in docs/calibration.md, "Reply lengths"): its median grows with
+  the length of the last user message up to LMSYS-Chat-1M's mean prompt (a
+  greeting gets a short answer), it is
+  truncated at ``ANSWER_MAX_TOKENS``, and the quantile comes from a hash of the
+  conversation, so the same prompt always gets the same length. The engine stops
+  earlier at ``max_tokens``. With ``runaway_per_mille`` > 0 that many answers in
+  a thousand *after tool results* (an agent loop) never end on their own (a small
+  model that loses the thread in tool output) and run until ``max_tokens`` or the
+  context limit; a plain chat answer never runs away. A request with
+  ``ignore_eos`` (SGLang's and vLLM's sampling parameter) gets a text answer
+  that runs until ``max_tokens`` too.
 * **Tokens** are four characters (see ``tokens.py``). A structured tool call is
   one header token (the function name) plus the arguments JSON in four-character
   pieces.
@@ -46,12 +54,24 @@ from typing import Any
 
 from luftpause.fakes.engine.tokens import (
     CHARS_PER_TOKEN,
+    count_tokens,
     filler_tokens,
     split_tokens,
     stable_hash,
 )
 
 RUNAWAY_TOKENS = 1 << 30  # natural length of an answer that never ends on its own
+
+# Natural length of a text answer (docs/calibration.md, "Reply lengths"). The mean reply
+# is LMSYS-Chat-1M's (214.5 tokens at its mean prompt of 69.5 tokens), scaled down for a
+# shorter prompt (the last user message) as (prompt / 69.5) ** 0.8, the exponent that
+# links the published dataset means; a longer prompt is not extrapolated (held at 69.5).
+# The spread of the log-normal is an assumption; ANSWER_MAX_TOKENS truncates it.
+ANSWER_ANCHOR_MEAN = 214.5
+ANSWER_ANCHOR_PROMPT = 69.5
+ANSWER_PROMPT_EXPONENT = 0.8
+ANSWER_SIGMA = 1.0
+ANSWER_MAX_TOKENS = 2048
 _DISTRACTORS = ("The", "I", "\n", "Sure", "It")
 
 
@@ -204,11 +224,14 @@ def plan_reply(
     text_tool_calls: bool | None = None,
     wrong_types: bool | None = None,
     call_nonce: str = "",
+    ignore_eos: bool = False,
 ) -> ReplyPlan:
     """Decide the reply to a conversation. Keyword overrides come from request headers.
 
     ``call_nonce`` makes tool call IDs unique per request, as real engines' are: two
     runs with the same conversation must not share IDs (clients identify runs by them).
+    ``ignore_eos`` (the SGLang/vLLM sampling parameter) makes a text answer run until
+    ``max_tokens`` or the context limit; tool calls are unchanged.
     """
     seed = f"{options.seed}:{stable_hash('conversation', prompt_text):016x}"
     want_results = options.tool_results if tool_results is None else tool_results
@@ -234,11 +257,73 @@ def plan_reply(
             ReplyKind.TOOL_CALL, 1 + -(-len(call.arguments) // CHARS_PER_TOKEN), seed, call
         )
     h = stable_hash("length", seed)
-    runaway = (h >> 20) % 1000 < options.runaway_per_mille
-    length = RUNAWAY_TOKENS if runaway else 96 + h % 320
-    top = label_distribution(_last_user_text(messages), seed)
+    # Runaways are modelled where the calibration measured them: uncapped agent answers
+    # that follow tool output. A plain chat answer ("hello") always ends on its own.
+    runaway = ignore_eos or (done > 0 and (h >> 20) % 1000 < options.runaway_per_mille)
+    user_text = _last_user_text(messages)
+    length = RUNAWAY_TOKENS if runaway else answer_length(count_tokens(user_text), seed)
+    top = label_distribution(user_text, seed)
     first = top[0][0] if top else None
     return ReplyPlan(ReplyKind.TEXT, length, seed, first_token=first, first_token_top=top)
+
+
+def answer_median(prompt_tokens: int) -> float:
+    """Median natural length (tokens) of an answer to a user message of ``prompt_tokens``."""
+    scale = min(1.0, max(1, prompt_tokens) / ANSWER_ANCHOR_PROMPT)
+    mean = ANSWER_ANCHOR_MEAN * math.pow(scale, ANSWER_PROMPT_EXPONENT)
+    return mean / math.exp(ANSWER_SIGMA * ANSWER_SIGMA / 2)  # log-normal: median = mean/e^(σ²/2)
+
+
+def answer_length(prompt_tokens: int, seed: str) -> int:
+    """The natural length of a text answer: the quantile ``u`` (a hash of ``seed``) of a
+    log-normal with median ``answer_median(prompt_tokens)`` and spread ``ANSWER_SIGMA``,
+    truncated at ``ANSWER_MAX_TOKENS`` (rescaling ``u``, so no length piles up at the cap)."""
+    u = ((stable_hash("answer-length", seed) >> 11) + 0.5) / 2.0**53  # exact: 0 < u < 1
+    median = answer_median(prompt_tokens)
+    z_cap = math.log(ANSWER_MAX_TOKENS / median) / ANSWER_SIGMA
+    z = normal_quantile(u * normal_cdf(z_cap))
+    return max(1, min(ANSWER_MAX_TOKENS, round(median * math.exp(ANSWER_SIGMA * z))))
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+# Acklam's rational approximation of the standard normal quantile (relative error
+# < 1.2e-9): deterministic arithmetic, no randomness module.
+_A = (-39.69683028665376, 220.9460984245205, -275.9285104469687, 138.3577518672690,
+      -30.66479806614716, 2.506628277459239)  # fmt: skip
+_B = (-54.47609879822406, 161.5858368580409, -155.6989798598866, 66.80131188771972,
+      -13.28068155288572)  # fmt: skip
+_C = (-0.007784894002430293, -0.3223964580411365, -2.400758277161838, -2.549732539343734,
+      4.374664141464968, 2.938163982698783)  # fmt: skip
+_D = (0.007784695709041462, 0.3224671290700398, 2.445134137142996, 3.754408661907416)
+_P_LOW = 0.02425
+
+
+def normal_quantile(p: float) -> float:
+    """``z`` with ``normal_cdf(z) == p`` for 0 < p < 1."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if p < _P_LOW:
+        q = math.sqrt(-2.0 * math.log(p))
+        return _tail(q)
+    if p > 1.0 - _P_LOW:
+        q = math.sqrt(-2.0 * math.log(1.0 - p))
+        return -_tail(q)
+    q = p - 0.5
+    r = q * q
+    a, b = _A, _B
+    num = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q
+    den = ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1.0
+    return num / den
+
+
+def _tail(q: float) -> float:
+    c, d = _C, _D
+    num = ((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]
+    den = (((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1.0
+    return num / den
 
 
 def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:

@@ -1,0 +1,291 @@
+"""What the fake engine reads and writes on the wire (H1).
+
+* Request bodies: ``ChatCompletionBody`` and ``ClassifyBody`` (the fields the
+  engine reads; anything else is accepted and ignored), request headers that
+  override the script (``x-fake-tool-results``, ``x-fake-text-tool-calls``,
+  ``x-fake-wrong-types``), and the OpenAI-style error body.
+* Responses: ``Reply`` renders produced tokens as a ``chat.completion`` or as
+  ``chat.completion.chunk`` SSE events; ``classify_response`` renders vLLM's
+  ``/classify`` answer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from luftpause.fakes.engine.model import FinishedRequest
+from luftpause.fakes.engine.script import ReplyKind, ReplyPlan, token_logprobs
+from luftpause.fakes.engine.server.driver import timing_json
+
+SSE_DONE = "data: [DONE]\n\n"
+
+# -------------------------------------------------------------- requests
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str = Field(min_length=1)
+    content: Any = None
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = False
+
+
+class ChatCompletionBody(BaseModel):
+    """The fields the fake engine reads; anything else is accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    messages: list[_Message] = Field(min_length=1)
+    stream: bool | None = False
+    stream_options: _StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    priority: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    n: int | None = Field(default=None, ge=1, le=1)
+    ignore_eos: bool | None = False  # SGLang/vLLM: a text answer runs until max_tokens
+
+
+class ClassifyBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must not be empty")
+        return value
+
+
+def error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
+
+
+def model_not_found(model: str) -> JSONResponse:
+    """vLLM's answer to a model it does not serve (``OpenAIServing._check_model``)."""
+    return JSONResponse(
+        {
+            "error": {
+                "message": f"The model `{model}` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+        },
+        404,
+    )
+
+
+def validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+class BadHeader(ValueError):
+    pass
+
+
+def header_int(request: Request, name: str) -> int | None:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadHeader(f"header {name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise BadHeader(f"header {name} must not be negative")
+    return value
+
+
+def header_flag(request: Request, name: str) -> bool | None:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+# ------------------------------------------------------------- responses
+
+
+def timing_headers(done: FinishedRequest) -> dict[str, str]:
+    t = timing_json(done)
+    return {f"x-fake-{k.replace('_', '-')}": str(v) for k, v in t.items()}
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+@dataclass
+class Reply:
+    """Turns produced tokens into OpenAI response objects."""
+
+    rid: str
+    model: str
+    plan: ReplyPlan
+    pieces: list[str]
+    top_k: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def logprobs(self, start: int, end: int) -> dict[str, Any] | None:
+        if not self.top_k:
+            return None
+        content = []
+        for pos in range(start, end):
+            token = self.pieces[pos]
+            own, top = token_logprobs(token, pos, self.plan, self.top_k)
+            content.append(
+                {
+                    "token": token,
+                    "logprob": own,
+                    "bytes": list(token.encode()),
+                    "top_logprobs": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in top
+                    ],
+                }
+            )
+        return {"content": content}
+
+    def finish_reason(self, done: FinishedRequest) -> str:
+        if done.reason.value == "length":
+            return "length"
+        if self.plan.kind is ReplyKind.TOOL_CALL:
+            return "tool_calls"
+        return "stop"
+
+    def usage(self, done: FinishedRequest) -> dict[str, Any]:
+        return {
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+            "luftpause_timing": timing_json(done),
+        }
+
+    def completion(self, done: FinishedRequest) -> dict[str, Any]:
+        produced = self.pieces[: done.completion_tokens]
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if self.plan.kind is ReplyKind.TOOL_CALL:
+            call = self.plan.tool_call
+            assert call is not None
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": "".join(produced[1:])},
+                }
+            ]
+        else:
+            message["content"] = "".join(produced)
+        return {
+            "id": self.rid,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": self.logprobs(0, len(produced)),
+                    "finish_reason": self.finish_reason(done),
+                }
+            ],
+            "usage": self.usage(done),
+        }
+
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        include_usage: bool = False,
+    ) -> str:
+        """One ``chat.completion.chunk`` SSE event."""
+        payload: dict[str, Any] = {
+            "id": self.rid,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            ],
+        }
+        if include_usage:
+            payload["usage"] = None
+        return sse(payload)
+
+    def usage_chunk(self, done: FinishedRequest) -> str:
+        """The last event before ``[DONE]`` when the client asked for usage: no choices."""
+        return sse(
+            {
+                "id": self.rid,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": self.usage(done),
+            }
+        )
+
+    def delta(self, start: int, end: int) -> dict[str, Any]:
+        if self.plan.kind is not ReplyKind.TOOL_CALL:
+            return {"content": "".join(self.pieces[start:end])}
+        call = self.plan.tool_call
+        assert call is not None
+        entry: dict[str, Any] = {"index": 0}
+        args = "".join(self.pieces[max(start, 1) : end])
+        if start == 0:
+            entry.update(
+                id=call.id, type="function", function={"name": call.name, "arguments": args}
+            )
+        else:
+            entry["function"] = {"arguments": args}
+        return {"tool_calls": [entry]}
+
+
+def classify_inputs(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if value and isinstance(value[0], int):
+        return [" ".join(str(t) for t in value)]
+    if value and isinstance(value[0], list):
+        return [" ".join(str(t) for t in item) for item in value]
+    return [str(v) for v in value]
+
+
+def classify_response(
+    model: str, results: Sequence[tuple[str, list[float]]], num_classes: int, tokens: int
+) -> dict[str, Any]:
+    """vLLM's ``/classify`` answer for ``results`` (label and probabilities per input)."""
+    return {
+        "id": f"classify-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [
+            {"index": i, "label": label, "probs": probs, "num_classes": num_classes}
+            for i, (label, probs) in enumerate(results)
+        ],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+    }
