@@ -125,6 +125,8 @@ def launch(
     ``stderr``: a file for the child's stdout and stderr (None: inherit ours).
     """
     argv = [sys.executable, "-m", "luftpause", *args, "--ready-file", str(ready_file)]
+    # A ready file left by an earlier process must not pass for this one's.
+    ready_file.unlink(missing_ok=True)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     out: IO[bytes] | None = None
     try:
@@ -173,11 +175,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class RouterProcess:
-    """The real SGLang router (PyPI ``sglang-router``) in front of some engines."""
+    """A real router (PyPI ``sglang-router`` or SMG) in front of some engines (S7)."""
 
     proc: subprocess.Popen[bytes]
     url: str
     stderr_path: Path
+    name: str = "sglang router"
 
     def stderr(self) -> str:
         try:
@@ -198,14 +201,71 @@ class RouterProcess:
 def launch_sglang_router(
     worker_urls: Sequence[str], policy: str, stderr: Path, model: str, timeout: float = 60.0
 ) -> RouterProcess:
-    """Start the router on loopback and wait until a completion passes through it.
+    """Start the SGLang router (``sglang-router``) on loopback and wait (bounded) until it
+    lists every worker as healthy and a completion passes through it.
 
     A router killed by a signal while starting (seen rarely: an abort in its event
     engine's poller before it served anything) is started once more, on new ports;
     a second such death, or any other failure, is an error."""
+
+    def argv(port: int, metrics_port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "sglang_router.launch_router",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *worker_urls,
+            "--policy", policy,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        ]  # fmt: skip
+
+    return _launch_router("sglang router", argv, worker_urls, stderr, model, timeout)
+
+
+def launch_smg(
+    worker_urls: Sequence[str],
+    policy: str,
+    stderr: Path,
+    model: str,
+    timeout: float = 60.0,
+    extra_args: Sequence[str] = (),
+) -> RouterProcess:
+    """Start the SGLang Model Gateway (PyPI ``smg``, ``smg launch``) on loopback and wait
+    (bounded) until it lists every worker as ready and a completion passes through it.
+
+    ``extra_args`` are added to the command line (e.g. ``--sticky-sessions``). SMG
+    registers workers in the background after it starts listening, hence the wait
+    for its ``/workers`` list. Both hosts are always 127.0.0.1 (SMG's default is
+    0.0.0.0). A start-up death by a signal is retried once, as for the SGLang router."""
+
+    def argv(port: int, metrics_port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "smg", "launch",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *worker_urls,
+            "--policy", policy,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            # In-flight requests get this long on SIGTERM (default 180 s).
+            "--shutdown-grace-period-secs", "5",
+            *extra_args,
+        ]  # fmt: skip
+
+    return _launch_router("smg", argv, worker_urls, stderr, model, timeout)
+
+
+class _RouterDiedBySignal(Exception):
+    pass
+
+
+def _launch_router(
+    name: str,
+    argv: Callable[[int, int], list[str]],
+    worker_urls: Sequence[str],
+    stderr: Path,
+    model: str,
+    timeout: float,
+) -> RouterProcess:
     for attempt in (1, 2):
         try:
-            return _launch_sglang_router_once(worker_urls, policy, stderr, model, timeout)
+            return _launch_router_once(name, argv, worker_urls, stderr, model, timeout)
         except _RouterDiedBySignal as exc:
             if attempt == 2:
                 raise ServiceFailed(str(exc)) from None
@@ -213,42 +273,64 @@ def launch_sglang_router(
     raise AssertionError("unreachable")
 
 
-class _RouterDiedBySignal(Exception):
-    pass
-
-
-def _launch_sglang_router_once(
-    worker_urls: Sequence[str], policy: str, stderr: Path, model: str, timeout: float
+def _launch_router_once(
+    name: str,
+    argv: Callable[[int, int], list[str]],
+    worker_urls: Sequence[str],
+    stderr: Path,
+    model: str,
+    timeout: float,
 ) -> RouterProcess:
     port, metrics_port = free_port(), free_port()
-    argv = [
-        sys.executable, "-m", "sglang_router.launch_router",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--worker-urls", *worker_urls,
-        "--policy", policy,
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-    ]  # fmt: skip
     with stderr.open("wb") as out:
         proc = subprocess.Popen(
-            argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            argv(port, metrics_port),
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
-    router = RouterProcess(proc, f"http://127.0.0.1:{port}", stderr)
+    router = RouterProcess(proc, f"http://127.0.0.1:{port}", stderr, name)
     body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            text = f"sglang router {exit_text(proc.returncode)}:\n{router.stderr()}"
+            text = f"{name} {exit_text(proc.returncode)}:\n{router.stderr()}"
             if proc.returncode < 0:
                 raise _RouterDiedBySignal(text)
             raise ServiceFailed(text)
         try:
-            r = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=5)
-            if r.status_code == 200:
-                return router
-            last = f"{r.status_code} {r.text[:300]}"
-        except httpx.HTTPError as exc:
+            missing = missing_workers(router.url, worker_urls)
+            if missing:
+                last = f"workers not registered yet: {', '.join(missing)}"
+            else:
+                r = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=5)
+                if r.status_code == 200:
+                    return router
+                last = f"{r.status_code} {r.text[:300]}"
+        except (httpx.HTTPError, ValueError) as exc:
             last = repr(exc)
         time.sleep(0.25)
     router.stop()
-    raise ServiceFailed(f"sglang router not ready in {timeout:.0f} s (last: {last})")
+    raise ServiceFailed(
+        f"{name} not ready in {timeout:.0f} s (last: {last})\n{router.stderr()[-3000:]}"
+    )
+
+
+def missing_workers(router_url: str, worker_urls: Sequence[str]) -> list[str]:
+    """The worker URLs that the router's ``GET /workers`` does not list as healthy (and,
+    where it says, ready). Both the SGLang router and SMG answer
+    ``{"workers": [{"url": ..., "is_healthy": ..., ...}]}``. Raises ``httpx.HTTPError``
+    or ``ValueError`` when the router cannot say yet."""
+    r = httpx.get(f"{router_url}/workers", timeout=5)
+    if r.status_code == 404:
+        return []  # a router without a worker list: the completion check has to do
+    r.raise_for_status()
+    listed = r.json().get("workers", [])
+    ready = {
+        str(w.get("url", "")).rstrip("/")
+        for w in listed
+        if isinstance(w, dict) and w.get("is_healthy") and w.get("status", "ready") == "ready"
+    }
+    return [u for u in worker_urls if u.rstrip("/") not in ready]
