@@ -118,6 +118,10 @@ class Endpoint(_Frozen):
     # The engine orders its queue by request priority: send each turn its class's value
     # (unless the client set one) and never hold interactive turns for the cap (S4).
     class_priority: ClassPriority | None = None
+    # The engine writes `"usage": null` into each chunk only when a stream asks for usage
+    # (OpenAI's documented behaviour): the dataplane then cuts those it caused. False for
+    # an engine that writes them whether asked or not (they are passed on as sent).
+    null_usage_when_asked: bool = True
 
     @field_validator("url")
     @classmethod

@@ -294,24 +294,28 @@ def _launch_router_once(
     body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     deadline = time.monotonic() + timeout
     last = ""
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            text = f"{name} {exit_text(proc.returncode)}:\n{router.stderr()}"
-            if proc.returncode < 0:
-                raise _RouterDiedBySignal(text)
-            raise ServiceFailed(text)
-        try:
-            missing = missing_workers(router.url, worker_urls)
-            if missing:
-                last = f"workers not registered yet: {', '.join(missing)}"
-            else:
-                r = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=5)
-                if r.status_code == 200:
-                    return router
-                last = f"{r.status_code} {r.text[:300]}"
-        except (httpx.HTTPError, ValueError) as exc:
-            last = repr(exc)
-        time.sleep(0.25)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                text = f"{name} {exit_text(proc.returncode)}:\n{router.stderr()}"
+                if proc.returncode < 0:
+                    raise _RouterDiedBySignal(text)
+                raise ServiceFailed(text)
+            try:
+                missing = missing_workers(router.url, worker_urls)
+                if missing:
+                    last = f"workers not registered yet: {', '.join(missing)}"
+                else:
+                    r = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=5)
+                    if r.status_code == 200:
+                        return router
+                    last = f"{r.status_code} {r.text[:300]}"
+            except (httpx.HTTPError, ValueError) as exc:
+                last = repr(exc)
+            time.sleep(0.25)
+    except BaseException:
+        router.stop()  # whatever stops the wait, the router does not outlive it
+        raise
     router.stop()
     raise ServiceFailed(
         f"{name} not ready in {timeout:.0f} s (last: {last})\n{router.stderr()[-3000:]}"
@@ -327,7 +331,10 @@ def missing_workers(router_url: str, worker_urls: Sequence[str]) -> list[str]:
     if r.status_code == 404:
         return []  # a router without a worker list: the completion check has to do
     r.raise_for_status()
-    listed = r.json().get("workers", [])
+    answer = r.json()
+    listed = answer.get("workers") if isinstance(answer, dict) else None
+    if not isinstance(listed, list):
+        raise ValueError(f"GET /workers answered {str(answer)[:200]}")
     ready = {
         str(w.get("url", "")).rstrip("/")
         for w in listed

@@ -22,10 +22,11 @@ from _dataplane_stack import (
 RUN = "x-luftpause-run-id"
 
 
-def openai_like_reply(compact: bool) -> Any:
-    """An engine answering as vLLM/SGLang do: with ``stream_options.include_usage`` every
-    chunk carries ``"usage": null`` and a usage-only chunk comes last; without it,
-    neither. ``compact`` JSON as pydantic writes it, else ``json.dumps``' spacing."""
+def openai_like_reply(compact: bool, always_null: bool = False) -> Any:
+    """An engine answering as OpenAI documents it: with ``stream_options.include_usage``
+    every chunk carries ``"usage": null`` and a usage-only chunk comes last; without it,
+    neither (``always_null``: the nulls come either way, as an engine serialising every
+    field does). ``compact`` JSON as pydantic writes it, else ``json.dumps``' spacing."""
     separators = (",", ":") if compact else (", ", ": ")
 
     def line(payload: object) -> bytes:
@@ -78,7 +79,7 @@ def openai_like_reply(compact: bool) -> Any:
                     }
                 ],
             }
-            if include:
+            if include or always_null:
                 chunk["usage"] = None
             chunks.append(line(chunk))
         if include:
@@ -236,3 +237,39 @@ async def test_chat_with_a_single_pass_model_points_to_decide(stack: Stack) -> N
     error = await _error(resp, 404, "model_not_found")
     assert "/v1/decide" in error["message"] and "'clf'" in error["message"]
     assert not stack.engine.seen
+
+
+@pytest.mark.parametrize("extra", [{}, {"stream_options": {"include_usage": True}}])
+async def test_engine_that_always_writes_null_usage_is_relayed_as_sent(
+    stack: Stack, extra: dict[str, Any]
+) -> None:
+    """D1: for an endpoint configured with ``null_usage_when_asked = false`` (its engine
+    writes ``"usage": null`` whether asked or not) the proxied stream is still the
+    direct one, byte for byte."""
+    stack.engine.reply = openai_like_reply(compact=True, always_null=True)
+    stack.dp.endpoints["engine-a"] = stack.dp.endpoints["engine-a"].model_copy(
+        update={"null_usage_when_asked": False}
+    )
+    request = chat(stream=True, **extra)
+    async with httpx.AsyncClient() as direct_client:
+        direct = await direct_client.post(f"{stack.engine.url}/v1/chat/completions", json=request)
+    proxied = await stack.client.post("/v1/chat/completions", json=request)
+    assert b'"usage":null' in direct.content
+    assert proxied.content == direct.content
+    await nothing_in_flight(stack)
+
+
+async def test_models_and_operational_routes_answer_with_a_run_id_and_json_errors(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D6: ``GET /v1/models`` names a run like every other /v1 answer; a failure inside
+    ``/metrics`` is a JSON 500 with a run ID, not a bare text page."""
+    listed = await stack.client.get("/v1/models", headers={RUN: "r-7"})
+    assert listed.status_code == 200 and listed.headers[RUN] == "r-7"
+
+    def broken() -> tuple[bytes, str]:
+        raise RuntimeError("registry broke")
+
+    monkeypatch.setattr(stack.dp.metrics, "render", broken)
+    failed = await stack.client.get("/metrics")
+    await _error(failed, 500, None)

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 
 Launcher = Callable[[list[str], str, Path, str], RouterProcess]
 ROUTERS: dict[str, Launcher] = {"sglang-router": launch_sglang_router, "smg": launch_smg}
-SLOW_TOKENS = 1500  # at time scale 10: ~2.8 s of decoding per slow turn
+# At time scale 10: ~11 s of decoding per slow turn, so the probes (every 2 s) see the
+# load however busy this machine is; the turns are cut off once it has been seen.
+SLOW_TOKENS = 6000
 
 
 def router_config(path: Path, router_url: str, engine_urls: list[str]) -> Path:
@@ -143,9 +145,9 @@ async def test_router_as_a_replica_with_load_from_its_engines(
                 (await c.get(f"{u}/debug/state", timeout=5)).json()["metrics"] for u in engines
             ]
             assert sum(m["running"] for m in engine_states) == 2
-            for resp in await asyncio.gather(*slow_turns):
-                assert resp.status_code == 200, resp.text
-                assert resp.json()["usage"]["completion_tokens"] == SLOW_TOKENS
+            for turn in slow_turns:  # the clients leave: the engines stop generating (D6)
+                turn.cancel()
+            await asyncio.gather(*slow_turns, return_exceptions=True)
 
             async def drained() -> bool:
                 rep = await replica()

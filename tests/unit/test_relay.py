@@ -153,3 +153,34 @@ def test_null_usage_kept_when_the_client_asked_for_usage_or_it_is_nested() -> No
     tap = SseTap(TurnOutcome(), hide_usage=True)
     out = tap.feed(_stream([nested], compact=False))
     assert out == _stream([{"id": "x", "meta": {"usage": None}, "choices": []}], compact=False)
+
+
+def test_a_nested_null_usage_with_neighbours_is_never_the_one_cut() -> None:
+    """D1: where a nested ``"usage": null`` comes first in the bytes, the top-level member
+    is the one cut (the nested one is kept, byte for byte)."""
+    chunk = {"meta": {"a": 1, "usage": None, "b": 2}, "id": "x", "choices": [], "usage": None}
+    tap = SseTap(TurnOutcome(), hide_usage=True)
+    out = tap.feed(_stream([chunk], compact=True))
+    expected = {"meta": {"a": 1, "usage": None, "b": 2}, "id": "x", "choices": []}
+    assert out == _stream([expected], compact=True)
+
+
+def test_null_usage_in_an_unseen_layout_is_rewritten_without_it() -> None:
+    """D1: JSON whose ``usage`` member no byte pattern finds (an escaped key) still loses
+    it: the chunk is written anew, compact, and means the same."""
+    line = b'data: {"id":"x","\\u0075sage":null,"choices":[]}\n\n'
+    tap = SseTap(TurnOutcome(), hide_usage=True)
+    out = tap.feed(line)
+    assert out == b'data: {"id":"x","choices":[]}\n\n'
+
+
+def test_engines_that_always_write_null_usage_keep_it() -> None:
+    """D1: for an endpoint whose engine writes ``"usage": null`` whether asked or not
+    (``null_usage_when_asked = false``), the members are passed on as sent; only the
+    usage-only chunk the dataplane asked for is withheld."""
+    asked = [_engine_chunk("hi")]
+    usage_only = {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3}}
+    tap = SseTap(TurnOutcome(), hide_usage=True, null_usage_when_asked=False)
+    out = tap.feed(_stream([*asked, usage_only], compact=True))
+    assert out == _stream(asked, compact=True)
+    assert tap.outcome.prompt_tokens == 3

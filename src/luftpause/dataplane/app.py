@@ -198,16 +198,17 @@ def create_app(dp: Dataplane) -> FastAPI:
     @app.get("/v1/models")
     @_guarded
     async def models(request: Request) -> Response:
+        run_id = _early_run(request, "run")
         try:
             _authorize(dp, request)
         except Unauthorized as exc:
-            return exc.response(_early_run(request, "run"))
+            return exc.response(run_id)
         data: list[dict[str, Any]] = []
         for e in dp.endpoints.values():
             for m in e.models:
                 if all(d["id"] != m for d in data):
                     data.append({"id": m, "object": "model", "created": 0, "owned_by": e.name})
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": data}, headers={identity.RUN_HEADER: run_id})
 
     @app.delete("/v1/runs/{run_id}")
     @_guarded
@@ -224,12 +225,14 @@ def create_app(dp: Dataplane) -> FastAPI:
         )
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    @_guarded
+    async def metrics(request: Request) -> Response:
         body, content_type = dp.metrics.render()
         return Response(body, media_type=content_type)
 
     @app.get("/health")
-    async def health() -> Response:
+    @_guarded
+    async def health(request: Request) -> Response:
         return JSONResponse(
             {"status": "ok", "scheduler": "up" if dp.link.ready.is_set() else "unreachable"}
         )
@@ -513,7 +516,12 @@ async def _forward_chat(
             *((k.encode(), v.encode()) for k, v in reply_headers.items()),
         ]
         # From here the relay owns the turn: its ``finally`` ends it.
-        return RelayStream(response, SseTap(TurnOutcome(), chat.hide_usage), stream_headers, turn)
+        tap = SseTap(
+            TurnOutcome(),
+            chat.hide_usage,
+            endpoint.null_usage_when_asked if endpoint is not None else True,
+        )
+        return RelayStream(response, tap, stream_headers, turn)
 
     try:
         whole = await _until_disconnect(request, response.read())

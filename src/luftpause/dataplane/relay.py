@@ -133,13 +133,17 @@ def _list(value: Any) -> list[Any]:
 class SseTap:
     """Reads an event stream as it passes and releases it byte for byte, except for
     what the dataplane itself added by asking for usage (``hide_usage``): the
-    usage-only last chunk is withheld, and the ``"usage": null`` member engines put
-    in every other chunk is cut out of it, so the client gets the bytes it would
-    have got from the engine for its own request."""
+    usage-only last chunk is withheld, and the ``"usage": null`` member that engines
+    following OpenAI's behaviour put in every other chunk when asked
+    (``null_usage_when_asked``) is cut out of it, so the client gets the bytes it
+    would have got from the engine for its own request."""
 
-    def __init__(self, outcome: TurnOutcome, hide_usage: bool) -> None:
+    def __init__(
+        self, outcome: TurnOutcome, hide_usage: bool, null_usage_when_asked: bool = True
+    ) -> None:
         self.outcome = outcome
         self.hide_usage = hide_usage
+        self.cut_null_usage = hide_usage and null_usage_when_asked
         self._buffer = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -184,7 +188,7 @@ class SseTap:
                 continue
             if chunk["usage"] and not chunk.get("choices"):
                 return None  # the usage-only chunk the client did not ask for
-            if chunk["usage"] is None:
+            if chunk["usage"] is None and self.cut_null_usage:
                 lines[i] = without_null_usage(line, chunk)
                 event = b"".join(lines)
         return event

@@ -21,7 +21,13 @@ from rich.text import Text
 class LiveLine:
     """One line of progress, redrawn in place on a terminal; silent elsewhere."""
 
-    def __init__(self, stream: TextIO, render: Callable[[], str], period_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        render: Callable[[], str],
+        period_s: float = 1.0,
+        auto_refresh: bool = True,
+    ) -> None:
         self.render = render
         self.enabled = stream.isatty()
         self._live: Live | None = None
@@ -31,6 +37,7 @@ class LiveLine:
                 Text(render()),
                 console=console,
                 refresh_per_second=1.0 / period_s,
+                auto_refresh=auto_refresh,
                 get_renderable=lambda: Text(self.render()),
                 transient=False,
             )
@@ -39,6 +46,11 @@ class LiveLine:
         if self._live is not None:
             self._live.start()
         return self
+
+    def refresh(self) -> None:
+        """Redraw now (the line also redraws itself every ``period_s``)."""
+        if self._live is not None:
+            self._live.update(Text(self.render()), refresh=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
