@@ -117,9 +117,12 @@ def _service_lines(
         d = config.dataplane
         port = d.port if args.port is None else args.port
         scheduler = args.scheduler or d.scheduler
+        from luftpause.dataplane.main import dataplane_id_problem
+
         problems += _found(
             _port_problem("--port", args.port),
             _address_problem("--scheduler" if args.scheduler else "dataplane.scheduler", scheduler),
+            dataplane_id_problem(args.dataplane_id) if args.dataplane_id is not None else None,
         )
         lines.append(f"  listens on   {args.host or d.host}:{port} (/v1, /metrics, /health)")
         lines.append(f"  scheduler    {scheduler} (gRPC)")

@@ -103,6 +103,8 @@ def test_check_reports_every_missing_variable_and_bad_flag() -> None:
     out = run_env(env, "dataplane", *runpod, "--port", "70000", "--check")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "RUNPOD_API_KEY" in out.stderr and "--port 70000" in out.stderr
+    out = run("dataplane", "--dataplane-id", "a\tb", "--check")
+    assert out.returncode == 2 and "--dataplane-id must be" in out.stderr
 
 
 def test_check_never_shows_a_key_and_checks_the_runtimes_flags(

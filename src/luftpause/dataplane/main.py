@@ -53,16 +53,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def dataplane_id_problem(dataplane_id: str) -> str | None:
+    """What is wrong with a ``--dataplane-id`` (shared with ``--check``), or None."""
+    if 0 < len(dataplane_id) <= 128 and dataplane_id.isascii() and dataplane_id.isprintable():
+        return None
+    return f"--dataplane-id must be 1..128 printable ASCII characters, got {dataplane_id[:64]!r}"
+
+
 def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane:
     settings = config.dataplane
     secrets = load_secrets(config)
     clock = time.monotonic
     runs = RunTable(clock, settings.run_idle_prune_s)
     dataplane_id = args.dataplane_id or f"{socket.gethostname()}:{port}"
-    if not (0 < len(dataplane_id) <= 128 and dataplane_id.isascii() and dataplane_id.isprintable()):
-        raise ConfigError(
-            f"--dataplane-id must be 1..128 printable ASCII characters, got {dataplane_id[:64]!r}"
-        )
+    problem = dataplane_id_problem(dataplane_id)
+    if problem:
+        raise ConfigError(problem)
     link = SchedulerLink(
         args.scheduler or settings.scheduler, dataplane_id, runs, settings.report_reconnect_s
     )
