@@ -104,6 +104,14 @@ def start_stack(
         extra_config,
         probe_period_s,
     )
+    sched, dp = start_scheduler_and_dataplane(services, config, dataplane_env)
+    return Stack(started, sched, dp, config)
+
+
+def start_scheduler_and_dataplane(
+    services: Any, config: Path, dataplane_env: dict[str, str] | None = None
+) -> tuple[Any, Any]:
+    """The scheduler and a dataplane linked to it, on free ports, from ``config``."""
     sched = services.start("scheduler", "--config", str(config), "--port", "0", "--http-port", "0")
     dp = services.start(
         "dataplane",
@@ -115,7 +123,7 @@ def start_stack(
         f"127.0.0.1:{sched.ports['grpc']}",
         env=dataplane_env,
     )
-    return Stack(started, sched, dp, config)
+    return sched, dp
 
 
 async def eventually(check: Any, timeout: float = 15.0, what: str = "condition") -> None:

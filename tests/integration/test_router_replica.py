@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fullstack import MODEL, eventually
+from fullstack import MODEL, eventually, start_scheduler_and_dataplane
 
 from luftpause.procs import RouterProcess, launch_sglang_router, launch_smg
 
@@ -72,18 +72,7 @@ async def test_router_as_a_replica_with_load_from_its_engines(
     )
     try:
         config = router_config(tmp_path / "stack.toml", router.url, engines)
-        sched = services.start(
-            "scheduler", "--config", str(config), "--port", "0", "--http-port", "0"
-        )
-        dp = services.start(
-            "dataplane",
-            "--config",
-            str(config),
-            "--port",
-            "0",
-            "--scheduler",
-            f"127.0.0.1:{sched.ports['grpc']}",
-        )
+        sched, dp = start_scheduler_and_dataplane(services, config)
         base = f"{dp.urls['http']}/v1"
         status_url = f"{sched.urls['http']}/status"
         async with httpx.AsyncClient(timeout=60) as c:
