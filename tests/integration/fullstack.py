@@ -109,10 +109,15 @@ def start_stack(
 
 
 def start_scheduler_and_dataplane(
-    services: Any, config: Path, dataplane_env: dict[str, str] | None = None
+    services: Any,
+    config: Path,
+    dataplane_env: dict[str, str] | None = None,
+    scheduler_env: dict[str, str] | None = None,
 ) -> tuple[Any, Any]:
     """The scheduler and a dataplane linked to it, on free ports, from ``config``."""
-    sched = services.start("scheduler", "--config", str(config), "--port", "0", "--http-port", "0")
+    sched = services.start(
+        "scheduler", "--config", str(config), "--port", "0", "--http-port", "0", env=scheduler_env
+    )
     dp = services.start(
         "dataplane",
         "--config",

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import errno
 import functools
-import hmac
 import logging
 import time
 import uuid
@@ -41,6 +40,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause.auth import bearer_ok
 from luftpause.config import DataplaneSettings, Endpoint, EndpointKind, Secrets
 from luftpause.dataplane import identity, tracing
 from luftpause.dataplane.errors import (
@@ -251,10 +251,7 @@ def _authorize(dp: Dataplane, request: Request) -> None:
     """D9: with a token set, every /v1 route needs ``Authorization: Bearer <token>``
     (the scheme is case-insensitive, as every HTTP auth scheme is)."""
     token = dp.secrets.token
-    if token is None:
-        return
-    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+    if token is None or bearer_ok(request.headers.get("authorization"), token):
         return
     raise Unauthorized("missing or wrong bearer token (set Authorization: Bearer <token>)")
 

@@ -70,7 +70,11 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
     if problem:
         raise ConfigError(problem)
     link = SchedulerLink(
-        args.scheduler or settings.scheduler, dataplane_id, runs, settings.report_reconnect_s
+        args.scheduler or settings.scheduler,
+        dataplane_id,
+        runs,
+        settings.report_reconnect_s,
+        token=secrets.token,
     )
     http = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(

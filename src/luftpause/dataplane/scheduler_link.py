@@ -18,11 +18,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from luftpause.auth import bearer
 from luftpause.dataplane.runs import GENERATING, PAUSED_ON_TOOL, RunTable
 
 log = logging.getLogger("luftpause.dataplane.scheduler")
@@ -66,12 +68,16 @@ class SchedulerLink:
         dataplane_id: str,
         runs: RunTable,
         reconnect_s: float = 1.0,
+        token: str | None = None,
     ) -> None:
         self.address = address
         self.dataplane_id = dataplane_id
         self.runs = runs
         self.reconnect_s = reconnect_s
-        self.channel = grpc.aio.insecure_channel(address, options=_KEEPALIVE)
+        # X2: every call carries the stack's token, which the scheduler checks.
+        self.channel = grpc.aio.insecure_channel(
+            address, options=_KEEPALIVE, interceptors=_with_token(token)
+        )
         self.stub = pb_grpc.SchedulerStub(self.channel)  # type: ignore[no-untyped-call]
         self.ready = asyncio.Event()  # resynced and reporting
         self._queue: asyncio.Queue[pb.TurnEvent | object] = asyncio.Queue()
@@ -95,7 +101,15 @@ class SchedulerLink:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                if self.ready.is_set():
+                if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+                    # Turns wait as if held until the tokens agree; say why, every time.
+                    log.error(
+                        "the scheduler at %s refused this dataplane's token: give both the "
+                        "same LUFTPAUSE_TOKEN (%s)",
+                        self.address,
+                        exc.details(),
+                    )
+                elif self.ready.is_set():
                     log.warning("scheduler link lost (%s); reconnecting", exc.code().name)
                 else:
                     log.debug("scheduler at %s unreachable: %s", self.address, exc.code().name)
@@ -250,3 +264,35 @@ class SchedulerLink:
     async def close(self) -> None:
         self._queue.put_nowait(_STOP)
         await self.channel.close()
+
+
+class _Metadata:
+    """Adds ``authorization: Bearer <token>`` to a call's metadata."""
+
+    def __init__(self, token: str) -> None:
+        self.pair = ("authorization", bearer(token))
+
+    def details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self.pair)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials,
+            details.wait_for_ready,
+        )  # fmt: skip
+
+
+class _UnaryToken(_Metadata, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
+        return await continuation(self.details(client_call_details), request)
+
+
+class _StreamToken(_Metadata, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(
+        self, continuation: Any, client_call_details: Any, request_iterator: Any
+    ) -> Any:
+        return await continuation(self.details(client_call_details), request_iterator)
+
+
+def _with_token(token: str | None) -> list[grpc.aio.ClientInterceptor] | None:
+    return [_UnaryToken(token), _StreamToken(token)] if token else None

@@ -7,7 +7,6 @@ limit as a JSON-RPC error, and bearer-token auth (X2).
 """
 
 import contextlib
-import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -26,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
+from luftpause.auth import BearerAuth
 from luftpause.runtime.http_headers import StripHeaderWhitespace
 from luftpause.runtime.loop import Runtime
 from luftpause.runtime.mcp_tasks import TasksExtension, TaskStore
@@ -167,46 +167,9 @@ class JsonRpcBodyLimit:
         await self.app(scope, receive, send_json)
 
 
-class BearerAuth:
-    """X2: ``Authorization: Bearer <token>`` on ``/mcp`` and ``/status`` (constant time)."""
-
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app = app
-        self.token = token.encode() if token else None
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        if self.token is None or scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = str(scope.get("path", ""))
-        if not (path.startswith(MCP_PATH) or path.startswith("/status")):
-            await self.app(scope, receive, send)
-            return
-        given = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                given = bytes(value)
-                break
-        expected = b"Bearer " + self.token
-        if not hmac.compare_digest(given, expected):
-            response = JSONResponse(
-                {
-                    "error": {
-                        "message": "missing or wrong bearer token (set Authorization: "
-                        "Bearer <LUFTPAUSE_TOKEN>)"
-                    }
-                },
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+def _needs_token(path: str) -> bool:
+    """X2: ``/mcp`` and ``/status`` need the token; ``/health`` and ``/metrics`` do not."""
+    return path.startswith((MCP_PATH, "/status"))
 
 
 def build_app(
@@ -256,4 +219,4 @@ def build_app(
         ],
         lifespan=lifespan,
     )
-    return StripHeaderWhitespace(BearerAuth(app, token))
+    return StripHeaderWhitespace(BearerAuth(app, token, _needs_token))

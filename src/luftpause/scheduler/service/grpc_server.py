@@ -1,10 +1,16 @@
-"""The gRPC face of the scheduler: Admit, Report, RunEnded, Resync, plus grpc.health.v1."""
+"""The gRPC face of the scheduler: Admit, Report, RunEnded, Resync, plus grpc.health.v1.
+
+With a token (``LUFTPAUSE_TOKEN``), every Scheduler call must carry it as
+``authorization: Bearer <token>`` metadata (X2); a call without it ends with
+``UNAUTHENTICATED`` before it reaches the servicer. The health service stays open,
+as ``/health`` does on every HTTP port.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -13,6 +19,7 @@ from grpc_health.v1._async import HealthServicer
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from luftpause.auth import REFUSED, bearer_ok
 from luftpause.scheduler.core import DataplaneConnected, DataplaneDisconnected, Event, RunEnded
 from luftpause.scheduler.service import convert, tracing
 from luftpause.scheduler.service.host import Host, Stamp
@@ -118,11 +125,54 @@ def _report_stamp(msg: pb.TurnEvent) -> Stamp | None:
     return stamp
 
 
+class TokenCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """X2: Scheduler calls need ``authorization: Bearer <token>`` metadata."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
+            return handler
+        given = next(
+            (v for k, v in details.invocation_metadata or () if k == "authorization"), None
+        )
+        if bearer_ok(given, self.token):
+            return handler
+        return _refuse(handler)
+
+
+def _refuse(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that ends the call with ``UNAUTHENTICATED``."""
+    message = f"the scheduler refused this call: {REFUSED}"
+
+    async def unary(request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kinds = {"request_deserializer": handler.request_deserializer,
+             "response_serializer": handler.response_serializer}  # fmt: skip
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary, **kinds)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(unary, **kinds)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(unary, **kinds)
+    return grpc.stream_stream_rpc_method_handler(unary, **kinds)
+
+
 async def start_grpc(
-    host: Host, urls: Mapping[str, str], address: str
+    host: Host, urls: Mapping[str, str], address: str, token: str | None = None
 ) -> tuple[grpc.aio.Server, int]:
-    """Start the gRPC server on ``address`` (port 0 picks one); return it and its port."""
-    server = grpc.aio.server(options=KEEPALIVE_SERVER)
+    """Start the gRPC server on ``address`` (port 0 picks one); return it and its port.
+    With ``token``, every Scheduler call must carry it (X2)."""
+    server = grpc.aio.server(
+        options=KEEPALIVE_SERVER, interceptors=[TokenCheck(token)] if token else None
+    )
     pb_grpc.add_SchedulerServicer_to_server(  # type: ignore[no-untyped-call]
         SchedulerServicer(host, urls), server
     )

@@ -57,6 +57,11 @@ def main(args: argparse.Namespace) -> int:
     http_port = settings.http_port if args.http_port is None else args.http_port
     if not config.endpoints:
         log.warning("no endpoints configured: every turn will be rejected as an unknown model")
+    if secrets.token is None:
+        log.warning(
+            "LUFTPAUSE_TOKEN is not set: gRPC and /status accept every request (anyone who "
+            "reaches these ports can end any run)"
+        )
 
     async def start(svc: Service) -> None:
         clock = time.monotonic
@@ -75,7 +80,9 @@ def main(args: argparse.Namespace) -> int:
         svc.on_stop(prober.client.aclose)
         await prober.probe_all()  # know the pool before admitting anything
         urls = {e.name: e.url for e in config.endpoints}
-        grpc_server, bound_grpc = await start_grpc(host, urls, f"{host_addr}:{grpc_port}")
+        grpc_server, bound_grpc = await start_grpc(
+            host, urls, f"{host_addr}:{grpc_port}", secrets.token
+        )
         svc.add_listener("grpc", bound_grpc, lambda: grpc_server.stop(grace=1.0))
         sock = svc.bind(http_port)
         started = time.time()
@@ -84,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
             clock,
             lambda: {"grpc_port": bound_grpc, "uptime_s": round(time.time() - started, 1)},
             runtimes=settings.status_runtimes,
+            token=secrets.token,
         )
         await svc.serve_asgi("http", sock, app)
         svc.task(prober.run_forever(), name="prober")

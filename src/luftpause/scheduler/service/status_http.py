@@ -1,5 +1,10 @@
 """HTTP :5001: ``GET /status`` (S12 JSON), ``GET /metrics`` (Prometheus) and ``GET /health``;
-``GET /`` is the live status page (S12, see :mod:`.page`)."""
+``GET /`` is the live status page (S12, see :mod:`.page`).
+
+With a token (X2), ``/status`` and the page's data route ``/ui/runtime-status`` need
+``Authorization: Bearer <token>``; the page itself and its assets are served to anyone
+(they hold no data: the page asks for the token and sends it), as are ``/health`` and
+``/metrics``."""
 
 from __future__ import annotations
 
@@ -7,10 +12,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from luftpause.auth import BearerAuth
 from luftpause.scheduler.core.view import status
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.page import page_routes
@@ -22,6 +29,7 @@ def status_app(
     extra: Callable[[], dict[str, Any]],
     *,
     runtimes: Iterable[str] = (),  # runtime base URLs the page may show besides loopback ones
+    token: str | None = None,
 ) -> Starlette:
     async def get_status(request: Request) -> JSONResponse:
         body = status(host.state, clock())
@@ -42,5 +50,10 @@ def status_app(
             Route("/health", health),
             Route("/metrics", metrics),
             *page_routes(runtimes),  # GET / (the live page) and its assets
-        ]
+        ],
+        middleware=[Middleware(BearerAuth, token=token, guarded=_needs_token)],
     )
+
+
+def _needs_token(path: str) -> bool:
+    return path.rstrip("/") == "/status" or path.startswith("/ui/runtime-status")
