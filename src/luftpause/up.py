@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from luftpause.cli import COMMANDS, available
 from luftpause.config import ConfigError, StackConfig, load_config
@@ -170,6 +171,8 @@ def _run(
         page = _reachable(f"{scheduler.urls.get('http', '')}/")
         if runtime is not None:
             page += f"?runtime={_reachable(runtime.urls.get('http', ''))}"
+        if token:  # the page reads it from the fragment, which no server ever sees
+            page += f"#token={quote(token, safe='')}"
         print(f"\nLive status page:\n  {page}   (or: luftpause status --watch)")
     if runtime is not None:
         url = runtime.urls.get("http", "")

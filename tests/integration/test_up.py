@@ -152,6 +152,10 @@ def test_up_with_a_token_prints_the_header_for_claude(tmp_path: Path) -> None:
         auth = {"Authorization": "Bearer up-test-token"}
         assert httpx.get(models, headers=auth, timeout=10).status_code == 200
         assert httpx.post(runtime, json={}, timeout=10).status_code == 401
+        status = f"http://127.0.0.1:{ports['http']}/status"
+        assert httpx.get(status, timeout=10).status_code == 401
+        assert httpx.get(status, headers=auth, timeout=10).status_code == 200
+        assert "#token=up-test-token" in out  # the page link carries it in the fragment
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
