@@ -27,7 +27,6 @@ from luftpause.config import (
     Secrets,
 )
 from luftpause.dataplane.app import Dataplane, create_app
-from luftpause.dataplane.identity import ToolCallMemory
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
@@ -36,6 +35,7 @@ from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, initial
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.serving import bind_socket, bound_port, uvicorn_server, wait_started
+from luftpause.tool_calls import ToolCallMemory
 
 MODEL = "m"
 

@@ -58,7 +58,6 @@ from luftpause.dataplane.errors import (
     error_response,
     shown,
 )
-from luftpause.dataplane.identity import ToolCallMemory
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.relay import RelayStream, SseTap, TurnOutcome
 from luftpause.dataplane.request import ChatRequest, chat_request, decide_request
@@ -66,6 +65,7 @@ from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
 from luftpause.dataplane.turn import Turn, serve
 from luftpause.telemetry import fastapi_telemetry
+from luftpause.tool_calls import ToolCallMemory
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -372,7 +372,7 @@ async def _admit_untraced(
     # scheduler's own held_s starts again with each retry).
     held_s = time.monotonic() - t0
     dp.metrics.held.labels(cls).observe(held_s)
-    return Admitted(outcome.replica, outcome.url, held_s)
+    return Admitted(outcome.replica, outcome.url, held_s, outcome.run_id)
 
 
 def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
@@ -405,7 +405,7 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
         chat = chat_request(await _body(request, dp.settings.max_body_bytes))
         try:
             cls = identity.service_class(request.headers)
-            run_id = identity.resolve_run_id(request.headers, chat.body, dp.memory)
+            run_id, echoed = identity.resolve_run_id(request.headers, chat.body, dp.memory)
             caller = identity.caller(request.headers, dp.settings.caller_max_bytes)
         except identity.BadHeader as exc:
             raise BadRequest(str(exc)) from None
@@ -432,6 +432,7 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
                 service_class=_CLASS_PB[cls],
                 caller=caller,
                 kind=pb.ENDPOINT_KIND_GENERATIVE,
+                echoed_tool_call_ids=echoed,
             ),
             cls,
             span,
@@ -439,6 +440,13 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns.labels(cls, exc.outcome.value).inc()
         return exc.response(request.state.run_id)
+    if admitted.run_id and admitted.run_id != run_id:
+        # The scheduler knew the echoed tool calls: the turn continues that run, whichever
+        # dataplane its earlier turns went through (D2).
+        dp.runs.forget(run_id)
+        run_id = request.state.run_id = admitted.run_id
+        dp.runs.touch(run_id, cls, caller)
+        tracing.renamed_run(span, run_id)
 
     turn = Turn(
         TurnRecord(turn_id, run_id, admitted.replica, chat.model, cls, caller),

@@ -9,10 +9,11 @@ with its run. Otherwise the turn starts a new run.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from luftpause.dataplane.errors import shown
+from luftpause.tool_calls import ToolCallMemory
 
 RUN_HEADER = "x-luftpause-run-id"
 CLASS_HEADER = "x-luftpause-class"
@@ -24,39 +25,12 @@ CLASSES = ("interactive", "batch")
 MAX_RUN_ID = 256  # the scheduler's bound on IDs
 
 
+# Tool call IDs sent with one Admit: the newest are the ones that name the run.
+_MAX_ECHOED = 16
+
+
 class BadHeader(ValueError):
     """A luftpause header has a value we cannot use; the message says which."""
-
-
-class ToolCallMemory:
-    def __init__(self, clock: Callable[[], float], ttl_s: float) -> None:
-        self.clock = clock
-        self.ttl_s = ttl_s
-        self._runs: dict[str, tuple[str, float]] = {}
-
-    def remember(self, tool_call_ids: Iterable[str], run_id: str) -> None:
-        expires = self.clock() + self.ttl_s
-        for call_id in tool_call_ids:
-            if call_id:
-                self._runs[call_id] = (run_id, expires)
-
-    def lookup(self, tool_call_ids: Iterable[str]) -> str | None:
-        now = self.clock()
-        for call_id in tool_call_ids:
-            hit = self._runs.get(call_id)
-            if hit is not None and hit[1] > now:
-                return hit[0]
-        return None
-
-    def sweep(self) -> int:
-        now = self.clock()
-        stale = [k for k, (_, expires) in self._runs.items() if expires <= now]
-        for k in stale:
-            del self._runs[k]
-        return len(stale)
-
-    def __len__(self) -> int:
-        return len(self._runs)
 
 
 def echoed_tool_call_ids(body: Mapping[str, Any]) -> list[str]:
@@ -75,13 +49,23 @@ def echoed_tool_call_ids(body: Mapping[str, Any]) -> list[str]:
 
 def resolve_run_id(
     headers: Mapping[str, str], body: Mapping[str, Any], memory: ToolCallMemory
-) -> str:
+) -> tuple[str, list[str]]:
+    """The turn's run (D2), and the echoed tool call IDs to ask the scheduler about.
+
+    A named run is the run. Else echoed tool call IDs this dataplane remembers name
+    it. Else the turn gets a new run ID, and its echoed IDs (if any) go with its Admit:
+    the scheduler, which hears every dataplane's tool calls, puts it in the run they
+    were issued to, wherever that run's earlier turns went through."""
     explicit = headers.get(RUN_HEADER, "").strip()
     if explicit:
         if len(explicit) > MAX_RUN_ID:
             raise BadHeader(f"{RUN_HEADER} is longer than {MAX_RUN_ID} characters")
-        return explicit
-    return memory.lookup(echoed_tool_call_ids(body)) or f"run-{uuid.uuid4().hex}"
+        return explicit, []
+    echoed = echoed_tool_call_ids(body)
+    known = memory.lookup(echoed)
+    if known is not None:
+        return known, []
+    return f"run-{uuid.uuid4().hex}", echoed[:_MAX_ECHOED]
 
 
 def service_class(headers: Mapping[str, str]) -> str:

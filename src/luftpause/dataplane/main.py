@@ -12,7 +12,6 @@ import aiohttp
 
 from luftpause.config import ConfigError, StackConfig, load_secrets
 from luftpause.dataplane.app import Dataplane, create_app
-from luftpause.dataplane.identity import ToolCallMemory
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
@@ -24,6 +23,7 @@ from luftpause.serving import (
     load_config_or_exit,
 )
 from luftpause.telemetry import Instrumentation
+from luftpause.tool_calls import ToolCallMemory
 
 log = logging.getLogger("luftpause.dataplane")
 

@@ -53,6 +53,7 @@ class Admitted:
     replica: str
     url: str
     held_s: float
+    run_id: str = ""  # the run the scheduler admitted the turn under ("" = as asked)
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class SchedulerLink:
                 continue
             if resp.WhichOneof("outcome") == "admitted":
                 a = resp.admitted
-                return Admitted(a.replica, a.url, a.held_s)
+                return Admitted(a.replica, a.url, a.held_s, a.run_id)
             r = resp.rejected
             return Rejected(r.code == pb.REJECT_CODE_UNKNOWN_MODEL, r.message)
 

@@ -71,6 +71,11 @@ def inject(span: Span, headers: MutableMapping[str, str]) -> None:
         headers["traceparent"] = traceparent
 
 
+def renamed_run(span: Span, run_id: str) -> None:
+    """The scheduler put the turn in another run (found by its echoed tool calls)."""
+    span.set_attribute("luftpause.run_id", run_id)
+
+
 def admitted(span: Span, *, replica: str, held_s: float) -> None:
     span.set_attribute("luftpause.replica", replica)
     span.set_attribute("luftpause.held_ms", round(held_s * 1000.0, 3))

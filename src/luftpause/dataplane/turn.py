@@ -23,11 +23,16 @@ from starlette.responses import Response
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.dataplane import tracing
 from luftpause.dataplane.errors import ClientLeft, InternalError, Outcome, TurnError
-from luftpause.dataplane.identity import ToolCallMemory
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.relay import TurnOutcome
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import SchedulerLink
+from luftpause.tool_calls import ToolCallMemory
+
+# Tool call IDs reported per turn, and their longest length (longer ones are not
+# remembered by the scheduler: no agent framework makes such IDs).
+_MAX_CALLS = 64
+_MAX_CALL_ID = 256
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -82,6 +87,10 @@ class Turn:
                 ),
                 finish_reason=outcome.finish_reason,
                 paused_on_tool=paused,
+                # The scheduler remembers them for every dataplane (D2).
+                tool_call_ids=[i for i in outcome.tool_call_ids if len(i) <= _MAX_CALL_ID][
+                    :_MAX_CALLS
+                ],
             )
         except (TypeError, ValueError) as exc:  # a reply value a report cannot carry
             log.exception("turn %s: cannot report its reply", self.record.turn_id)

@@ -23,10 +23,13 @@ from luftpause.auth import REFUSED, bearer_ok
 from luftpause.scheduler.core import DataplaneConnected, DataplaneDisconnected, Event, RunEnded
 from luftpause.scheduler.service import convert, tracing
 from luftpause.scheduler.service.host import Host, Stamp
+from luftpause.tool_calls import ToolCallMemory
 
 log = logging.getLogger("luftpause.scheduler.grpc")
 
 SERVICE_NAME = "luftpause.scheduler.v1.Scheduler"
+TOOL_CALL_MEMORY_S = 1800.0  # as the dataplane's tool_call_id_memory_s default
+TOOL_CALL_SWEEP_S = 60.0
 # Report-stream metadata naming the dataplane, so the scheduler knows whose stream ended.
 DATAPLANE_ID_KEY = "luftpause-dataplane-id"
 # HTTP/2 keepalive: a dataplane whose host vanished without closing its connection is
@@ -41,19 +44,40 @@ KEEPALIVE_SERVER = (
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
-    def __init__(self, host: Host, urls: Mapping[str, str]) -> None:
+    def __init__(
+        self, host: Host, urls: Mapping[str, str], tool_calls: ToolCallMemory | None = None
+    ) -> None:
         self.host = host
         self.urls = urls
         self._streams: Counter[str] = Counter()  # open report streams per dataplane
+        # Every dataplane's tool calls -> their runs (D2 across dataplanes and restarts).
+        self.tool_calls = tool_calls or ToolCallMemory(host.clock, TOOL_CALL_MEMORY_S)
+        self._swept_at = host.clock()
 
     async def Admit(self, request: pb.AdmitRequest, context: Any) -> pb.AdmitResponse:
+        if request.echoed_tool_call_ids:
+            known = self.tool_calls.lookup(request.echoed_tool_call_ids)
+            if known is not None:
+                request.run_id = known
         with tracing.admit_span(request) as span:
             outcome = await self.host.admit(
                 request.turn_id, lambda at: convert.turn_requested(request, at)
             )
             tracing.decided(span, outcome)
         url = self.urls.get(getattr(outcome, "replica", ""), "")
-        return convert.admit_response(outcome, url)
+        response = convert.admit_response(outcome, url)
+        if response.WhichOneof("outcome") == "admitted":
+            response.admitted.run_id = request.run_id
+        return response
+
+    def _remember_tool_calls(self, msg: pb.TurnEvent) -> None:
+        if msg.WhichOneof("event") != "finished" or not msg.finished.tool_call_ids:
+            return
+        self.tool_calls.remember(msg.finished.tool_call_ids, msg.run_id)
+        now = self.host.clock()
+        if now - self._swept_at >= TOOL_CALL_SWEEP_S:
+            self._swept_at = now
+            self.tool_calls.sweep()
 
     async def Report(
         self, request_iterator: AsyncIterator[pb.ReportBatch], context: Any
@@ -67,6 +91,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         try:
             async for batch in request_iterator:
                 for msg in batch.events:
+                    self._remember_tool_calls(msg)
                     stamp = _report_stamp(msg)
                     if stamp is not None:
                         self.host.post(stamp)
@@ -166,15 +191,20 @@ def _refuse(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
 
 async def start_grpc(
-    host: Host, urls: Mapping[str, str], address: str, token: str | None = None
+    host: Host,
+    urls: Mapping[str, str],
+    address: str,
+    token: str | None = None,
+    tool_call_memory_s: float = TOOL_CALL_MEMORY_S,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server on ``address`` (port 0 picks one); return it and its port.
-    With ``token``, every Scheduler call must carry it (X2)."""
+    With ``token``, every Scheduler call must carry it (X2). Tool call IDs are
+    remembered ``tool_call_memory_s`` (the dataplane's ``tool_call_id_memory_s``)."""
     server = grpc.aio.server(
         options=KEEPALIVE_SERVER, interceptors=[TokenCheck(token)] if token else None
     )
     pb_grpc.add_SchedulerServicer_to_server(  # type: ignore[no-untyped-call]
-        SchedulerServicer(host, urls), server
+        SchedulerServicer(host, urls, ToolCallMemory(host.clock, tool_call_memory_s)), server
     )
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -81,7 +81,11 @@ def main(args: argparse.Namespace) -> int:
         await prober.probe_all()  # know the pool before admitting anything
         urls = {e.name: e.url for e in config.endpoints}
         grpc_server, bound_grpc = await start_grpc(
-            host, urls, f"{host_addr}:{grpc_port}", secrets.token
+            host,
+            urls,
+            f"{host_addr}:{grpc_port}",
+            secrets.token,
+            config.dataplane.tool_call_id_memory_s,
         )
         svc.add_listener("grpc", bound_grpc, lambda: grpc_server.stop(grace=1.0))
         sock = svc.bind(http_port)

@@ -46,7 +46,7 @@ REJECT_CODE_UNKNOWN_MODEL: RejectCode
 REJECT_CODE_INVALID_REQUEST: RejectCode
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "kind", "dataplane_id", "traceparent")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "kind", "dataplane_id", "traceparent", "echoed_tool_call_ids")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class AdmitRequest(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    ECHOED_TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -63,7 +64,8 @@ class AdmitRequest(_message.Message):
     kind: EndpointKind
     dataplane_id: str
     traceparent: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., kind: _Optional[_Union[EndpointKind, str]] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    echoed_tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., kind: _Optional[_Union[EndpointKind, str]] = ..., dataplane_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., echoed_tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
     __slots__ = ("admitted", "rejected")
@@ -74,14 +76,16 @@ class AdmitResponse(_message.Message):
     def __init__(self, admitted: _Optional[_Union[Admitted, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
 
 class Admitted(_message.Message):
-    __slots__ = ("replica", "url", "held_s")
+    __slots__ = ("replica", "url", "held_s", "run_id")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     HELD_S_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     replica: str
     url: str
     held_s: float
-    def __init__(self, replica: _Optional[str] = ..., url: _Optional[str] = ..., held_s: _Optional[float] = ...) -> None: ...
+    run_id: str
+    def __init__(self, replica: _Optional[str] = ..., url: _Optional[str] = ..., held_s: _Optional[float] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Rejected(_message.Message):
     __slots__ = ("code", "message")
@@ -110,14 +114,16 @@ class FirstToken(_message.Message):
     def __init__(self) -> None: ...
 
 class TurnFinished(_message.Message):
-    __slots__ = ("usage", "finish_reason", "paused_on_tool")
+    __slots__ = ("usage", "finish_reason", "paused_on_tool", "tool_call_ids")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PAUSED_ON_TOOL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     finish_reason: str
     paused_on_tool: bool
-    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., paused_on_tool: _Optional[bool] = ...) -> None: ...
+    tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., paused_on_tool: _Optional[bool] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TurnFailed(_message.Message):
     __slots__ = ("reason", "replica_unreachable")
