@@ -204,6 +204,15 @@ class DataplaneSettings(_Frozen):
     caller_max_bytes: Annotated[int, Field(ge=1)] = 128
     # A request body larger than this is refused with 413 before it reaches an engine.
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+    # `luftpause up` starts this many dataplane processes on the one port (SO_REUSEPORT):
+    # the kernel spreads connections over them; each links to the scheduler on its own.
+    workers: Annotated[int, Field(ge=1, le=64)] = 1
+
+    @model_validator(mode="after")
+    def _workers_share_a_known_port(self) -> Self:
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("workers > 1 share one port: give dataplane.port a fixed value, not 0")
+        return self
 
 
 class ToolServer(_Frozen):

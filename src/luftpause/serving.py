@@ -61,11 +61,15 @@ def setup_logging(service: str, level: str = "INFO") -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind a listening TCP socket; port 0 picks a free port. Errors name the address."""
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """Bind a listening TCP socket; port 0 picks a free port. Errors name the address.
+    ``reuse_port``: other processes may listen on the same port (``SO_REUSEPORT``; the
+    kernel spreads new connections over them)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -207,9 +211,9 @@ class Service:
         self._stop_hooks: list[StopHook] = []
         self._reported: set[asyncio.Task[Any]] = set()
 
-    def bind(self, port: int, host: str | None = None) -> socket.socket:
+    def bind(self, port: int, host: str | None = None, reuse_port: bool = False) -> socket.socket:
         """A listening socket on ``host`` (default: the service's) and ``port`` (0: any free)."""
-        return bind_socket(self.host if host is None else host, port)
+        return bind_socket(self.host if host is None else host, port, reuse_port)
 
     async def serve_asgi(
         self, listener: str, sock: socket.socket, app: Any, *, log_level: str | None = None

@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -78,9 +79,18 @@ def plan(config: StackConfig, config_path: Path, log_level: str) -> list[Planned
         children.append(Planned("fake-mcp", ["fake-mcp", "--port", str(mcp.port), *mcp.args, *log]))
     cfg = ["--config", str(config_path), *log]
     children.append(Planned("scheduler", ["scheduler", *cfg]))
-    for service in ("dataplane", "runtime"):
-        if _has(service):
-            children.append(Planned(service, [service, *cfg]))
+    if _has("dataplane"):
+        workers = config.dataplane.workers
+        if workers == 1:
+            children.append(Planned("dataplane", ["dataplane", *cfg]))
+        for k in range(1, workers + 1) if workers > 1 else ():
+            # One port for all (B6): the kernel spreads connections; each has its own name.
+            name = "dataplane" if k == 1 else f"dataplane-{k}"
+            ident = f"{socket.gethostname()}:{config.dataplane.port}/{k}"
+            args = ["dataplane", *cfg, "--reuse-port", "--dataplane-id", ident]
+            children.append(Planned(name, args))
+    if _has("runtime"):
+        children.append(Planned("runtime", ["runtime", *cfg]))
     return children
 
 
@@ -98,6 +108,8 @@ def _describe(s: ServiceProcess) -> str:
         return f"gRPC {grpc}   status {urls.get('http', '')}/status"
     if s.name == "dataplane":
         return f"{urls.get('http', '')}/v1   (OpenAI base_url)"
+    if s.name.startswith("dataplane-"):
+        return f"{urls.get('http', '')}/v1   (the same port: one more worker)"
     if s.name in ("runtime", "fake-mcp"):
         return f"{urls.get('http', '')}/mcp"
     return urls.get("http", "")

@@ -1391,9 +1391,11 @@ def test_status_view_shape() -> None:
         "runs",
         "runs_total",
         "callers_in_flight",
+        "in_flight_by_dataplane",
         "dataplanes_lost",
     }
     assert v["dataplanes_lost"] == {}
+    assert sum(v["in_flight_by_dataplane"].values()) == len(sim.state.turns) > 0
     assert [r["name"] for r in v["replicas"]] == ["a", "sp"]
     a = v["replicas"][0]
     assert a == {

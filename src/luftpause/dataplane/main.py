@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "default: hostname:port)"
         ),
     )
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="share the port with other dataplanes started the same way (SO_REUSEPORT: "
+        "the kernel spreads connections over them); give each its own --dataplane-id. "
+        "`luftpause up` does this for dataplane.workers > 1",
+    )
 
 
 def dataplane_id_problem(dataplane_id: str) -> str | None:
@@ -106,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
     port = config.dataplane.port if args.port is None else args.port
 
     async def start(svc: Service) -> int | None:
-        sock = svc.bind(port)
+        sock = svc.bind(port, reuse_port=args.reuse_port)
         try:
             dp = build(config, args, bound_port(sock))
         except ConfigError as exc:

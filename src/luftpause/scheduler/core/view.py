@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from luftpause.scheduler.core.state import State
@@ -59,6 +60,10 @@ def status(state: State, now: float) -> dict[str, Any]:
         "runs": {phase: dict(sorted(v.items())) for phase, v in sorted(runs.items())},
         "runs_total": len(state.runs),
         "callers_in_flight": dict(sorted(state.caller_in_flight.items())),
+        # B6: admitted turns per dataplane (each dataplane's in-flight, as the scheduler sees it)
+        "in_flight_by_dataplane": dict(
+            sorted(Counter(t.dataplane_id for t in state.turns.values()).items())
+        ),
         # S11: dataplanes that stopped reporting -> seconds until their turns are released
         "dataplanes_lost": {
             dp: round(max(0.0, due - now), 3) for dp, due in sorted(state.lost_dataplanes.items())
