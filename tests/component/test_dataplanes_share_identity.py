@@ -21,6 +21,7 @@ from _dataplane_stack import (
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
 
+from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.config import DataplaneSettings, Secrets
 from luftpause.dataplane.app import Dataplane, create_app
 from luftpause.dataplane.metrics import Metrics
@@ -52,10 +53,10 @@ async def another_dataplane(stack: Stack, name: str) -> AsyncIterator[httpx.Asyn
     try:
         yield client
     finally:
+        await dp.link.close()  # as the dataplane stops: its last reports are written first
         maintain.cancel()
         await client.aclose()
         await dp.http.close()
-        await dp.link.close()
 
 
 def continuation() -> dict[str, object]:
@@ -112,3 +113,29 @@ async def test_a_restarted_dataplane_finds_header_less_runs(stack: Stack) -> Non
         stranger["messages"][-1]["tool_call_id"] = "call_nobody_made"  # type: ignore[index]
         unknown = await after.post("/v1/chat/completions", json=stranger)
         assert unknown.headers["x-luftpause-run-id"] not in (run_id, "")
+
+
+async def test_a_stopping_dataplane_writes_its_last_reports_first(stack: Stack) -> None:
+    """S11, D5: reports queued when a dataplane stops are written before its link closes,
+    so its last turns are not left counted on the scheduler until the grace runs out."""
+    runs = RunTable(time.monotonic, 1800)
+    link = SchedulerLink(stack.grpc_address, "dp-stopping", runs, reconnect_s=0.1)
+    maintain = asyncio.create_task(link.maintain())
+    try:
+        async with asyncio.timeout(5):
+            await link.ready.wait()
+        for i in range(20):
+            admitted = await link.admit(
+                pb.AdmitRequest(
+                    turn_id=f"t{i}", run_id=f"r{i}", model=MODEL, kind=pb.ENDPOINT_KIND_GENERATIVE
+                )
+            )
+            assert getattr(admitted, "replica", "") == "engine-a"
+        assert len(stack.host.state.turns) == 20
+        for i in range(20):
+            link.report(pb.TurnEvent(turn_id=f"t{i}", run_id=f"r{i}", finished=pb.TurnFinished()))
+        await link.close()  # at once: the reports are still queued
+    finally:
+        maintain.cancel()
+        await asyncio.gather(maintain, return_exceptions=True)
+    await settle(stack.host, lambda: not stack.host.state.turns)

@@ -148,6 +148,7 @@ def create_app(dp: Dataplane) -> FastAPI:
         try:
             yield
         finally:
+            await dp.link.close()  # the last reports go out before the link is torn down
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

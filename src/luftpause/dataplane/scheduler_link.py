@@ -15,6 +15,7 @@ cancels the Admit call, which the scheduler reads as an abandoned turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -262,8 +263,14 @@ class SchedulerLink:
         except grpc.aio.AioRpcError:
             self._pending_run_ends.add(run_id)
 
-    async def close(self) -> None:
+    async def close(self, flush_s: float = 2.0) -> None:
+        """End the link: reports already queued are written first (for up to ``flush_s``),
+        so a dataplane that stops does not leave its last turns counted."""
         self._queue.put_nowait(_STOP)
+        call = self._report_call
+        if call is not None and not call.done():
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(call), flush_s)
         await self.channel.close()
 
 
