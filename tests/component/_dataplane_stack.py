@@ -202,6 +202,28 @@ async def start_scheduler(
     return host, server, writer
 
 
+def make_dataplane(
+    scheduler: str,
+    engine_url: str,
+    name: str,
+    token: str | None = None,
+    api_keys: dict[str, str] | None = None,
+) -> Dataplane:
+    """A dataplane's state (its own run table and tool call memory) linked to the
+    scheduler at ``scheduler``, with both test replicas served by ``engine_url``."""
+    runs = RunTable(time.monotonic, 1800)
+    return Dataplane(
+        settings=DataplaneSettings(report_reconnect_s=0.1),
+        endpoints={e.name: e for e in endpoints(engine_url)},
+        secrets=Secrets(token=token, api_keys=api_keys or {}),
+        link=SchedulerLink(scheduler, name, runs, reconnect_s=0.1),
+        runs=runs,
+        memory=ToolCallMemory(time.monotonic, 1800),
+        http=aiohttp.ClientSession(),
+        metrics=Metrics(),
+    )
+
+
 @pytest.fixture(name="stack")
 async def stack_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     """The stack; import ``stack_fixture`` into a test module to use ``stack``."""
@@ -210,17 +232,7 @@ async def stack_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     engine = Engine()
     await engine.start()
     host, server, writer = await start_scheduler(address, engine.url)
-    runs = RunTable(time.monotonic, 1800)
-    dp = Dataplane(
-        settings=DataplaneSettings(report_reconnect_s=0.1),
-        endpoints={e.name: e for e in endpoints(engine.url)},
-        secrets=Secrets(token=token, api_keys={"engine-a": "engine-key"}),
-        link=SchedulerLink(address, "dp-test", runs, reconnect_s=0.1),
-        runs=runs,
-        memory=ToolCallMemory(time.monotonic, 1800),
-        http=aiohttp.ClientSession(),
-        metrics=Metrics(),
-    )
+    dp = make_dataplane(address, engine.url, "dp-test", token, {"engine-a": "engine-key"})
     maintain = asyncio.create_task(dp.link.maintain())
     async with asyncio.timeout(5):
         await dp.link.ready.wait()

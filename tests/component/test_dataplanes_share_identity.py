@@ -9,43 +9,29 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiohttp
 import httpx
 from _dataplane_stack import (
     MODEL,
     TOOL_COMPLETION,
     Stack,
     chat,
-    endpoints,
+    make_dataplane,
     settle,
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
-from luftpause.config import DataplaneSettings, Secrets
-from luftpause.dataplane.app import Dataplane, create_app
-from luftpause.dataplane.metrics import Metrics
+from luftpause.dataplane.app import create_app
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.scheduler.core import RunPhase
-from luftpause.tool_calls import ToolCallMemory
 
 
 @asynccontextmanager
 async def another_dataplane(stack: Stack, name: str) -> AsyncIterator[httpx.AsyncClient]:
     """A second dataplane process's worth of state (its own run table and tool call
     memory) on the stack's scheduler and engine."""
-    runs = RunTable(time.monotonic, 1800)
-    dp = Dataplane(
-        settings=DataplaneSettings(report_reconnect_s=0.1),
-        endpoints={e.name: e for e in endpoints(stack.engine.url)},
-        secrets=Secrets(token=None, api_keys={}),
-        link=SchedulerLink(stack.grpc_address, name, runs, reconnect_s=0.1),
-        runs=runs,
-        memory=ToolCallMemory(time.monotonic, 1800),
-        http=aiohttp.ClientSession(),
-        metrics=Metrics(),
-    )
+    dp = make_dataplane(stack.grpc_address, stack.engine.url, name)
     maintain = asyncio.create_task(dp.link.maintain())
     async with asyncio.timeout(5):
         await dp.link.ready.wait()
