@@ -161,6 +161,7 @@ async def test_replica_gauges_follow_probes_and_admissions(sched: Sched) -> None
     assert sum(m[P + "replica_pinned_runs"].values()) == 2
     assert one(m, "prefix_misses_total", replica="a") == 0
     assert one(m, "dataplanes_lost") == 0
+    assert sum(m[P + "dataplane_turns_in_flight"].values()) == 2  # B6: by dataplane
 
 
 async def test_held_turns_by_class_callers_and_oldest_age(sched: Sched) -> None:

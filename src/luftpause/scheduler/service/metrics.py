@@ -23,6 +23,7 @@ process (tests) do not share counters. The table of series is in the README.
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import get_args
@@ -226,6 +227,16 @@ class _StateCollector(Collector):
             "Dataplanes whose report stream ended and whose turns are not yet released (S11)",
             value=len(state.lost_dataplanes),
         )
+        by_dataplane = GaugeMetricFamily(
+            PREFIX + "dataplane_turns_in_flight",
+            "Admitted turns per dataplane (B6)",
+            labels=["dataplane"],
+        )
+        for dataplane, n in sorted(
+            collections.Counter(t.dataplane_id for t in state.turns.values()).items()
+        ):
+            by_dataplane.add_metric([dataplane], n)
+        yield by_dataplane
 
 
 class SchedulerMetrics:
