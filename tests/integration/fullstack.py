@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,29 +84,23 @@ def start_stack(
     extra_config: str = "",
     dataplane_env: dict[str, str] | None = None,
     probe_period_s: float = 0.2,
+    scheduler_env: dict[str, str] | None = None,
 ) -> Stack:
-    started = {
-        name: services.start(
-            "fake-engine",
-            "--name",
-            name,
-            "--port",
-            "0",
-            "--log-level",
-            "WARNING",
-            *engine_args,
-            name=name,
-        )
-        for name in engines
-    }
+    started = start_engines(services, engines, *engine_args)
     config = write_config(
         tmp / "stack.toml",
         {n: s.urls["http"] for n, s in started.items()},
         extra_config,
         probe_period_s,
     )
-    sched, dp = start_scheduler_and_dataplane(services, config, dataplane_env)
+    sched, dp = start_scheduler_and_dataplane(services, config, dataplane_env, scheduler_env)
     return Stack(started, sched, dp, config)
+
+
+def start_engines(services: Any, names: Sequence[str], *args: str) -> dict[str, Any]:
+    """Fake engines named ``names`` on free ports, each with ``args``."""
+    common = ("--port", "0", "--log-level", "WARNING")
+    return {n: services.start("fake-engine", "--name", n, *common, *args, name=n) for n in names}
 
 
 def start_scheduler_and_dataplane(

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from _otlp_receiver import OtlpReceiver, ReceivedSpan
-from fullstack import Stack, eventually, write_config
+from fullstack import Stack, eventually, start_stack
 
 pytestmark = pytest.mark.integration
 
@@ -71,21 +71,13 @@ async def run_example(name: str, *args: str, env: dict[str, str] | None = None) 
 
 
 def start_example_stack(services: Any, tmp: Path, env: dict[str, str]) -> Stack:
-    engines = {}
-    for name in ("engine-a", "engine-b"):
-        engines[name] = services.start(
-            "fake-engine", "--name", name, "--port", "0", "--log-level", "WARNING",
-            "--time-scale", "50", "--tool-results", str(TOOL_RESULTS), name=name,
-        )  # fmt: skip
-    config = write_config(tmp / "stack.toml", {n: s.urls["http"] for n, s in engines.items()})
-    scheduler = services.start(
-        "scheduler", "--config", str(config), "--port", "0", "--http-port", "0", env=env
+    return start_stack(
+        services,
+        tmp,
+        engine_args=("--time-scale", "50", "--tool-results", str(TOOL_RESULTS)),
+        dataplane_env=env,
+        scheduler_env=env,
     )
-    dataplane = services.start(
-        "dataplane", "--config", str(config), "--port", "0",
-        "--scheduler", f"127.0.0.1:{scheduler.ports['grpc']}", env=env,
-    )  # fmt: skip
-    return Stack(engines, scheduler, dataplane, config)
 
 
 @pytest.fixture(scope="module")

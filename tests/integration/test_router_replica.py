@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fullstack import MODEL, eventually, start_scheduler_and_dataplane
+from fullstack import MODEL, eventually, start_engines, start_scheduler_and_dataplane
 
 from luftpause.procs import RouterProcess, launch_sglang_router, launch_smg
 
@@ -50,23 +50,10 @@ async def test_router_as_a_replica_with_load_from_its_engines(
     scheduler's /status shows the router replica's load as read from the engines
     (running and queued while slow turns are in flight); an unknown model is a 404 from
     the dataplane that never reaches an engine."""
-    engines = [
-        services.start(
-            "fake-engine",
-            "--port",
-            "0",
-            "--name",
-            name,
-            "--time-scale",
-            "10",
-            "--max-running",
-            "1",
-            "--log-level",
-            "WARNING",
-            name=name,
-        ).urls["http"]
-        for name in ("engine-a", "engine-b")
-    ]
+    started = start_engines(
+        services, ("engine-a", "engine-b"), "--time-scale", "10", "--max-running", "1"
+    )
+    engines = [e.urls["http"] for e in started.values()]
     router = await asyncio.to_thread(
         ROUTERS[router_name], engines, "round_robin", tmp_path / "router.stderr", MODEL
     )

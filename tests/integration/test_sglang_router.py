@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from fullstack import start_engines
 from openai.types.chat import ChatCompletionMessageParam
 
 from luftpause.procs import RouterProcess, launch_sglang_router, launch_smg, missing_workers
@@ -40,21 +41,8 @@ def test_router_relays_streamed_and_plain_completions(
     """H1, S7: the router registers both fake engines as workers and relays streamed and
     plain completions to them; every engine sees requests (round robin) and the engines
     together count exactly the turns sent."""
-    urls = [
-        services.start(
-            "fake-engine",
-            "--port",
-            "0",
-            "--name",
-            name,
-            "--time-scale",
-            "50",
-            "--log-level",
-            "WARNING",
-            name=name,
-        ).urls["http"]
-        for name in ("engine-a", "engine-b")
-    ]
+    engines = start_engines(services, ("engine-a", "engine-b"), "--time-scale", "50")
+    urls = [e.urls["http"] for e in engines.values()]
     router = ROUTERS[router_name](urls, "round_robin", tmp_path / "router.stderr", MODEL)
     try:
         workers = httpx.get(f"{router.url}/workers", timeout=5).json()["workers"]
