@@ -83,12 +83,12 @@ def plan(config: StackConfig, config_path: Path, log_level: str) -> list[Planned
         workers = config.dataplane.workers
         if workers == 1:
             children.append(Planned("dataplane", ["dataplane", *cfg]))
-        for k in range(1, workers + 1) if workers > 1 else ():
-            # One port for all (B6): the kernel spreads connections; each has its own name.
-            name = "dataplane" if k == 1 else f"dataplane-{k}"
-            ident = f"{socket.gethostname()}:{config.dataplane.port}/{k}"
-            args = ["dataplane", *cfg, "--reuse-port", "--dataplane-id", ident]
-            children.append(Planned(name, args))
+        else:  # one port for all (B6): the kernel spreads connections; each has its own name
+            for k in range(1, workers + 1):
+                name = "dataplane" if k == 1 else f"dataplane-{k}"
+                ident = f"{socket.gethostname()}:{config.dataplane.port}/{k}"
+                args = ["dataplane", *cfg, "--reuse-port", "--dataplane-id", ident]
+                children.append(Planned(name, args))
     if _has("runtime"):
         children.append(Planned("runtime", ["runtime", *cfg]))
     return children
