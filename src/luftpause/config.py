@@ -198,6 +198,8 @@ class DataplaneSettings(_Frozen):
     scheduler: str = "127.0.0.1:5000"  # host:port of the scheduler's gRPC server
     engine_connect_timeout_s: Seconds = 2.0
     report_reconnect_s: Seconds = 1.0
+    # Reports wait up to this long to share a write to the scheduler (0 = each at once).
+    report_flush_ms: Annotated[float, Field(ge=0, le=1000)] = 5.0
     tool_call_id_memory_s: Seconds = 1800.0
     tool_call_id_sweep_s: Seconds = 60.0
     run_idle_prune_s: Seconds = 1800.0

@@ -46,7 +46,7 @@ variables (timeouts, certificates, compression) from the process environment
 themselves.
 
 The gRPC instrumentations leave out the health service and the long-lived
-``Report`` stream (a span for it would last as long as the connection). The
+``Report`` and ``Link`` streams (a span for either would last as long as the connection). The
 ASGI one leaves out ``/health``, ``/metrics`` and ``/status``, which are polled.
 """
 
@@ -75,7 +75,7 @@ Protocol = Literal["http/protobuf", "grpc"]
 # Polled endpoints: a span every two seconds per poller tells nobody anything.
 POLLED_PATHS = frozenset({"/health", "/metrics", "/status"})
 # RPCs that are not traced: the report stream lives as long as the connection.
-UNTRACED_RPCS = ("Report",)
+UNTRACED_RPCS = ("Report", "Link")
 SHUTDOWN_TIMEOUT_S = 3.0  # processes get SIGKILL 10 s after SIGTERM; uvicorn drains 3 s
 
 

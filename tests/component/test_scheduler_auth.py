@@ -64,6 +64,10 @@ async def test_grpc_calls_need_the_token_and_health_does_not() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.Report(iter([pb.ReportBatch()]), metadata=metadata)
             assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            link = stub.Link(iter([pb.LinkUp(admit=[_admit("t-link")])]), metadata=metadata)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await link.read()
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
         assert not host.state.turns  # nothing got through
         for scheme in ("Bearer", "bearer", "BEARER"):
             ok = await stub.Admit(

@@ -365,3 +365,47 @@ def test_the_dataplane_names_itself_under_the_key_the_scheduler_reads() -> None:
     from luftpause.scheduler.service import grpc_server
 
     assert scheduler_link.DATAPLANE_ID_KEY == grpc_server.DATAPLANE_ID_KEY
+
+
+async def test_link_answers_admissions_and_applies_reports_first(sched: Sched) -> None:
+    """D4, D5 on the Link stream: several admissions in one write are each answered once,
+    keyed by turn ID; reports in a write are applied before its admissions, so a slot a
+    finished turn frees serves an admission sent with that report."""
+    await sched.probe("a", 1, 1)
+    await sched.probe("b", 1, 1)
+    call = sched.stub.Link(metadata=(("luftpause-dataplane-id", "dp1"),))
+    await call.write(pb.LinkUp(admit=[admit_req("t1", "r1"), admit_req("t2", "r2")]))
+    answers: dict[str, pb.AdmitResponse] = {}
+    while len(answers) < 2:
+        down = await asyncio.wait_for(call.read(), 5)
+        answers.update((a.turn_id, a.response) for a in down.answers)
+    assert {answers[t].admitted.replica for t in ("t1", "t2")} == {"a", "b"}
+    # Both replicas full: t3 goes out with t1's report and takes t1's slot at once.
+    await call.write(pb.LinkUp(events=[finished("t1", "r1")], admit=[admit_req("t3", "r3")]))
+    down = await asyncio.wait_for(call.read(), 5)
+    assert [a.turn_id for a in down.answers] == ["t3"]
+    assert down.answers[0].response.admitted.replica == answers["t1"].admitted.replica
+    await call.done_writing()
+    assert await call.code() is grpc.StatusCode.OK
+
+
+async def test_link_abandons_a_turn_named_or_left_waiting_when_the_stream_ends(
+    sched: Sched,
+) -> None:
+    """D4, D6: a held turn named in ``abandoned`` leaves the queue and is never admitted;
+    a stream that ends abandons the turns still waiting on it, as a cancelled Admit does."""
+    await sched.probe("a", 1, 1)
+    await sched.probe("b", 1, 1)
+    await sched.stub.Admit(admit_req("t1", "r1"))
+    await sched.stub.Admit(admit_req("t2", "r2"))
+    call = sched.stub.Link()
+    await call.write(pb.LinkUp(admit=[admit_req("t3", "r3"), admit_req("t4", "r4")]))
+    await wait_for(lambda: {"t3", "t4"} <= set(sched.host.state.held))
+    await call.write(pb.LinkUp(abandoned=["t3"]))
+    await wait_for(lambda: "t3" not in sched.host.state.held)
+    assert "t4" in sched.host.state.held
+    call.cancel()  # the dataplane went away with t4 still held
+    await wait_for(lambda: "t4" not in sched.host.state.held)
+    await finish(sched.stub, finished("t1", "r1"))
+    await wait_for(lambda: "t1" not in sched.host.state.turns)
+    assert not {"t3", "t4"} & set(sched.host.state.turns)

@@ -82,6 +82,7 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
         runs,
         settings.report_reconnect_s,
         token=secrets.token,
+        report_flush_s=settings.report_flush_ms / 1000,
     )
     http = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(

@@ -1,15 +1,22 @@
-"""The dataplane's connection to the scheduler: Admit, Report, RunEnded, Resync.
+"""The dataplane's connection to the scheduler: one Link stream, plus Resync and RunEnded.
 
 One background task keeps the link: on every (re)connect it first sends a
-Resync built from the run table (runs and admitted turns), then opens the
-Report stream and feeds it from a queue. When the stream breaks (scheduler
-killed or restarted) it waits ``reconnect_s`` and starts over. Events queued
-before a resync are dropped: the resync already carries their effect.
+Resync built from the run table (runs and admitted turns), then opens the Link
+stream, on which everything else travels. A single writer sends, in one message
+per write, whatever accumulated since its last one: turn reports, turns
+abandoned while held, and admission requests; a reader resolves the admission
+answers the scheduler sends back. When the stream breaks (scheduler killed or
+restarted) the link waits ``reconnect_s`` and starts over. Reports queued before
+a resync are dropped: the resync already carries their effect.
 
-``admit`` never gives up on its own while the scheduler is unreachable: it
-waits for the link to be resynced and retries each ``reconnect_s`` with the
-same turn ID, exactly like a held turn (D6). Cancelling it (the client left)
-cancels the Admit call, which the scheduler reads as an abandoned turn.
+Admission requests go out at once. Reports may wait up to ``report_flush_s`` to
+share a write with the next ones (or go with the next admission request): they
+are bookkeeping, and a write costs more CPU on both sides than the message in it.
+
+``admit`` never gives up on its own while the scheduler is unreachable: a request
+still waiting when the link breaks is sent again, with the same turn ID, on the
+next link once resynced, exactly like a held turn (D6). Cancelling it (the client
+left) tells the scheduler the turn was abandoned.
 """
 
 from __future__ import annotations
@@ -17,9 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
@@ -35,7 +41,6 @@ _PHASE = {
     GENERATING: pb.RUN_PHASE_GENERATING,
     PAUSED_ON_TOOL: pb.RUN_PHASE_PAUSED_ON_TOOL,
 }
-_STOP = object()
 # HTTP/2 keepalive towards the scheduler (which allows a ping every 5 s): a scheduler
 # that vanished without closing the connection is noticed, and the link rebuilt.
 _KEEPALIVE = (
@@ -44,9 +49,10 @@ _KEEPALIVE = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
-# Names this dataplane on its report stream, so that a scheduler can release the turns
+# Names this dataplane on its Link stream, so that a scheduler can release the turns
 # of a dataplane whose stream ended and never came back (S11).
 DATAPLANE_ID_KEY = "luftpause-dataplane-id"
+REPORT_FLUSH_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,14 @@ class Rejected:
     message: str
 
 
+def _outcome(response: pb.AdmitResponse) -> Admitted | Rejected:
+    if response.WhichOneof("outcome") == "admitted":
+        a = response.admitted
+        return Admitted(a.replica, a.url, a.held_s, a.run_id)
+    r = response.rejected
+    return Rejected(r.code == pb.REJECT_CODE_UNKNOWN_MODEL, r.message)
+
+
 class SchedulerLink:
     def __init__(
         self,
@@ -71,32 +85,42 @@ class SchedulerLink:
         runs: RunTable,
         reconnect_s: float = 1.0,
         token: str | None = None,
+        report_flush_s: float = REPORT_FLUSH_S,
     ) -> None:
         self.address = address
         self.dataplane_id = dataplane_id
         self.runs = runs
         self.reconnect_s = reconnect_s
+        self.report_flush_s = report_flush_s
+        self.channel = grpc.aio.insecure_channel(address, options=_KEEPALIVE)
         # X2: every call carries the stack's token, which the scheduler checks.
-        self.channel = grpc.aio.insecure_channel(
-            address, options=_KEEPALIVE, interceptors=_with_token(token)
+        self._auth: tuple[tuple[str, str], ...] = (
+            (("authorization", bearer(token)),) if token else ()
         )
         self.stub = pb_grpc.SchedulerStub(self.channel)  # type: ignore[no-untyped-call]
-        self.ready = asyncio.Event()  # resynced and reporting
-        self._queue: asyncio.Queue[pb.TurnEvent | object] = asyncio.Queue()
-        self._report_call: grpc.aio.StreamUnaryCall | None = None
+        self.ready = asyncio.Event()  # resynced, and the Link stream open
+        # Admission requests waiting for their answer, across reconnects.
+        self._waiting: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitResponse]]] = {}
+        # What the next write carries.
+        self._events: list[pb.TurnEvent] = []
+        self._abandoned: list[str] = []
+        self._admit: list[pb.AdmitRequest] = []
+        self._wake = asyncio.Event()  # something is ready to be written
+        self._written: list[asyncio.Future[None]] = []  # resolved by the next write
+        self._flush: asyncio.TimerHandle | None = None
+        self._closing = False
+        self._call: grpc.aio.StreamStreamCall | None = None
         self._pending_run_ends: set[str] = set()
-        self._resetting = False
         # Reports are queued from the snapshot on, until the link breaks (then the next
         # snapshot covers them). Whenever ``ready`` is set, so is this.
         self._reporting = False
-        self._link_up = asyncio.Event()  # replaced after each connect: a generation signal
         self.connects = 0
         self.on_state_change: Callable[[bool], None] = lambda up: None
 
     # ------------------------------------------------------------- keep-alive
 
     async def maintain(self) -> None:
-        """Forever: resync, then report; on any break pause and start over."""
+        """Forever: resync, then link; on any break pause and start over."""
         while True:
             try:
                 await self._connect_once()
@@ -121,21 +145,25 @@ class SchedulerLink:
             if self.ready.is_set():
                 self.ready.clear()
                 self.on_state_change(False)
+            if self._closing:
+                return
             await asyncio.sleep(self.reconnect_s)
 
     async def _connect_once(self) -> None:
-        # Anything queued so far is described by the snapshot we are about to send, so
-        # each connection gets a fresh queue. The old one gets a stop: the broken stream's
-        # request iterator may still be running, and must not take this link's reports.
-        # From the snapshot on, reports are queued again: a turn listed in it that ends
-        # while the resync is on its way must still be reported once the stream opens.
-        old, self._queue = self._queue, asyncio.Queue()
-        old.put_nowait(_STOP)
+        # Anything reported so far is described by the snapshot we are about to send,
+        # and turns abandoned so far were held on a stream that is gone (which abandons
+        # them), so each link starts empty. From the snapshot on, reports are queued
+        # again: a turn listed in it that ends while the resync is on its way must
+        # still be reported once the link opens. Requests still waiting go out again.
+        self._events.clear()
+        self._abandoned.clear()
         snapshot = self.snapshot()
         self._reporting = True
-        await self.stub.Resync(snapshot, timeout=10.0, wait_for_ready=False)
+        await self.stub.Resync(snapshot, timeout=10.0, wait_for_ready=False, metadata=self._auth)
         for run_id in sorted(self._pending_run_ends):
-            await self.stub.RunEnded(pb.RunEndedRequest(run_id=run_id), timeout=10.0)
+            await self.stub.RunEnded(
+                pb.RunEndedRequest(run_id=run_id), timeout=10.0, metadata=self._auth
+            )
         self._pending_run_ends.clear()
         self.connects += 1
         log.info(
@@ -144,43 +172,44 @@ class SchedulerLink:
             len(snapshot.runs),
             len(snapshot.in_flight),
         )
+        call = self.stub.Link(metadata=((DATAPLANE_ID_KEY, self.dataplane_id), *self._auth))
+        self._call = call
+        self._admit = [request for request, _ in self._waiting.values()]
+        self._wake.set()
         self.ready.set()
         self.on_state_change(True)
-        up, self._link_up = self._link_up, asyncio.Event()
-        up.set()
-        call = self.stub.Report(
-            self._events(self._queue), metadata=((DATAPLANE_ID_KEY, self.dataplane_id),)
-        )
-        self._report_call = call
+        writer = asyncio.create_task(self._write(call), name="scheduler-link-writer")
         try:
-            await call
-        except asyncio.CancelledError:
-            if not self._resetting:
-                raise
-            log.warning("scheduler link reset after a failed admit; resyncing")
+            async for down in call:
+                for answer in down.answers:
+                    entry = self._waiting.pop(answer.turn_id, None)
+                    if entry is not None and not entry[1].done():
+                        entry[1].set_result(answer.response)
         finally:
-            self._resetting = False
-            self._report_call = None
+            self._call = None
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
 
-    @staticmethod
-    async def _events(
-        queue: asyncio.Queue[pb.TurnEvent | object],
-    ) -> AsyncIterator[pb.ReportBatch]:
-        """One write per batch: everything queued since the last write goes together."""
+    async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
+        """The one writer of ``call``: each write takes everything queued so far. On
+        close it writes what is left and half-closes the stream."""
         while True:
-            batch = pb.ReportBatch()
-            item = await queue.get()
-            while True:
-                if item is _STOP:
-                    if batch.events:
-                        yield batch
-                    return
-                assert isinstance(item, pb.TurnEvent)
-                batch.events.append(item)
-                if queue.empty():
-                    break
-                item = queue.get_nowait()
-            yield batch
+            await self._wake.wait()
+            self._wake.clear()
+            if self._flush is not None:
+                self._flush.cancel()
+                self._flush = None
+            up = pb.LinkUp(events=self._events, abandoned=self._abandoned, admit=self._admit)
+            written, self._written = self._written, []
+            self._events, self._abandoned, self._admit = [], [], []
+            if up.events or up.abandoned or up.admit:
+                await call.write(up)
+            for future in written:
+                if not future.done():
+                    future.set_result(None)
+            if self._closing:
+                await call.done_writing()
+                return
 
     def snapshot(self) -> pb.ResyncRequest:
         req = pb.ResyncRequest(dataplane_id=self.dataplane_id)
@@ -208,99 +237,65 @@ class SchedulerLink:
             )
         return req
 
-    def _link_broken(self) -> None:
-        """Force a reconnect (and so a resync) after a failed Admit."""
-        call = self._report_call
-        if call is not None and not self._resetting:
-            self._resetting = True
-            call.cancel()
-
-    async def _wait_for_new_link(self, generation: int) -> None:
-        while self.connects == generation:
-            await self._link_up.wait()
-        await self.ready.wait()
-
     # -------------------------------------------------------------- requests
 
     async def admit(self, req: pb.AdmitRequest) -> Admitted | Rejected:
+        """Ask for admission and wait for the answer, across scheduler restarts."""
         req.dataplane_id = self.dataplane_id
-        while True:
-            await self.ready.wait()
-            generation = self.connects
-            try:
-                resp: pb.AdmitResponse = await self.stub.Admit(req)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is grpc.StatusCode.CANCELLED:
-                    raise asyncio.CancelledError from exc
-                log.warning(
-                    "admit %s failed (%s); retrying with the same turn ID once resynced",
-                    req.turn_id,
-                    exc.code().name,
-                )
-                self._link_broken()
-                await asyncio.sleep(self.reconnect_s)
-                await self._wait_for_new_link(generation)
-                continue
-            if resp.WhichOneof("outcome") == "admitted":
-                a = resp.admitted
-                return Admitted(a.replica, a.url, a.held_s, a.run_id)
-            r = resp.rejected
-            return Rejected(r.code == pb.REJECT_CODE_UNKNOWN_MODEL, r.message)
+        answer: asyncio.Future[pb.AdmitResponse] = asyncio.get_running_loop().create_future()
+        self._waiting[req.turn_id] = (req, answer)
+        if self._call is not None:  # else it goes out once the next link is up
+            self._admit.append(req)
+            self._wake.set()
+        try:
+            return _outcome(await answer)
+        except asyncio.CancelledError:
+            if self._waiting.pop(req.turn_id, None) is not None and self._call is not None:
+                self._abandoned.append(req.turn_id)
+                self._wake.set()
+            raise
 
     def report(self, event: pb.TurnEvent) -> None:
         """Queue a turn event; dropped while the link is down and no resync is on its way
         (the next resync's snapshot covers it)."""
-        if self._reporting:
-            event.dataplane_id = self.dataplane_id
-            self._queue.put_nowait(event)
+        if not self._reporting:
+            return
+        event.dataplane_id = self.dataplane_id
+        self._events.append(event)
+        if self.report_flush_s <= 0:
+            self._wake.set()
+        elif self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(self.report_flush_s, self._wake.set)
 
     async def run_ended(self, run_id: str) -> None:
         if not self.ready.is_set():
             self._pending_run_ends.add(run_id)
             return
+        if self._events:  # the run's last reports go first (the scheduler takes either order)
+            written = asyncio.get_running_loop().create_future()
+            self._written.append(written)
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(written, 1.0)
         try:
-            await self.stub.RunEnded(pb.RunEndedRequest(run_id=run_id), timeout=5.0)
+            await self.stub.RunEnded(
+                pb.RunEndedRequest(run_id=run_id), timeout=5.0, metadata=self._auth
+            )
         except grpc.aio.AioRpcError:
             self._pending_run_ends.add(run_id)
 
     async def close(self, flush_s: float = 2.0) -> None:
         """End the link: reports already queued are written first (for up to ``flush_s``),
         so a dataplane that stops does not leave its last turns counted."""
-        self._queue.put_nowait(_STOP)
-        call = self._report_call
+        self._closing = True
+        self._wake.set()
+        call = self._call
         if call is not None and not call.done():
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(call), flush_s)
+                await asyncio.wait_for(asyncio.shield(_ended(call)), flush_s)
         await self.channel.close()
 
 
-class _Metadata:
-    """Adds ``authorization: Bearer <token>`` to a call's metadata."""
-
-    def __init__(self, token: str) -> None:
-        self.pair = ("authorization", bearer(token))
-
-    def details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), self.pair)
-        return grpc.aio.ClientCallDetails(
-            details.method, details.timeout, metadata, details.credentials,
-            details.wait_for_ready,
-        )  # fmt: skip
-
-
-class _UnaryToken(_Metadata, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_unary(
-        self, continuation: Any, client_call_details: Any, request: Any
-    ) -> Any:
-        return await continuation(self.details(client_call_details), request)
-
-
-class _StreamToken(_Metadata, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_unary(
-        self, continuation: Any, client_call_details: Any, request_iterator: Any
-    ) -> Any:
-        return await continuation(self.details(client_call_details), request_iterator)
-
-
-def _with_token(token: str | None) -> list[grpc.aio.ClientInterceptor] | None:
-    return [_UnaryToken(token), _StreamToken(token)] if token else None
+async def _ended(call: grpc.aio.StreamStreamCall) -> None:
+    await call.wait_for_connection()
+    await call.code()

@@ -1,4 +1,7 @@
-"""The gRPC face of the scheduler: Admit, Report, RunEnded, Resync, plus grpc.health.v1.
+"""The gRPC face of the scheduler: Link, Resync, RunEnded, Admit, Report, plus grpc.health.v1.
+
+A dataplane uses Resync, then Link (admission and reports on one stream, see the
+.proto), and RunEnded. Admit and Report do what Link does one call at a time.
 
 With a token (``LUFTPAUSE_TOKEN``), every Scheduler call must carry it as
 ``authorization: Bearer <token>`` metadata (X2); a call without it ends with
@@ -8,9 +11,13 @@ as ``/health`` does on every HTTP port.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -55,6 +62,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self._swept_at = host.clock()
 
     async def Admit(self, request: pb.AdmitRequest, context: Any) -> pb.AdmitResponse:
+        return await self._answer(request)
+
+    async def _answer(self, request: pb.AdmitRequest) -> pb.AdmitResponse:
+        """Wait until the turn is admitted or rejected (Admit, and each request on a Link)."""
         if request.echoed_tool_call_ids:
             known = self.tool_calls.lookup(request.echoed_tool_call_ids)
             if known is not None:
@@ -79,26 +90,29 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             self._swept_at = now
             self.tool_calls.sweep()
 
-    async def Report(
-        self, request_iterator: AsyncIterator[pb.ReportBatch], context: Any
-    ) -> pb.ReportSummary:
+    def _accept(self, events: Iterable[pb.TurnEvent]) -> int:
+        """Queue reported events for the writer, in order; returns how many were usable."""
         accepted = 0
-        dataplane_id = _metadata(context, DATAPLANE_ID_KEY)
+        for msg in events:
+            self._remember_tool_calls(msg)
+            stamp = _report_stamp(msg)
+            if stamp is not None:
+                self.host.post(stamp)
+                accepted += 1
+        return accepted
+
+    @contextlib.contextmanager
+    def _stream_of(self, dataplane_id: str) -> Iterator[None]:
+        """A dataplane's report stream (Report or Link) is open for the ``with`` body:
+        once its last stream is gone its turns are released unless it comes back (S11)."""
         if dataplane_id:
             self._streams[dataplane_id] += 1
             if self._streams[dataplane_id] == 1:
                 self.host.post(lambda at: DataplaneConnected(at=at, dataplane_id=dataplane_id))
         try:
-            async for batch in request_iterator:
-                for msg in batch.events:
-                    self._remember_tool_calls(msg)
-                    stamp = _report_stamp(msg)
-                    if stamp is not None:
-                        self.host.post(stamp)
-                        accepted += 1
+            yield
         finally:
-            # The stream ended (the dataplane closed it, died, or the link broke): once
-            # its last stream is gone its turns are released unless it comes back (S11).
+            # The stream ended (the dataplane closed it, died, or the link broke).
             if dataplane_id:
                 self._streams[dataplane_id] -= 1
                 if self._streams[dataplane_id] <= 0:
@@ -107,7 +121,80 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                     self.host.post(
                         lambda at: DataplaneDisconnected(at=at, dataplane_id=dataplane_id)
                     )
+
+    async def Report(
+        self, request_iterator: AsyncIterator[pb.ReportBatch], context: Any
+    ) -> pb.ReportSummary:
+        accepted = 0
+        with self._stream_of(_metadata(context, DATAPLANE_ID_KEY)):
+            async for batch in request_iterator:
+                accepted += self._accept(batch.events)
         return pb.ReportSummary(accepted=accepted)
+
+    async def Link(self, request_iterator: AsyncIterator[pb.LinkUp], context: Any) -> None:
+        """Reports and admissions on one stream (see the .proto). Each admission request
+        waits in a task of its own; its answer is written with whatever else was decided
+        since the last write. Abandoning a turn, or the stream ending, cancels its wait,
+        exactly as cancelling an Admit call does."""
+        waiting: dict[str, asyncio.Task[None]] = {}
+        out: asyncio.Queue[pb.AdmitAnswer | _Ended] = asyncio.Queue()
+
+        async def answer(request: pb.AdmitRequest) -> None:
+            try:
+                response = await self._answer(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("admitting turn %s failed", request.turn_id)
+                out.put_nowait(_Ended(failed=True))
+                return
+            out.put_nowait(pb.AdmitAnswer(turn_id=request.turn_id, response=response))
+
+        def settled(turn_id: str, task: asyncio.Task[None]) -> None:
+            if waiting.get(turn_id) is task:
+                del waiting[turn_id]
+
+        async def read() -> None:
+            try:
+                async for up in request_iterator:
+                    self._accept(up.events)
+                    for turn_id in up.abandoned:
+                        task = waiting.pop(turn_id, None)
+                        if task is not None:
+                            task.cancel()
+                    for request in up.admit:
+                        if request.turn_id in waiting:  # asked twice: one answer is enough
+                            continue
+                        task = asyncio.create_task(answer(request))
+                        waiting[request.turn_id] = task
+                        task.add_done_callback(functools.partial(settled, request.turn_id))
+            finally:
+                out.put_nowait(_Ended(failed=False))
+
+        with self._stream_of(_metadata(context, DATAPLANE_ID_KEY)):
+            reader = asyncio.create_task(read())
+            try:
+                ended: _Ended | None = None
+                while ended is None:
+                    answers: list[pb.AdmitAnswer] = []
+                    item = await out.get()
+                    while True:
+                        if isinstance(item, _Ended):
+                            ended = item
+                            break
+                        answers.append(item)
+                        if out.empty():
+                            break
+                        item = out.get_nowait()
+                    if answers:
+                        await context.write(pb.LinkDown(answers=answers))
+                if ended.failed:
+                    await context.abort(grpc.StatusCode.INTERNAL, "the scheduler failed (logged)")
+            finally:
+                reader.cancel()
+                for task in waiting.values():
+                    task.cancel()  # turns still held for this stream: abandoned
+                await asyncio.gather(reader, *waiting.values(), return_exceptions=True)
 
     async def RunEnded(self, request: pb.RunEndedRequest, context: Any) -> pb.RunEndedResponse:
         run_id = request.run_id
@@ -128,6 +215,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             len(request.in_flight),
         )
         return pb.ResyncResponse(runs=len(request.runs), turns=len(request.in_flight))
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """The end of a Link's answers: its reader finished, or an admission failed."""
+
+    failed: bool
 
 
 def _metadata(context: Any, key: str) -> str:

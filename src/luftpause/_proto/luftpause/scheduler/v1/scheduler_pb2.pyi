@@ -222,3 +222,27 @@ class ResyncResponse(_message.Message):
     runs: int
     turns: int
     def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ...) -> None: ...
+
+class LinkUp(_message.Message):
+    __slots__ = ("events", "abandoned", "admit")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[TurnEvent]
+    abandoned: _containers.RepeatedScalarFieldContainer[str]
+    admit: _containers.RepeatedCompositeFieldContainer[AdmitRequest]
+    def __init__(self, events: _Optional[_Iterable[_Union[TurnEvent, _Mapping]]] = ..., abandoned: _Optional[_Iterable[str]] = ..., admit: _Optional[_Iterable[_Union[AdmitRequest, _Mapping]]] = ...) -> None: ...
+
+class AdmitAnswer(_message.Message):
+    __slots__ = ("turn_id", "response")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    response: AdmitResponse
+    def __init__(self, turn_id: _Optional[str] = ..., response: _Optional[_Union[AdmitResponse, _Mapping]] = ...) -> None: ...
+
+class LinkDown(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[AdmitAnswer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[AdmitAnswer, _Mapping]]] = ...) -> None: ...

@@ -54,6 +54,11 @@ class SchedulerStub:
                 request_serializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ResyncRequest.SerializeToString,
                 response_deserializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ResyncResponse.FromString,
                 _registered_method=True)
+        self.Link = channel.stream_stream(
+                '/luftpause.scheduler.v1.Scheduler/Link',
+                request_serializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.LinkUp.SerializeToString,
+                response_deserializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.LinkDown.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -95,6 +100,20 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request_iterator, context):
+        """Admit and Report on one long-lived stream: what a dataplane uses. Each
+        LinkUp carries whatever accumulated since the last write (reports, turns
+        abandoned while held, admission requests, applied in that order); each
+        LinkDown carries the answers decided since the last one, in any order,
+        keyed by turn_id. An admission request waits for its answer exactly as an
+        Admit call does; naming it in `abandoned` is cancelling that call; a
+        stream that ends abandons every turn still waiting on it. Opened after
+        Resync, as Report is, and named by the same metadata.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -117,6 +136,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Resync,
                     request_deserializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ResyncRequest.FromString,
                     response_serializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ResyncResponse.SerializeToString,
+            ),
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.LinkUp.FromString,
+                    response_serializer=luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.LinkDown.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -227,6 +251,33 @@ class Scheduler:
             '/luftpause.scheduler.v1.Scheduler/Resync',
             luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ResyncRequest.SerializeToString,
             luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.ResyncResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/luftpause.scheduler.v1.Scheduler/Link',
+            luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.LinkUp.SerializeToString,
+            luftpause_dot_scheduler_dot_v1_dot_scheduler__pb2.LinkDown.FromString,
             options,
             channel_credentials,
             insecure,
