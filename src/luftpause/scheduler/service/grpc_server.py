@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
@@ -27,7 +26,16 @@ from grpc_health.v1._async import HealthServicer
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from luftpause.auth import REFUSED, bearer_ok
-from luftpause.scheduler.core import DataplaneConnected, DataplaneDisconnected, Event, RunEnded
+from luftpause.scheduler.core import (
+    Admit as Admitted,
+)
+from luftpause.scheduler.core import (
+    DataplaneConnected,
+    DataplaneDisconnected,
+    Event,
+    Reject,
+    RunEnded,
+)
 from luftpause.scheduler.service import convert, tracing
 from luftpause.scheduler.service.host import Host, Stamp
 from luftpause.tool_calls import ToolCallMemory
@@ -65,16 +73,23 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return await self._answer(request)
 
     async def _answer(self, request: pb.AdmitRequest) -> pb.AdmitResponse:
-        """Wait until the turn is admitted or rejected (Admit, and each request on a Link)."""
-        if request.echoed_tool_call_ids:
-            known = self.tool_calls.lookup(request.echoed_tool_call_ids)
-            if known is not None:
-                request.run_id = known
+        """Wait until the turn is admitted or rejected."""
+        self._join_known_run(request)
         with tracing.admit_span(request) as span:
             outcome = await self.host.admit(
                 request.turn_id, lambda at: convert.turn_requested(request, at)
             )
             tracing.decided(span, outcome)
+        return self._response(request, outcome)
+
+    def _join_known_run(self, request: pb.AdmitRequest) -> None:
+        """A turn echoing a tool call the scheduler knows continues that call's run (D2)."""
+        if request.echoed_tool_call_ids:
+            known = self.tool_calls.lookup(request.echoed_tool_call_ids)
+            if known is not None:
+                request.run_id = known
+
+    def _response(self, request: pb.AdmitRequest, outcome: Admitted | Reject) -> pb.AdmitResponse:
         url = self.urls.get(getattr(outcome, "replica", ""), "")
         response = convert.admit_response(outcome, url)
         if response.WhichOneof("outcome") == "admitted":
@@ -133,41 +148,43 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def Link(self, request_iterator: AsyncIterator[pb.LinkUp], context: Any) -> None:
         """Reports and admissions on one stream (see the .proto). Each admission request
-        waits in a task of its own; its answer is written with whatever else was decided
-        since the last write. Abandoning a turn, or the stream ending, cancels its wait,
-        exactly as cancelling an Admit call does."""
-        waiting: dict[str, asyncio.Task[None]] = {}
+        is answered by the writer as soon as it is decided; answers go out with whatever
+        else was decided since the last write. Abandoning a turn, or the stream ending,
+        withdraws its request, exactly as cancelling an Admit call does."""
+        waiting: dict[str, Callable[[], None]] = {}  # turn ID -> abandon its request
         out: asyncio.Queue[pb.AdmitAnswer | _Ended] = asyncio.Queue()
 
-        async def answer(request: pb.AdmitRequest) -> None:
-            try:
-                response = await self._answer(request)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("admitting turn %s failed", request.turn_id)
-                out.put_nowait(_Ended(failed=True))
-                return
-            out.put_nowait(pb.AdmitAnswer(turn_id=request.turn_id, response=response))
+        def ask(request: pb.AdmitRequest) -> None:
+            self._join_known_run(request)
+            span = tracing.start_admit(request)
 
-        def settled(turn_id: str, task: asyncio.Task[None]) -> None:
-            if waiting.get(turn_id) is task:
-                del waiting[turn_id]
+            def answer(outcome: Admitted | Reject) -> None:
+                waiting.pop(request.turn_id, None)
+                try:
+                    tracing.decided(span, outcome)
+                    span.end()
+                    response = self._response(request, outcome)
+                except Exception:
+                    log.exception("answering turn %s failed", request.turn_id)
+                    out.put_nowait(_Ended(failed=True))
+                    return
+                out.put_nowait(pb.AdmitAnswer(turn_id=request.turn_id, response=response))
+
+            waiting[request.turn_id] = self.host.request(
+                request.turn_id, lambda at: convert.turn_requested(request, at), answer
+            )
 
         async def read() -> None:
             try:
                 async for up in request_iterator:
                     self._accept(up.events)
                     for turn_id in up.abandoned:
-                        task = waiting.pop(turn_id, None)
-                        if task is not None:
-                            task.cancel()
+                        abandon = waiting.pop(turn_id, None)
+                        if abandon is not None:
+                            abandon()
                     for request in up.admit:
-                        if request.turn_id in waiting:  # asked twice: one answer is enough
-                            continue
-                        task = asyncio.create_task(answer(request))
-                        waiting[request.turn_id] = task
-                        task.add_done_callback(functools.partial(settled, request.turn_id))
+                        if request.turn_id not in waiting:  # asked twice: one answer is enough
+                            ask(request)
             finally:
                 out.put_nowait(_Ended(failed=False))
 
@@ -192,9 +209,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                     await context.abort(grpc.StatusCode.INTERNAL, "the scheduler failed (logged)")
             finally:
                 reader.cancel()
-                for task in waiting.values():
-                    task.cancel()  # turns still held for this stream: abandoned
-                await asyncio.gather(reader, *waiting.values(), return_exceptions=True)
+                await asyncio.gather(reader, return_exceptions=True)
+                for abandon in waiting.values():
+                    abandon()  # turns still held for this stream: abandoned
+                waiting.clear()
 
     async def RunEnded(self, request: pb.RunEndedRequest, context: Any) -> pb.RunEndedResponse:
         run_id = request.run_id

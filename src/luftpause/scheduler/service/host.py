@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from luftpause.scheduler.core import (
     Admit,
@@ -33,11 +32,7 @@ from luftpause.scheduler.service.metrics import SchedulerMetrics
 log = logging.getLogger("luftpause.scheduler")
 
 Stamp = Callable[[float], Event]  # builds an event once the writer knows the time
-
-
-@dataclass
-class _Waiters:
-    futures: list[asyncio.Future[Admit | Reject]] = field(default_factory=list)
+Answer = Callable[[Admit | Reject], None]  # told the decision on a requested turn
 
 
 class Host:
@@ -45,7 +40,7 @@ class Host:
         self.state = state
         self.clock = clock
         self._queue: asyncio.Queue[tuple[Stamp, asyncio.Future[None] | None]] = asyncio.Queue()
-        self._waiters: dict[str, _Waiters] = {}
+        self._waiters: dict[str, list[Answer]] = {}
         self.counters: dict[str, int] = {}
         self.metrics = SchedulerMetrics(lambda: self.state, clock)  # GET /metrics
 
@@ -69,24 +64,37 @@ class Host:
         admitted one whose answer never arrived frees its slot.
         """
         fut: asyncio.Future[Admit | Reject] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(turn_id, _Waiters()).futures.append(fut)
-        self.post(make)
+
+        def answer(outcome: Admit | Reject) -> None:
+            if not fut.done():
+                fut.set_result(outcome)
+
+        abandon = self.request(turn_id, make, answer)
         try:
             return await fut
         except asyncio.CancelledError:
-            self._forget_waiter(turn_id, fut)
-            if turn_id not in self._waiters:
-                self.post(lambda at: TurnAbandoned(at=at, turn_id=turn_id))
+            abandon()
             raise
 
-    def _forget_waiter(self, turn_id: str, fut: asyncio.Future[Admit | Reject]) -> None:
-        waiters = self._waiters.get(turn_id)
-        if waiters is None:
-            return
-        if fut in waiters.futures:
-            waiters.futures.remove(fut)
-        if not waiters.futures:
-            del self._waiters[turn_id]
+    def request(
+        self, turn_id: str, make: Callable[[float], TurnRequested], answer: Answer
+    ) -> Callable[[], None]:
+        """Request a turn; the writer calls ``answer`` once it is admitted or rejected.
+        Returns the function that abandons the request: once no request waits for
+        the turn, it is abandoned as ``admit`` describes."""
+        self._waiters.setdefault(turn_id, []).append(answer)
+        self.post(make)
+
+        def abandon() -> None:
+            waiting = self._waiters.get(turn_id)
+            if waiting is not None and answer in waiting:
+                waiting.remove(answer)
+                if not waiting:
+                    del self._waiters[turn_id]
+            if turn_id not in self._waiters:
+                self.post(lambda at: TurnAbandoned(at=at, turn_id=turn_id))
+
+        return abandon
 
     # ----------------------------------------------------------------- writer
 
@@ -117,10 +125,11 @@ class Host:
             case Admit() | Reject():
                 label = "admitted" if isinstance(action, Admit) else "rejected"
                 self.counters[label] = self.counters.get(label, 0) + 1
-                waiters = self._waiters.pop(action.turn_id, None)
-                for fut in waiters.futures if waiters else []:
-                    if not fut.done():
-                        fut.set_result(action)
+                for answer in self._waiters.pop(action.turn_id, ()):
+                    try:
+                        answer(action)
+                    except Exception:  # one bad answer must not stop the writer
+                        log.exception("answering turn %s failed", action.turn_id)
             case DropTurn():
                 self.counters[f"dropped_{action.reason.value}"] = (
                     self.counters.get(f"dropped_{action.reason.value}", 0) + 1

@@ -1,4 +1,5 @@
-"""The scheduler's ``admit`` span (X1): one per ``Admit`` call, the child of the
+"""The scheduler's ``admit`` span (X1): one per admission request (on a Link or an
+``Admit`` call), the child of the
 dataplane's turn span (``AdmitRequest.traceparent``), from the call's arrival to
 the decision. Attributes: ``luftpause.turn_id``, ``luftpause.run_id``,
 ``luftpause.service_class``, ``luftpause.caller``, then ``luftpause.replica`` and
@@ -26,7 +27,15 @@ _tracer = trace.get_tracer("luftpause.scheduler")
 
 @contextmanager
 def admit_span(request: pb.AdmitRequest) -> Iterator[Span]:
-    with _tracer.start_as_current_span(
+    """The span of one ``Admit`` call, current for its duration."""
+    span = start_admit(request)
+    with trace.use_span(span, end_on_exit=True):
+        yield span
+
+
+def start_admit(request: pb.AdmitRequest) -> Span:
+    """The span of one admission request; the caller ends it once decided."""
+    return _tracer.start_span(
         "admit",
         context=context_of(request.traceparent),
         kind=SpanKind.SERVER,
@@ -36,8 +45,7 @@ def admit_span(request: pb.AdmitRequest) -> Iterator[Span]:
             "luftpause.service_class": convert.service_class(request.service_class).value,
             "luftpause.caller": request.caller,
         },
-    ) as span:
-        yield span
+    )
 
 
 def decided(span: Span, outcome: Admit | Reject) -> None:
