@@ -14,8 +14,15 @@ failed (D5).
 
 Failures are raised as ``errors.TurnError`` members, which carry their outcome
 and their HTTP answer (D6). Anything else a route raises is a bug of ours: it
-is logged with its traceback and answered as a JSON 500 (``_guarded``), and an
-admitted turn it interrupts still ends.
+is logged with its traceback and answered as a JSON 500, and an admitted turn
+it interrupts still ends.
+
+The two turn routes are every turn's path, so ``DataplaneApp`` serves them as
+plain ASGI, with no framework in between; the other routes, the 404/405
+answers and the lifespan are a FastAPI app behind it. While a turn is held or
+running, one task per request (``ClientWatch``) listens for the client leaving
+and cancels the request's task; the code awaiting at that moment turns the
+cancellation into the outcome it means (abandoned while held, client left).
 """
 
 from __future__ import annotations
@@ -35,9 +42,10 @@ import aiohttp
 from fastapi import FastAPI, Request
 from opentelemetry import trace
 from opentelemetry.trace import Span
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.auth import bearer_ok
@@ -119,12 +127,73 @@ class Dataplane:
         return seen
 
 
+class ClientWatch:
+    """Notices the client leaving while its turn is held or runs: one task reads
+    ``receive`` (after the request body, the next message is the disconnect) and,
+    when the client goes, cancels the task serving the request. Whatever that task
+    awaited then sees ``CancelledError`` with ``left`` set, and says what it meant."""
+
+    __slots__ = ("_receive", "_stopped", "_target", "_watcher", "left")
+
+    def __init__(self, receive: Receive) -> None:
+        self.left = False
+        self._receive = receive
+        self._stopped = False
+        self._target: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Watch from now on (the request body has been read)."""
+        if self._watcher is None:
+            self._target = asyncio.current_task()
+            self._watcher = asyncio.create_task(self._watch())
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    def left_now(self) -> bool:
+        """Called on ``CancelledError``: True (and the cancellation is consumed) when it
+        was this watch's doing, because the client left; False for any other cancel."""
+        if not self.left:
+            return False
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            task.uncancel()
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                break
+        if not self._stopped and self._target is not None:
+            self.left = True
+            self._target.cancel()
+
+
+class Incoming:
+    """A request on a turn route, as the handlers read it."""
+
+    __slots__ = ("headers", "method", "path", "receive", "run_id", "watch")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.headers = Headers(scope=scope)
+        self.receive = receive
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.run_id: str | None = None  # the run the answer names, once known
+        self.watch = ClientWatch(receive)
+
+
+Route = Callable[["Dataplane", Incoming], Awaitable[Response]]
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _guarded(handler: Handler) -> Handler:
-    """Our own errors are always JSON (D6): an exception no route expected is logged
-    with its traceback and answered as a 500 in the OpenAI error shape."""
+    """The FastAPI routes' errors are JSON too (D6): an exception no route expected is
+    logged with its traceback and answered as a 500 in the OpenAI error shape."""
 
     @functools.wraps(handler)
     async def route(request: Request) -> Response:
@@ -132,13 +201,53 @@ def _guarded(handler: Handler) -> Handler:
             return await handler(request)
         except Exception:
             log.exception("internal error on %s %s", request.method, request.url.path)
-            run_id = getattr(request.state, "run_id", None) or _early_run(request, "run")
-            return error_response(500, "internal error in the dataplane (logged)", run_id)
+            return error_response(
+                500, "internal error in the dataplane (logged)", _early_run(request.headers, "run")
+            )
 
     return route
 
 
-def create_app(dp: Dataplane) -> FastAPI:
+class DataplaneApp:
+    """The dataplane's ASGI app (see the module docstring)."""
+
+    def __init__(self, dp: Dataplane, rest: FastAPI) -> None:
+        self.dp = dp
+        self.rest = rest  # every other route, the 404/405 answers, the lifespan
+        self.routes: dict[str, Route] = {"/v1/chat/completions": _chat, "/v1/decide": _decide}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if route is None:
+            await self.rest(scope, receive, send)
+        elif scope["method"] == "POST":
+            await self._turn(route, scope, receive, send)
+        else:
+            run_id = _early_run(Headers(scope=scope), "run")
+            answer = _not_allowed(scope["method"], scope["path"], "POST", run_id)
+            await answer(scope, receive, send)
+
+    async def _turn(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        incoming = Incoming(scope, receive)
+        try:
+            try:
+                response = await route(self.dp, incoming)
+            except Exception:
+                # Our own errors are always JSON (D6): a bug of ours is logged with its
+                # traceback and answered as a 500 in the OpenAI error shape.
+                log.exception("internal error on %s %s", incoming.method, incoming.path)
+                run_id = incoming.run_id or _early_run(incoming.headers, "run")
+                response = error_response(500, "internal error in the dataplane (logged)", run_id)
+            await response(scope, receive, send)
+        except asyncio.CancelledError:
+            if not incoming.watch.left_now():
+                raise
+            # The client left; whatever the turn held has been given back on the way here.
+        finally:
+            incoming.watch.stop()
+
+
+def create_app(dp: Dataplane) -> DataplaneApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = [
@@ -166,17 +275,10 @@ def create_app(dp: Dataplane) -> FastAPI:
     async def no_such_route(request: Request, exc: StarletteHTTPException) -> Response:
         """Unknown routes and wrong methods answer in the same shape as every other
         error of ours (D6), naming what the dataplane does serve."""
-        run_id = _early_run(request, "run")
+        run_id = _early_run(request.headers, "run")
         method, path = request.method, request.url.path
         if exc.status_code == 405:
-            allowed = (exc.headers or {}).get("Allow", "")
-            return error_response(
-                405,
-                f"{method} is not allowed on {path}; use {allowed or 'another method'}",
-                run_id,
-                {"allow": allowed} if allowed else None,
-                code="method_not_allowed",
-            )
+            return _not_allowed(method, path, (exc.headers or {}).get("Allow", ""), run_id)
         if exc.status_code == 404:
             return error_response(
                 404,
@@ -186,22 +288,12 @@ def create_app(dp: Dataplane) -> FastAPI:
             )
         return error_response(exc.status_code, str(exc.detail), run_id)
 
-    @app.post("/v1/chat/completions")
-    @_guarded
-    async def chat(request: Request) -> Response:
-        return await _chat(dp, request)
-
-    @app.post("/v1/decide")
-    @_guarded
-    async def decide(request: Request) -> Response:
-        return await _decide(dp, request)
-
     @app.get("/v1/models")
     @_guarded
     async def models(request: Request) -> Response:
-        run_id = _early_run(request, "run")
+        run_id = _early_run(request.headers, "run")
         try:
-            _authorize(dp, request)
+            _authorize(dp, request.headers)
         except Unauthorized as exc:
             return exc.response(run_id)
         data: list[dict[str, Any]] = []
@@ -216,7 +308,7 @@ def create_app(dp: Dataplane) -> FastAPI:
     async def end_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
-            _authorize(dp, request)
+            _authorize(dp, request.headers)
         except Unauthorized as exc:
             return exc.response(run_id)
         dp.runs.forget(run_id)
@@ -238,7 +330,7 @@ def create_app(dp: Dataplane) -> FastAPI:
             {"status": "ok", "scheduler": "up" if dp.link.ready.is_set() else "unreachable"}
         )
 
-    return app
+    return DataplaneApp(dp, app)
 
 
 async def _sweep(dp: Dataplane) -> None:
@@ -248,11 +340,21 @@ async def _sweep(dp: Dataplane) -> None:
         dp.runs.prune()
 
 
-def _authorize(dp: Dataplane, request: Request) -> None:
+def _not_allowed(method: str, path: str, allowed: str, run_id: str) -> Response:
+    return error_response(
+        405,
+        f"{method} is not allowed on {path}; use {allowed or 'another method'}",
+        run_id,
+        {"allow": allowed} if allowed else None,
+        code="method_not_allowed",
+    )
+
+
+def _authorize(dp: Dataplane, headers: Headers) -> None:
     """D9: with a token set, every /v1 route needs ``Authorization: Bearer <token>``
     (the scheme is case-insensitive, as every HTTP auth scheme is)."""
     token = dp.secrets.token
-    if token is None or bearer_ok(request.headers.get("authorization"), token):
+    if token is None or bearer_ok(headers.get("authorization"), token):
         return
     raise Unauthorized("missing or wrong bearer token (set Authorization: Bearer <token>)")
 
@@ -263,28 +365,32 @@ _ROUTES = (
 )
 
 
-async def _body(request: Request, limit: int) -> bytes:
+async def _body(incoming: Incoming, limit: int) -> bytes:
     """The request body, if it is JSON (or says nothing of its type) and at most
     ``limit`` bytes: a larger one is refused before the rest of it is read, so it
     never reaches an engine."""
-    content_type = request.headers.get("content-type", "")
+    headers = incoming.headers
+    content_type = headers.get("content-type", "")
     media = content_type.partition(";")[0].strip().lower()
     if media and media != "application/json" and not media.endswith("+json"):
         raise NotJson(f"Content-Type must be application/json, got {shown(content_type)}")
-    declared = request.headers.get("content-length", "")
+    declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(_too_large(int(declared), limit))
     parts: list[bytes] = []
     size = 0
-    try:
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise BodyTooLarge(_too_large(None, limit))
-            parts.append(part)
-    except ClientDisconnect:
-        raise ClientLeft("client left while sending its request") from None
-    return b"".join(parts)
+    while True:
+        message = await incoming.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientLeft("client left while sending its request")
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            raise BodyTooLarge(_too_large(None, limit))
+        parts.append(part)
+        if not message.get("more_body", False):
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _too_large(size: int | None, limit: int) -> str:
@@ -294,35 +400,10 @@ def _too_large(size: int | None, limit: int) -> str:
     )
 
 
-async def _until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
-    """Run ``work``; if the client leaves first, cancel it and return None."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.create_task(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    return None
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-def _engine_headers(dp: Dataplane, request: Request, replica: str, span: Span) -> dict[str, str]:
+def _engine_headers(dp: Dataplane, incoming: Incoming, replica: str, span: Span) -> dict[str, str]:
     headers = {
         k: v
-        for k, v in request.headers.items()
+        for k, v in incoming.headers.items()
         if k not in _DROP and not k.startswith("x-luftpause-")
     }
     key = dp.secrets.api_keys.get(replica)
@@ -335,14 +416,14 @@ def _engine_headers(dp: Dataplane, request: Request, replica: str, span: Span) -
 
 
 async def _admit(
-    dp: Dataplane, request: Request, req: pb.AdmitRequest, cls: str, span: Span
+    dp: Dataplane, incoming: Incoming, req: pb.AdmitRequest, cls: str, span: Span
 ) -> Admitted:
     """Ask the scheduler and wait while held (D4). On the way out, the turn is either
     admitted (and the caller owns it and its ``span``) or it never took a slot: the
     client left (``Abandoned``) or the scheduler refused it, and its span is ended."""
     req.traceparent = tracing.traceparent_of(span)
     try:
-        admitted = await _admit_untraced(dp, request, req, cls)
+        admitted = await _admit_untraced(dp, incoming, req, cls)
     except BaseException as exc:
         tracing.end(span, exc.outcome.value if isinstance(exc, TurnError) else "abandoned")
         raise
@@ -351,20 +432,21 @@ async def _admit(
 
 
 async def _admit_untraced(
-    dp: Dataplane, request: Request, req: pb.AdmitRequest, cls: str
+    dp: Dataplane, incoming: Incoming, req: pb.AdmitRequest, cls: str
 ) -> Admitted:
     t0 = time.monotonic()
-    dp.metrics.holding.labels(cls).inc()
+    holding = dp.metrics.holding.labels(cls)
+    holding.inc()
+    incoming.watch.start()
     try:
-        outcome = await _until_disconnect(request, dp.link.admit(req))
+        outcome = await dp.link.admit(req)
     except asyncio.CancelledError:
         _abandoned(dp, req.turn_id, req.run_id)
+        if incoming.watch.left_now():  # D4: the client left while held; no engine request
+            raise Abandoned("client left while the turn was held") from None
         raise
     finally:
-        dp.metrics.holding.labels(cls).dec()
-    if outcome is None:  # D4: the client left while held; no engine request
-        _abandoned(dp, req.turn_id, req.run_id)
-        raise Abandoned("client left while the turn was held")
+        holding.dec()
     if isinstance(outcome, Rejected):
         if outcome.unknown_model:
             raise UnknownModel(outcome.message)
@@ -391,26 +473,26 @@ def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
     )
 
 
-def _early_run(request: Request, prefix: str) -> str:
+def _early_run(headers: Headers, prefix: str) -> str:
     """The run an answer names before the body is read (D6: every answer names one):
     the run the client named, if usable, else a new run ID."""
-    run_id = request.headers.get(identity.RUN_HEADER, "").strip()
+    run_id = headers.get(identity.RUN_HEADER, "").strip()
     return run_id if 0 < len(run_id) <= identity.MAX_RUN_ID else f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def _chat(dp: Dataplane, request: Request) -> Response:
-    request.state.run_id = _early_run(request, "run")
+async def _chat(dp: Dataplane, incoming: Incoming) -> Response:
+    incoming.run_id = _early_run(incoming.headers, "run")
     cls = "batch"
     try:
-        _authorize(dp, request)
-        chat = chat_request(await _body(request, dp.settings.max_body_bytes))
+        _authorize(dp, incoming.headers)
+        chat = chat_request(await _body(incoming, dp.settings.max_body_bytes))
         try:
-            cls = identity.service_class(request.headers)
-            run_id, echoed = identity.resolve_run_id(request.headers, chat.body, dp.memory)
-            caller = identity.caller(request.headers, dp.settings.caller_max_bytes)
+            cls = identity.service_class(incoming.headers)
+            run_id, echoed = identity.resolve_run_id(incoming.headers, chat.body, dp.memory)
+            caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes)
         except identity.BadHeader as exc:
             raise BadRequest(str(exc)) from None
-        request.state.run_id = run_id
+        incoming.run_id = run_id
         if chat.model not in dp.generative_models:
             if chat.model in dp.single_pass_models:
                 raise UnknownModel(
@@ -421,11 +503,11 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
         turn_id = f"turn-{uuid.uuid4().hex}"
         dp.runs.touch(run_id, cls, caller)
         span = tracing.start_turn(
-            request.headers, route="chat", model=chat.model, service_class=cls, run_id=run_id
+            incoming.headers, route="chat", model=chat.model, service_class=cls, run_id=run_id
         )
         admitted = await _admit(
             dp,
-            request,
+            incoming,
             pb.AdmitRequest(
                 turn_id=turn_id,
                 run_id=run_id,
@@ -440,12 +522,12 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
         )
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns.labels(cls, exc.outcome.value).inc()
-        return exc.response(request.state.run_id)
+        return exc.response(incoming.run_id)
     if admitted.run_id and admitted.run_id != run_id:
         # The scheduler knew the echoed tool calls: the turn continues that run, whichever
         # dataplane its earlier turns went through (D2).
         dp.runs.forget(run_id)
-        run_id = request.state.run_id = admitted.run_id
+        run_id = incoming.run_id = admitted.run_id
         dp.runs.touch(run_id, cls, caller)
         tracing.renamed_run(span, run_id)
 
@@ -457,11 +539,11 @@ async def _chat(dp: Dataplane, request: Request) -> Response:
         memory=dp.memory,
         span=span,
     )
-    return await serve(turn, _forward_chat(dp, request, chat, turn, admitted))
+    return await serve(turn, _forward_chat(dp, incoming, chat, turn, admitted))
 
 
 async def _forward_chat(
-    dp: Dataplane, request: Request, chat: ChatRequest, turn: Turn, admitted: Admitted
+    dp: Dataplane, incoming: Incoming, chat: ChatRequest, turn: Turn, admitted: Admitted
 ) -> Response:
     """Send the turn to its replica and pass the reply on. Ends ``turn`` itself, raises a
     ``TurnError`` (``serve`` ends it then), or hands it to the stream relay."""
@@ -481,18 +563,17 @@ async def _forward_chat(
         # The turn's span is current for the engine request, so a client span of the
         # HTTP instrumentation sits under it.
         with trace.use_span(turn.span, end_on_exit=False):
-            response = await _until_disconnect(
-                request,
-                dp.http.post(
-                    f"{base}/v1/chat/completions",
-                    data=raw,
-                    headers=_engine_headers(dp, request, record.replica, turn.span),
-                ),
+            response = await dp.http.post(
+                f"{base}/v1/chat/completions",
+                data=raw,
+                headers=_engine_headers(dp, incoming, record.replica, turn.span),
             )
     except ENGINE_ERRORS as exc:
         raise _engine_error(record.replica, exc) from None
-    if response is None:
-        raise ClientLeft("client left before the engine answered")
+    except asyncio.CancelledError:
+        if incoming.watch.left_now():
+            raise ClientLeft("client left before the engine answered") from None
+        raise
 
     if response.status != 200:  # D6: engine rejects: status, body, Retry-After unchanged
         try:
@@ -527,21 +608,23 @@ async def _forward_chat(
             chat.hide_usage,
             endpoint.null_usage_when_asked if endpoint is not None else True,
         )
-        return RelayStream(response, tap, stream_headers, turn)
+        return RelayStream(response, tap, stream_headers, turn, incoming.watch)
 
     try:
-        whole = await _until_disconnect(request, response.read())
+        whole = await response.read()
     except ENGINE_ERRORS as exc:
         raise EngineFailed(
             f"engine {record.replica} failed: {_describe(exc)}", record.replica
         ) from None
+    except asyncio.CancelledError:
+        if incoming.watch.left_now():
+            raise ClientLeft("client left while the engine was answering") from None
+        raise
     finally:
         if response.content.at_eof():
             response.release()
         else:
             response.close()  # unfinished: drop the connection so the engine stops
-    if whole is None:
-        raise ClientLeft("client left while the engine was answering")
     outcome = TurnOutcome()
     outcome.read_completion_bytes(whole)
     if outcome.first_token:
@@ -550,13 +633,13 @@ async def _forward_chat(
     return Response(whole, status_code=200, headers={**reply_headers, "content-type": content_type})
 
 
-async def _decide(dp: Dataplane, request: Request) -> Response:
+async def _decide(dp: Dataplane, incoming: Incoming) -> Response:
     """D7: a single-pass turn to a classifier replica (vLLM ``/classify`` format)."""
-    run_id = request.state.run_id = _early_run(request, "decide")
+    run_id = incoming.run_id = _early_run(incoming.headers, "decide")
     try:
-        _authorize(dp, request)
-        decide = decide_request(await _body(request, dp.settings.max_body_bytes))
-        if len(request.headers.get(identity.RUN_HEADER, "").strip()) > identity.MAX_RUN_ID:
+        _authorize(dp, incoming.headers)
+        decide = decide_request(await _body(incoming, dp.settings.max_body_bytes))
+        if len(incoming.headers.get(identity.RUN_HEADER, "").strip()) > identity.MAX_RUN_ID:
             raise BadRequest(
                 f"{identity.RUN_HEADER} is longer than {identity.MAX_RUN_ID} characters"
             )
@@ -566,12 +649,12 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
             raise UnknownModel(f"no SinglePass replica serves model {shown(model)}")
         payload = decide.engine_body(model)
         try:
-            caller = identity.caller(request.headers, dp.settings.caller_max_bytes)
+            caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes)
         except identity.BadHeader as exc:
             raise BadRequest(str(exc)) from None
         turn_id = f"turn-{uuid.uuid4().hex}"
         span = tracing.start_turn(
-            request.headers,
+            incoming.headers,
             route="decide",
             model=model,
             service_class="interactive",
@@ -579,7 +662,7 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
         )
         admitted = await _admit(
             dp,
-            request,
+            incoming,
             pb.AdmitRequest(
                 turn_id=turn_id,
                 run_id=run_id,
@@ -593,7 +676,7 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
         )
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns.labels("interactive", exc.outcome.value).inc()
-        return exc.response(request.state.run_id)
+        return exc.response(incoming.run_id)
 
     turn = Turn(
         TurnRecord(turn_id, run_id, admitted.replica, model, "interactive", caller),
@@ -601,12 +684,12 @@ async def _decide(dp: Dataplane, request: Request) -> Response:
         metrics=dp.metrics,
         span=span,
     )
-    return await serve(turn, _classify(dp, request, payload, turn, admitted))
+    return await serve(turn, _classify(dp, incoming, payload, turn, admitted))
 
 
 async def _classify(
     dp: Dataplane,
-    request: Request,
+    incoming: Incoming,
     payload: bytes,
     turn: Turn,
     admitted: Admitted,
@@ -620,7 +703,7 @@ async def _classify(
                 f"{base}/classify",
                 data=payload,
                 headers={
-                    **_engine_headers(dp, request, replica, turn.span),
+                    **_engine_headers(dp, incoming, replica, turn.span),
                     "content-type": "application/json",
                 },
             ) as response:

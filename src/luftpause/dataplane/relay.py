@@ -9,9 +9,10 @@ request added — the usage-only last chunk, and the ``"usage": null`` member of
 every other chunk — so the client gets exactly the stream it asked for.
 
 ``RelayStream`` is the ASGI response that streams those bytes, stops the engine
-request when the client leaves, and closes the client connection without
-``[DONE]`` when the engine fails mid-stream (D6). It owns the turn it is
-handed: whatever happens while streaming, its ``finally`` ends the turn.
+request when the client leaves (the request's ``ClientWatch`` cancels it), and
+closes the client connection without ``[DONE]`` when the engine fails mid-stream
+(D6). It owns the turn it is handed: whatever happens while streaming, its
+``finally`` ends the turn.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from starlette.responses import Response
 from luftpause.dataplane.errors import ClientLeft, EngineFailed, InternalError, TurnError
 
 if TYPE_CHECKING:
+    from luftpause.dataplane.app import ClientWatch
     from luftpause.dataplane.turn import Turn
 
 log = logging.getLogger("luftpause.dataplane.relay")
@@ -236,6 +238,7 @@ class RelayStream(Response):
         tap: SseTap,
         headers: list[tuple[bytes, bytes]],
         turn: Turn,
+        watch: ClientWatch,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -243,30 +246,21 @@ class RelayStream(Response):
         self.tap = tap
         self.raw_headers = headers
         self.turn = turn
+        self.watch = watch  # cancels this task when the client leaves
         self.replica = turn.record.replica
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # Until the relay says otherwise, the turn ended in a bug of ours.
         failure: TurnError | None = InternalError("the stream relay failed", self.replica)
-        relay = asyncio.create_task(self._relay(send))
-        watcher = asyncio.create_task(_wait_disconnect(receive))
         try:
-            done, _ = await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if relay in done:
-                failure = relay.result()
-            else:
-                relay.cancel()
-                await asyncio.gather(relay, return_exceptions=True)
-                failure = ClientLeft("client left mid-stream")
+            failure = await self._relay(send)
         except asyncio.CancelledError:
-            relay.cancel()
             failure = ClientLeft("client left mid-stream")
             raise
         except Exception:
             log.exception("relaying the stream of engine %s failed", self.replica)
             raise
         finally:
-            watcher.cancel()
             if failure is None and self.engine.content.at_eof():
                 self.engine.release()  # complete: the connection goes back to the pool
             else:
@@ -300,13 +294,6 @@ class RelayStream(Response):
                 f"engine {self.replica} ended the stream without [DONE]", self.replica
             )
         return None
-
-
-async def _wait_disconnect(receive: Any) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _describe(exc: BaseException) -> str:
