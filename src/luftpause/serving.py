@@ -109,6 +109,8 @@ def uvicorn_server(app: Any, *, log_level: str = "warning") -> uvicorn.Server:
         timeout_graceful_shutdown=3,
         loop="none",
         http="httptools",
+        # No X-Forwarded-* rewriting: nothing here reads the client's address or scheme.
+        proxy_headers=False,
     )
     return _Server(config)
 

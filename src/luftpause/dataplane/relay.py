@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
 from starlette.responses import Response
 
 from luftpause.dataplane.errors import ClientLeft, EngineFailed, InternalError, TurnError
@@ -64,11 +65,9 @@ class TurnOutcome:
     def read_completion_bytes(self, raw: bytes) -> None:
         """Read a non-streamed reply as the engine sent it; a body that is not JSON
         says nothing (it is still passed on)."""
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            return
-        self.read_completion(body)
+        body = loads(raw)
+        if body is not _NOT_JSON:
+            self.read_completion(body)
 
     def read_completion(self, body: Any) -> None:
         """Read a non-streamed ``chat.completion`` body."""
@@ -107,6 +106,22 @@ class TurnOutcome:
         for call in calls:
             if isinstance(call, dict) and isinstance(call.get("id"), str) and call["id"]:
                 self.tool_call_ids.append(call["id"])
+
+
+_NOT_JSON = object()
+
+
+def loads(raw: bytes) -> Any:
+    """``raw`` parsed (``orjson``, or the standard library for what it refuses, such as
+    integers past 64 bits), or ``_NOT_JSON``."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
 
 
 # What an engine's reply may say is read defensively: the values go into report
@@ -179,10 +194,7 @@ class SseTap:
             if payload == b"[DONE]":
                 self.outcome.done = True
                 continue
-            try:
-                chunk = json.loads(payload)
-            except (ValueError, RecursionError):
-                continue
+            chunk = loads(payload)
             if not isinstance(chunk, dict):
                 continue
             self.outcome.read_chunk(chunk)
@@ -210,11 +222,8 @@ def without_null_usage(line: bytes, chunk: dict[str, Any]) -> bytes:
     wanted = {k: v for k, v in chunk.items() if k != "usage"}
     for match in _NULL_USAGE.finditer(line):
         candidate = line[: match.start()] + line[match.end() :]
-        try:
-            if json.loads(candidate[5:]) == wanted:
-                return candidate
-        except (ValueError, RecursionError):
-            continue
+        if loads(candidate[5:]) == wanted:
+            return candidate
     log.debug("usage member not found by its bytes; chunk re-serialised")
     ending = line[len(line.rstrip(b"\r\n")) :]
     return b"data: " + json.dumps(wanted, separators=(",", ":")).encode() + ending
