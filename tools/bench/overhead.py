@@ -18,9 +18,14 @@ run, with arms alternated block by block:
 (b) closed-loop throughput (turns/s) with 64 concurrent streams in the same four
     arms, with each dataplane arm's own CPU time per turn.
 
-Everything runs on this machine, so all processes share its cores: the table
-reports the load average and each process's CPU seconds so the numbers can be
-read against that. Timings are measured, never asserted.
+Everything runs on this machine. So that the added latency is the hop's own time
+and not the CPU it competes for with the load generator and the engines, the
+processes are pinned (``--no-pin`` to leave them to the kernel): this process
+(the load generator) and the engines on the first CPU, the scheduler, the
+dataplanes and the router on the second, so whichever of them an arm uses has a
+core to itself. The load generator is one ``aiohttp`` session. The table reports
+the pinning, the load average and each process's CPU seconds. Timings are
+measured, never asserted.
 
 With ``--tracing`` the scheduler and the dataplane run with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointed at an OTLP/HTTP sink in this process
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -45,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from luftpause.loadgen.progress import ArmClock
 from luftpause.procs import ServiceProcess, free_port, launch, launch_sglang_router, stop_all
@@ -76,13 +82,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-async def one_turn(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
+_BODY = json.dumps(BODY).encode()
+
+
+async def one_turn(client: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    async with client.stream("POST", f"{url}/chat/completions", json=BODY, headers=headers) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+    headers = {"content-type": "application/json", **headers}
+    async with client.post(f"{url}/chat/completions", data=_BODY, headers=headers) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.read())[:200]!r}")
         tail = b""
-        async for chunk in r.aiter_raw():
+        async for chunk in r.content.iter_any():
             tail = (tail + chunk)[-32:]
         if b"[DONE]" not in tail:
             raise RuntimeError(f"{url}: stream ended without [DONE]")
@@ -90,7 +100,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, headers: dict[str, str])
 
 
 async def latency_block(
-    client: httpx.AsyncClient, arm: Arm, concurrency: int, turns: int, offset: int
+    client: aiohttp.ClientSession, arm: Arm, concurrency: int, turns: int, offset: int
 ) -> None:
     """``turns`` turns spread over ``concurrency`` closed-loop workers."""
     per_worker = max(1, turns // concurrency)
@@ -104,7 +114,7 @@ async def latency_block(
 
 
 async def throughput(
-    client: httpx.AsyncClient, arm: Arm, concurrency: int, seconds: float
+    client: aiohttp.ClientSession, arm: Arm, concurrency: int, seconds: float
 ) -> float:
     done = 0
     stop_at = time.perf_counter() + seconds
@@ -116,7 +126,7 @@ async def throughput(
             try:
                 await one_turn(client, arm.urls[(w + i) % len(arm.urls)], arm.headers(w))
                 done += 1
-            except (httpx.HTTPError, RuntimeError) as exc:
+            except (aiohttp.ClientError, RuntimeError) as exc:
                 kind = f"{type(exc).__name__}: {str(exc)[:80]}"
                 arm.errors[kind] = arm.errors.get(kind, 0) + 1
             i += 1
@@ -124,6 +134,15 @@ async def throughput(
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     return done / (time.perf_counter() - t0)
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Keep every thread of process ``pid`` (0: this one) on ``cpus``; threads it starts
+    later inherit that."""
+    tasks = Path(f"/proc/{pid or os.getpid()}/task")
+    for tid in tasks.iterdir():
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # a thread that ended
+            os.sched_setaffinity(int(tid.name), cpus)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -154,12 +173,13 @@ class Stack:
 
 
 async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
 
     def ours(w: int) -> dict[str, str]:
         return {"x-luftpause-run-id": f"bench-{w}", "x-luftpause-caller": "bench"}
 
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         direct = Arm("engine (direct)", [f"{u}/v1" for u in stack.engines])
         one = Arm("dataplane", [f"{stack.dataplane}/v1"], ours)
         two = Arm("2 dataplanes, one port", [f"{stack.dataplanes}/v1"], ours)
@@ -196,6 +216,8 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         # costs the dataplane itself, apart from the load generator and engines sharing
         # the machine's cores.
         cpu_per_turn: dict[str, list[float]] = {one.name: [], two.name: []}
+        scheduler_per_turn: dict[str, list[float]] = {one.name: [], two.name: []}
+        scheduler = stack.procs["scheduler"]
         cpu_before = {name: cpu_seconds(pid) for name, pid in stack.procs.items()}
         for rep in range(args.repeat):
             order = arms if rep % 2 == 0 else list(reversed(arms))
@@ -203,12 +225,15 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                 print(f"[{clock.start()}] throughput: {arm.name}", file=sys.stderr, flush=True)
                 pids = stack.dataplane_pids.get(arm.name, [])
                 cpu0 = sum(cpu_seconds(pid) for pid in pids)
+                sched0 = cpu_seconds(scheduler)
                 t0 = time.perf_counter()
                 rate = await throughput(client, arm, args.throughput_concurrency, args.seconds)
                 turns = rate * (time.perf_counter() - t0)
                 if pids and turns:
                     used = sum(cpu_seconds(pid) for pid in pids) - cpu0
                     cpu_per_turn[arm.name].append(used / turns * 1000)
+                    sched_used = cpu_seconds(scheduler) - sched0
+                    scheduler_per_turn[arm.name].append(sched_used / turns * 1000)
                 clock.finished()
                 through[arm.name].append(rate)
                 print(f"  throughput {arm.name}: {rate:.0f} turns/s", file=sys.stderr)
@@ -218,6 +243,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         "latency": latency,
         "throughput": through,
         "dataplane_cpu_ms_per_turn": cpu_per_turn,
+        "scheduler_cpu_ms_per_turn": scheduler_per_turn,
         "errors": errors,
         "cpu_s_during_throughput": cpu,
     }
@@ -244,13 +270,18 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"{args.seconds:.0f} s per arm, {args.repeat} repetitions)",
         "",
     ]
-    lines.append("| arm | turns/s (each repetition) | mean | dataplane CPU ms per turn |")
-    lines.append("|---|---|---|---|")
+    lines.append(
+        "| arm | turns/s (each repetition) | mean | dataplane CPU ms per turn "
+        "| scheduler CPU ms per turn |"
+    )
+    lines.append("|---|---|---|---|---|")
     cpu = result["dataplane_cpu_ms_per_turn"]
+    sched = result["scheduler_cpu_ms_per_turn"]
     for name, rates in result["throughput"].items():
         each = ", ".join(f"{r:.0f}" for r in rates)
         own = f"{statistics.fmean(cpu[name]):.2f}" if cpu.get(name) else "–"
-        lines.append(f"| {name} | {each} | {statistics.fmean(rates):.0f} | {own} |")
+        theirs = f"{statistics.fmean(sched[name]):.2f}" if sched.get(name) else "–"
+        lines.append(f"| {name} | {each} | {statistics.fmean(rates):.0f} | {own} | {theirs} |")
     t = {k: statistics.fmean(v) for k, v in result["throughput"].items()}
     router = t["sglang router (cache_aware)"]
     lines += [
@@ -267,7 +298,7 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
     )
     lines.append(
         f"Machine: {os.cpu_count()} cores; load average at the end "
-        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}."
+        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}. {result['pinning']}"
     )
     c1, c20 = result["latency"]["1"], result["latency"]["20"]
     added1 = c1["dataplane"]["p50_ms"] - c1["engine (direct)"]["p50_ms"]
@@ -281,9 +312,10 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"{met[added1 <= 1]}); ≤ 2 ms p50 and ≤ 5 ms p99 at 20 streams (measured "
         f"{added50:+.2f} / {added99:+.2f} ms: {met[added50 <= 2 and added99 <= 5]}); one "
         f"dataplane ≥ 1.5× the router's turns/s (measured {ratio:.2f}×: {met[ratio >= 1.5]}).",
-        "Added latency here is end to end and includes the CPU the dataplane competes for "
-        "with the load generator and engines on this machine; the CPU ms per turn column "
-        "is the dataplane's own time.",
+        "Added latency is end to end: the difference of an arm's percentile and the direct "
+        "arm's. With pinning, the hop (dataplane and scheduler, or the router) has a core "
+        "of its own, apart from the load generator and engines; the CPU ms per turn "
+        "columns are each process's own time.",
     ]
     return "\n".join(lines)
 
@@ -322,7 +354,19 @@ def main() -> int:
         action="store_true",
         help="run the scheduler and dataplane with tracing on, exporting to a local OTLP sink",
     )
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave every process to the kernel's scheduler instead of pinning them",
+    )
     args = parser.parse_args()
+    if args.pin and (os.cpu_count() or 1) < 2:
+        print("one CPU: nothing to pin to; running unpinned", file=sys.stderr)
+        args.pin = False
+    near, far = {0}, {1}  # load generator and engines; the hop under test
+    if args.pin:
+        pin(0, near)
     args.sequential_turns = 100 if args.quick else 300
     args.concurrent_turns = 400 if args.quick else 1200
     args.blocks = 4 if args.quick else 6
@@ -347,6 +391,8 @@ def main() -> int:
             )
             started.append(svc)
             svc.wait_ready(60)
+            if args.pin:
+                pin(svc.pid, near if name.startswith("engine") else far)
             return svc
 
         router = None
@@ -388,6 +434,8 @@ def main() -> int:
             shared = str(free_port())
             pair = [dataplane(f"dataplane-{k}", shared, "--reuse-port") for k in (1, 2)]
             router = launch_sglang_router(engines, "cache_aware", tmp / "router.log", MODEL)
+            if args.pin:
+                pin(router.proc.pid, far)
             procs = {s.name: s.pid for s in started}
             procs["sglang-router"] = router.proc.pid
             stack = Stack(
@@ -400,6 +448,12 @@ def main() -> int:
             )
             print("stack up; measuring (progress on stderr)", file=sys.stderr)
             result = asyncio.run(measure(args, stack))
+            result["pinning"] = (
+                "Pinned: load generator and engines on CPU 0; scheduler, dataplanes and "
+                "router on CPU 1."
+                if args.pin
+                else "Not pinned."
+            )
         finally:
             if router is not None:
                 router.stop()
@@ -407,7 +461,11 @@ def main() -> int:
             if sink is not None:
                 sink.shutdown()
     table = render(result, args)
-    flags = (" --quick" if args.quick else "") + (" --tracing" if args.tracing else "")
+    flags = (
+        (" --quick" if args.quick else "")
+        + (" --tracing" if args.tracing else "")
+        + ("" if args.pin else " --no-pin")
+    )
     print(f"Command: python tools/bench/overhead.py{flags}\n")
     if args.tracing:
         print(f"Tracing on: {_Sink.exports} OTLP exports received by the sink.\n")
