@@ -293,6 +293,65 @@ async def test_turn_admitted_as_its_client_leaves_frees_its_slot(stack: Stack) -
     assert stack.engine.seen == []  # the engine never heard of it
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_end_of_the_answer_is_not_the_client_leaving(stack: Stack, stream: bool) -> None:
+    """D5, D6: once the answer is complete, uvicorn's ``receive`` says "disconnect"
+    whatever the client does. A server whose ``send`` yields (its socket buffer was full)
+    lets the client watch see that before the turn ends: the turn must still end
+    finished, and the answer be complete, not be taken for a client that left."""
+    if stream:
+        events = (
+            b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+            b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+            b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+            b"data: [DONE]\n\n"
+        )
+        stack.engine.reply = lambda r: httpx.Response(
+            200, content=events, headers={"content-type": "text/event-stream"}
+        )
+    body = json.dumps(chat(stream=stream)).encode()
+    complete = asyncio.Event()
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await complete.wait()
+        return {"type": "http.disconnect"}
+
+    chunks: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                complete.set()  # as uvicorn marks the response complete ...
+        await asyncio.sleep(0)  # ... and lets other tasks run while it drains
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"x-luftpause-run-id", b"r-end")],
+        "client": ("127.0.0.1", 1),
+        "server": ("dp", 80),
+    }
+    await asyncio.wait_for(create_app(stack.dp)(scope, receive, send), 5)
+    answer = b"".join(chunks)
+    assert answer.endswith(b"data: [DONE]\n\n") if stream else json.loads(answer)["choices"]
+    text = stack.dp.metrics.render()[0].decode()
+    assert 'luftpause_dataplane_turns_total{outcome="finished",service_class="batch"} 1.0' in text
+    assert "client_left" not in text
+
+
 async def test_models_run_end_and_metrics(stack: Stack) -> None:
     """D1 /v1/models, D8 DELETE /v1/runs/{id}, D10 /metrics."""
     models = (await stack.client.get("/v1/models")).json()

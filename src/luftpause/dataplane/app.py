@@ -238,6 +238,10 @@ class DataplaneApp:
                 log.exception("internal error on %s %s", incoming.method, incoming.path)
                 run_id = incoming.run_id or _early_run(incoming.headers, "run")
                 response = error_response(500, "internal error in the dataplane (logged)", run_id)
+            if not isinstance(response, RelayStream):
+                # The turn has ended: the end of the answer is not the client leaving (once
+                # the answer is sent, ``receive`` says "disconnect" whatever the client does).
+                incoming.watch.stop()
             await response(scope, receive, send)
         except asyncio.CancelledError:
             if not incoming.watch.left_now():

@@ -297,6 +297,8 @@ class RelayStream(Response):
             log.warning("%s", reason)
             return EngineFailed(reason, self.replica)
         rest = self.tap.rest()
+        # From here on ``receive`` says "disconnect" because the answer is complete.
+        self.watch.stop()
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         if not outcome.done:
             return EngineFailed(
