@@ -1,0 +1,198 @@
+"""The dataplane of several commits side by side: added latency and CPU per turn, one at a time.
+
+    python tools/bench/dataplane_ab.py cfab26b HEAD          # two commits
+    python tools/bench/dataplane_ab.py cfab26b 014f276 .     # '.' is the working tree
+    python tools/bench/dataplane_ab.py --turns 1000 --json ab.json HEAD~3 HEAD
+
+Starts one fake engine (time-scaled so it takes almost no time itself), one scheduler
+from the working tree, and one dataplane per commit given, each run from a temporary
+``git worktree`` of that commit (``PYTHONPATH`` pointing at its ``src``). Then sends
+streamed 16-token turns one at a time, rotating over the engine directly and every
+dataplane turn by turn (the order reversed every other round), so each arm sees the
+same machine: what differs between the arms is the dataplane's code. Reports each
+dataplane's p50 and the p50 added over the direct arm, and its own CPU time per turn
+(from ``/proc``). Timings are measured, never asserted; every process runs on this
+machine, unpinned.
+
+A dataplane of an older commit speaks whatever the scheduler of the working tree still
+serves (``Admit`` and ``Report`` are kept beside ``Link``); a commit whose dataplane
+cannot start against it fails with its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from luftpause.procs import ServiceProcess, launch, stop_all
+
+MODEL = "llama-3.2-1b"
+BODY = json.dumps(
+    {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "say something short"}],
+        "max_tokens": 16,
+        "stream": True,
+    }
+).encode()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_turn(client: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    async with client.post(f"{url}/v1/chat/completions", data=BODY, headers=headers) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.read())[:200]!r}")
+        tail = b""
+        async for chunk in r.content.iter_any():
+            tail = (tail + chunk)[-32:]
+        if b"[DONE]" not in tail:
+            raise RuntimeError(f"{url}: stream ended without [DONE]")
+    return time.perf_counter() - t0
+
+
+def worktree(rev: str, into: Path) -> tuple[str, str]:
+    """The ``src`` directory of ``rev`` ('.' = the working tree) and its short name."""
+    if rev == ".":
+        return str(ROOT / "src"), "working tree"
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", rev],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(into), sha],
+        check=True,
+    )
+    return str(into / "src"), sha
+
+
+async def measure(engine: str, dataplanes: dict[str, ServiceProcess], turns: int) -> dict[str, Any]:
+    arms = [("direct", engine)] + [(name, dp.urls["http"]) for name, dp in dataplanes.items()]
+    latencies: dict[str, list[float]] = {name: [] for name, _ in arms}
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
+        for _ in range(50):  # warm-up: connections, caches
+            for name, url in arms:
+                await one_turn(client, url, {**headers, "x-luftpause-run-id": f"warm-{name}"})
+        cpu0 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
+        for i in range(turns):
+            for name, url in arms if i % 2 == 0 else arms[::-1]:
+                run = {"x-luftpause-run-id": f"ab-{name}"}
+                latencies[name].append(await one_turn(client, url, {**headers, **run}))
+            if (i + 1) % 100 == 0:
+                print(f"  {i + 1}/{turns} rounds", file=sys.stderr, flush=True)
+        cpu1 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
+    direct = statistics.median(latencies["direct"]) * 1000
+    return {
+        "turns_per_arm": turns,
+        "direct_p50_ms": direct,
+        "dataplanes": {
+            name: {
+                "p50_ms": statistics.median(latencies[name]) * 1000,
+                "added_p50_ms": statistics.median(latencies[name]) * 1000 - direct,
+                "cpu_ms_per_turn": (cpu1[name] - cpu0[name]) / turns * 1000,
+            }
+            for name in dataplanes
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("revs", nargs="+", metavar="REV", help="commits to compare ('.' = now)")
+    parser.add_argument("--turns", type=int, default=500, help="turns per arm (default 500)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    args = parser.parse_args()
+    if args.turns < 1:
+        parser.error("--turns must be at least 1")
+    started: list[ServiceProcess] = []
+    trees: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="luftpause-ab-") as tmp_s:
+        tmp = Path(tmp_s)
+
+        def start(*a: str, name: str, env: dict[str, str] | None = None) -> ServiceProcess:
+            svc = launch(
+                a, name=name, ready_file=tmp / f"{name}.json", stderr=tmp / f"{name}.log", env=env
+            )
+            started.append(svc)
+            try:
+                svc.wait_ready(60)
+            except Exception:
+                log = (tmp / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise SystemExit(f"{name} did not start:\n{log}") from None
+            return svc
+
+        try:
+            engine = start(
+                "fake-engine", "--port", "0", "--time-scale", "1000", "--chunk-tokens", "4",
+                "--log-level", "WARNING", name="engine",
+            ).urls["http"]  # fmt: skip
+            config = tmp / "stack.toml"
+            config.write_text(
+                "[scheduler]\ngrpc_port = 0\nhttp_port = 0\n"
+                f'[[endpoints]]\nname = "engine"\nurl = "{engine}"\nmodels = ["{MODEL}"]\n'
+                'metrics = "sglang"\n'
+            )
+            sched = start(
+                "scheduler", "--config", str(config), "--log-level", "WARNING", name="scheduler"
+            )
+            dataplanes: dict[str, ServiceProcess] = {}
+            for k, rev in enumerate(args.revs):
+                src, label = worktree(rev, tmp / f"tree-{k}")
+                if rev != ".":
+                    trees.append(tmp / f"tree-{k}")
+                name = label if label not in dataplanes else f"{label} ({k})"
+                dataplanes[name] = start(
+                    "dataplane", "--config", str(config), "--port", "0",
+                    "--scheduler", f"127.0.0.1:{sched.ports['grpc']}", "--log-level", "WARNING",
+                    "--dataplane-id", f"ab-{k}", name=f"dataplane-{k}", env={"PYTHONPATH": src},
+                )  # fmt: skip
+            print(f"measuring {args.turns} rounds (progress on stderr)", file=sys.stderr)
+            result = asyncio.run(measure(engine, dataplanes, args.turns))
+        finally:
+            stop_all(started)
+            for tree in trees:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                    check=False,
+                )
+    print(f"Command: python tools/bench/dataplane_ab.py --turns {args.turns} {' '.join(args.revs)}")
+    print()
+    print(f"Direct to the engine: p50 {result['direct_p50_ms']:.2f} ms")
+    print()
+    print("| dataplane at | p50 ms | added p50 ms | dataplane CPU ms per turn |")
+    print("|---|---|---|---|")
+    for name, m in result["dataplanes"].items():
+        print(
+            f"| {name} | {m['p50_ms']:.2f} | {m['added_p50_ms']:+.2f} | "
+            f"{m['cpu_ms_per_turn']:.2f} |"
+        )
+    print()
+    print(
+        f"Machine: {os.cpu_count()} cores, unpinned; load average at the end "
+        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}. Turns one at a time, "
+        f"{args.turns} per arm, arms rotated turn by turn."
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
