@@ -45,6 +45,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("fake-engine", "luftpause.fakes.engine.server", "run a simulated inference engine"),
     Command("fake-mcp", "luftpause.fakes.mcp_tools", "run the fake MCP tool server"),
     Command("loadgen", "luftpause.loadgen.main", "generate agent load and report run times"),
+    Command("sim", "luftpause.sim.main", "simulate agent load on the engine model, arm by arm"),
     Command("status", "luftpause.status_cli", "show replicas, held turns, runs and the run tree"),
 )
 

@@ -1,0 +1,23 @@
+"""``luftpause sim``: the scheduler's pure core and the engine model in virtual time (B1).
+
+Nothing here opens a socket, sleeps or reads a clock. A discrete-event loop
+(``world.World``) moves a virtual clock from one event to the next; the engine
+replicas are the same ``EngineModel`` the fake engines serve
+(``fleet.Replica`` steps it, as ``fakes.engine.server.driver`` does in real
+time); own-loop agents (``agents.Agent``) build their conversations with the same
+content, tools and reply script as ``luftpause loadgen`` and the fake engine; and
+an *arm* (``arms``) decides where and when each turn enters an engine:
+
+* ``luftpause``: the scheduler's ``decide`` itself, fed the events the real
+  service would feed it (turn requested, started, first token, finished; a probe
+  of every replica's queue every ``probe_s``; a clock tick every second);
+* ``router``: no admission: a run goes back to the replica of its last turn
+  (where its prefix is cached), a new run to the replica with the fewest requests
+  in it - the SGLang router's ``cache_aware`` policy as agent runs see it, since
+  each run's prompt extends its own previous one;
+* ``engine-prio``: agent *i* pinned to replica *i* mod N, the engines ordering
+  their queues by a per-class ``priority`` (as ``tools/bench/flood.py`` runs it).
+
+Runs, turns and errors are recorded as ``loadgen.stats`` records, so the report
+is the load generator's table. Everything is a function of the seed.
+"""

@@ -1,0 +1,261 @@
+"""Own-loop agents in virtual time, turn for turn what ``luftpause loadgen`` agents do.
+
+A run starts from the load generator's conversation (``loadgen.content``: a shared
+system preamble and a per-run task), offers the fake tool server's ``lookup`` tool,
+and asks for a turn. The reply is what the fake engine would say to that
+conversation (``fakes.engine.script.plan_reply`` on the rendered prompt): a tool
+call until the conversation holds the run's number of tool results, then an
+answer. A tool call is answered after the fake tool's delay (uniform 0.5-1.5 s,
+seeded per agent) with the fake tool's result; the run ends with the answer and
+the agent starts its next run at once (closed loop, no think time).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
+from luftpause.fakes.engine.script import ReplyKind, ScriptOptions, plan_reply
+from luftpause.fakes.engine.tokens import render_messages
+from luftpause.fakes.mcp_tools import LOOKUP_DELAY_RANGE, filler_fact
+from luftpause.loadgen import content
+from luftpause.loadgen.mix import Group
+from luftpause.loadgen.stats import ErrorRecord, RunRecord, TurnRecord
+from luftpause.sim.arms import Arm, Ask, TurnEnd
+from luftpause.sim.fleet import Replica
+from luftpause.sim.world import World
+
+# The fake tool server's lookup tool, as its MCP listing offers it to the model.
+LOOKUP_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look up facts about a query (slow: about a second).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "title": "Query"},
+                "limit": {"type": "integer", "default": 3, "title": "Limit"},
+            },
+            "required": ["query"],
+            "title": "lookupArguments",
+        },
+    },
+}
+TOOLS = [LOOKUP_TOOL]
+MAX_TURNS = 10  # as the load generator's agents: a run needing more fails
+
+
+@dataclass
+class Records:
+    """What the agents record, shared by all of them."""
+
+    runs: list[RunRecord] = field(default_factory=list)
+    errors: list[ErrorRecord] = field(default_factory=list)
+    turns: int = 0
+
+
+class Agent:
+    def __init__(
+        self,
+        index: int,
+        group: Group,
+        model: str,
+        world: World,
+        arm: Arm,
+        replicas: dict[str, Replica],
+        records: Records,
+        seed: int,
+        script: ScriptOptions,
+    ) -> None:
+        self.index = index
+        self.group = group
+        self.model = model
+        self.world = world
+        self.arm = arm
+        self.replicas = replicas
+        self.records = records
+        self.script = script
+        self.rng = random.Random(f"{seed}:{group.name}:{index}")
+        self.seed = seed
+        self.runs = 0
+        self.stopped = False
+
+    def start(self, at: float) -> None:
+        self.world.at(at, self._new_run)
+
+    def stop(self) -> None:
+        """Start no further run (the one in flight goes on)."""
+        self.stopped = True
+
+    # ------------------------------------------------------------------ a run
+
+    def _new_run(self) -> None:
+        if self.stopped:
+            return
+        self.runs += 1
+        key = f"{self.group.name}-{self.index}-{self.runs}"
+        calls = self.group.tool_calls
+        run = _Run(
+            run_id=f"sim-{key}",
+            key=key,
+            messages=content.messages(self.group.context_chars, key),
+            tool_results=self.rng.randint(calls.lo, calls.hi),
+            record=RunRecord(
+                group=self.group.name,
+                cls=self.group.cls,
+                kind="agent",
+                start_s=self.world.now,
+                end_s=self.world.now,
+                turns=0,
+                tool_calls=0,
+            ),
+        )
+        self._turn(run)
+
+    def _turn(self, run: _Run) -> None:
+        if run.record.turns >= MAX_TURNS:
+            self._failed(run, "too_many_turns", f"no answer after {MAX_TURNS} turns")
+            return
+        run.record.turns += 1
+        self.records.turns += 1
+        prompt = render_messages(run.messages, TOOLS)
+        nonce = f"{run.key}:{run.record.turns}"
+        plan = plan_reply(
+            run.messages,
+            TOOLS,
+            self.script,
+            prompt_text=prompt,
+            tool_results=run.tool_results,
+            call_nonce=nonce,
+        )
+        ask = Ask(
+            turn_id=f"turn-{nonce}",
+            run_id=run.run_id,
+            model=self.model,
+            cls=self.group.cls,
+            caller=self.group.caller,
+            agent=self.index,
+        )
+        asked_at = self.world.now
+
+        def admitted(replica: str, held_s: float) -> None:
+            request = EngineRequest(
+                ask.turn_id,
+                prompt,
+                reply_tokens=plan.reply_tokens,
+                max_new_tokens=self.group.max_tokens,
+                priority=self.arm.priority(ask.cls),
+            )
+            self.arm.started(ask.turn_id)
+            try:
+                self.replicas[replica].submit(
+                    request,
+                    lambda: self.arm.first_token(ask.turn_id),
+                    lambda done: self._replied(
+                        run, ask, plan.kind, asked_at, held_s, replica, done
+                    ),
+                )
+            except SubmitError as exc:  # the prompt outgrew the context: the engine's 400
+                self.arm.finished(ask, TurnEnd(False, "error", 0, 0, 0))
+                self._failed(run, "http_400", str(exc))
+
+        run.pending_call = plan.tool_call if plan.kind is ReplyKind.TOOL_CALL else None
+        self.arm.request(ask, admitted, lambda why: self._failed(run, "http_404", why))
+
+    def _replied(
+        self,
+        run: _Run,
+        ask: Ask,
+        kind: ReplyKind,
+        asked_at: float,
+        held_s: float,
+        replica: str,
+        done: FinishedRequest,
+    ) -> None:
+        call = run.pending_call if kind is ReplyKind.TOOL_CALL else None
+        self.arm.finished(
+            ask,
+            TurnEnd(
+                paused_on_tool=call is not None,
+                finish_reason="tool_calls" if call is not None else done.reason.value,
+                prompt_tokens=done.prompt_tokens,
+                completion_tokens=done.completion_tokens,
+                cached_tokens=done.cached_tokens,
+            ),
+        )
+        t = done.timing
+        run.record.turn_records.append(
+            TurnRecord(
+                wall_s=self.world.now - asked_at,
+                held_s=held_s if self.arm.holds else None,
+                queued_s=t.queued_s,
+                prefill_s=t.prefill_s,
+                decode_s=t.decode_s,
+                prompt_tokens=done.prompt_tokens,
+                cached_tokens=done.cached_tokens,
+                completion_tokens=done.completion_tokens,
+                replica=replica,
+                tool_calls=1 if call is not None else 0,
+            )
+        )
+        if call is None:
+            run.record.end_s = self.world.now
+            prompts = [r.prompt_tokens or 0 for r in run.record.turn_records]
+            cached = [r.cached_tokens or 0 for r in run.record.turn_records]
+            run.record.prompt_tokens = sum(prompts)
+            run.record.cached_tokens = sum(cached)
+            self.records.runs.append(run.record)
+            self._new_run()
+            return
+        run.record.tool_calls += 1
+        arguments = json.loads(call.arguments)
+        query = str(arguments.get("query", ""))
+        limit = arguments.get("limit", 3)
+        result = {
+            "query": query,
+            "facts": [filler_fact(self.seed, "lookup", query, i) for i in range(int(limit))],
+        }
+        run.messages = [
+            *run.messages,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)},
+        ]
+        delay = self.rng.uniform(*LOOKUP_DELAY_RANGE)
+        run.record.tool_s += delay
+        self.world.after(delay, lambda: self._turn(run))
+
+    def _failed(self, run: _Run, kind: str, message: str) -> None:
+        self.records.errors.append(
+            ErrorRecord(
+                group=self.group.name,
+                cls=self.group.cls,
+                kind=kind,
+                at_s=self.world.now,
+                message=message[:300],
+            )
+        )
+        self._new_run()
+
+
+@dataclass
+class _Run:
+    run_id: str
+    key: str
+    messages: list[dict[str, Any]]
+    tool_results: int
+    record: RunRecord
+    pending_call: Any = None

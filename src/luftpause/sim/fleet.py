@@ -1,0 +1,89 @@
+"""Engine replicas in virtual time: the fake engine's ``EngineModel``, stepped as its driver does.
+
+A replica runs one iteration at a time: ``step(now)`` applies the iteration and
+says how long it takes; its tokens and finished requests are delivered when that
+time has passed, and the next iteration starts then (``fakes.engine.server.driver``
+does the same with ``asyncio.sleep``). A request submitted while an iteration runs
+waits for the next one. While idle, an idle step refreshes the metric gauges.
+
+The first token a client sees is the request's first produced token (the fake
+engine streams every ``--chunk-tokens`` tokens; a client of it sees the first
+chunk that much later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from luftpause.fakes.engine.model import (
+    EngineMetrics,
+    EngineModel,
+    EngineParams,
+    EngineRequest,
+    FinishedRequest,
+    StepResult,
+)
+from luftpause.sim.world import World
+
+
+@dataclass
+class _Waiting:
+    on_first_token: Callable[[], None]
+    on_finished: Callable[[FinishedRequest], None]
+    first_token: bool = False
+
+
+class Replica:
+    def __init__(self, name: str, params: EngineParams, world: World) -> None:
+        self.name = name
+        self.model = EngineModel(params)
+        self.world = world
+        self._requests: dict[str, _Waiting] = {}
+        self._stepping = False
+        self.steps = 0
+        self.busy_s = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished (queued or running)."""
+        return len(self._requests)
+
+    def metrics(self) -> EngineMetrics:
+        return self.model.metrics()
+
+    def submit(
+        self,
+        request: EngineRequest,
+        on_first_token: Callable[[], None],
+        on_finished: Callable[[FinishedRequest], None],
+    ) -> None:
+        """Queue ``request``; raises the model's ``SubmitError`` for one it cannot take."""
+        self.model.submit(request, self.world.now)
+        self._requests[request.request_id] = _Waiting(on_first_token, on_finished)
+        if not self._stepping:
+            self._step()
+
+    def _step(self) -> None:
+        now = self.world.now
+        if not self.model.has_work():
+            self.model.step(now)  # idle: refreshes the gauges a probe reads
+            self._stepping = False
+            return
+        self._stepping = True
+        step = self.model.step(now)
+        self.steps += 1
+        self.busy_s += step.duration
+        self.world.at(step.end, lambda: self._deliver(step))
+
+    def _deliver(self, step: StepResult) -> None:
+        for request_id in dict.fromkeys(step.tokens):
+            waiting = self._requests.get(request_id)
+            if waiting is not None and not waiting.first_token:
+                waiting.first_token = True
+                waiting.on_first_token()
+        for done in step.finished:
+            finished = self._requests.pop(done.request_id, None)
+            if finished is not None:
+                finished.on_finished(done)
+        self._step()

@@ -1,0 +1,161 @@
+"""``luftpause sim`` (B1): the pure core and the engine model in virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from luftpause.loadgen.mix import Group
+from luftpause.scheduler.core import (
+    Admit,
+    DropTurn,
+    EndpointKind,
+    ForgetRun,
+    Params,
+    Reject,
+    ReplicaSpec,
+    initial_state,
+)
+from luftpause.scheduler.service.host import Host
+from luftpause.sim.main import MODEL, SimConfig, Trace, simulate
+from luftpause.sim.world import World
+
+SMALL = SimConfig(
+    groups=(Group("chat", 2, "interactive", "chat"), Group("crowd", 40, "batch", "crowd")),
+    replicas=1,
+    duration_s=120.0,
+    warmup_s=30.0,
+)
+
+
+def test_world_runs_events_in_time_order_ties_in_scheduling_order() -> None:
+    """B1: virtual time only moves forward, event to event; equal times keep their order."""
+    world = World()
+    seen: list[tuple[float, str]] = []
+    world.at(2.0, lambda: seen.append((world.now, "b")))
+    world.at(1.0, lambda: seen.append((world.now, "a")))
+    world.at(2.0, lambda: seen.append((world.now, "c")))
+    world.at(1.0, lambda: world.after(0.5, lambda: seen.append((world.now, "d"))))
+    world.at(9.0, lambda: seen.append((world.now, "late")))
+    world.run(until=5.0)
+    assert seen == [(1.0, "a"), (1.5, "d"), (2.0, "b"), (2.0, "c")]
+    assert world.now == 5.0 and world.events == 5
+
+
+def test_the_same_seed_gives_the_same_report() -> None:
+    """B1: a simulation is a function of its configuration and seed."""
+    first = simulate(SMALL, "luftpause")
+    again = simulate(SMALL, "luftpause")
+    for key in ("classes", "groups", "errors", "events", "turns"):
+        assert first[key] == again[key]
+    assert first["turns"] > 100  # it did simulate a load
+
+
+def specs() -> tuple[ReplicaSpec, ...]:
+    return tuple(
+        ReplicaSpec(f"engine-{i}", EndpointKind.GENERATIVE, frozenset({MODEL}))
+        for i in range(SMALL.replicas)
+    )
+
+
+def test_the_core_decides_the_same_in_the_simulator_and_in_the_service() -> None:
+    """B1, S1: the events the simulator fed to ``decide``, applied by the scheduler
+    service's own writer (``Host``), give the admissions the simulation made, in the
+    same order."""
+    trace = Trace()
+    simulate(SMALL, "luftpause", trace=trace)
+    log = trace.events
+    assert len(log) > 500
+    simulated = [(a.turn_id, a.replica) for a in trace.admits]
+    served: list[tuple[str, str]] = []
+
+    async def through_the_host() -> None:
+        host = Host(initial_state(specs(), SMALL.params, 0.0), clock=lambda: 0.0)
+        execute = host._execute
+
+        def recording(action: Admit | Reject | DropTurn | ForgetRun) -> None:
+            if isinstance(action, Admit):
+                served.append((action.turn_id, action.replica))
+            execute(action)
+
+        host._execute = recording  # type: ignore[method-assign]
+        writer = asyncio.create_task(host.run())
+        for event in log:  # each stamped with its own simulated time
+            await host.apply(lambda at, event=event: event)
+        writer.cancel()
+
+    asyncio.run(through_the_host())
+    assert served == simulated
+    assert len(simulated) > 100
+
+
+def test_luftpause_keeps_interactive_runs_fast_where_a_router_does_not() -> None:
+    """B1, S4: on one saturated replica, interactive runs finish sooner under the
+    luftpause arm than behind a router that admits everything (an ordering, in
+    virtual time: no wall-clock timing is asserted)."""
+    ours = simulate(SMALL, "luftpause")["classes"]["interactive"]
+    router = simulate(SMALL, "router")["classes"]["interactive"]
+    assert ours["run_s"]["p50"] < router["run_s"]["p50"]
+    assert ours["runs_per_min"] > router["runs_per_min"]
+
+
+def test_engine_priority_pins_agents_round_robin() -> None:
+    """The engine-prio arm sends agent i to replica i mod N (as the flood's arm does)."""
+    config = SimConfig(
+        groups=(Group("crowd", 4, "batch", "crowd"),), replicas=2, duration_s=30, warmup_s=0
+    )
+    result = simulate(config, "engine-prio")
+    assert result["turns"] > 0
+    assert set(result["engine_busy_share"]) == {"engine-0", "engine-1"}
+    assert all(share > 0 for share in result["engine_busy_share"].values())
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "luftpause", "sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_reports_every_arm_and_writes_json(tmp_path: Path) -> None:
+    """B1: ``luftpause sim`` prints the load generator's table per arm and a comparison,
+    no progress line when stderr is not a terminal, and the same figures as JSON."""
+    out = run_cli(
+        "--group", "1:interactive", "--group", "6:batch", "--duration-s", "40",
+        "--warmup-s", "10", "--json", str(tmp_path / "sim.json"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for arm in ("## luftpause", "## router", "## engine-prio", "## Arms side by side"):
+        assert arm in out.stdout
+    assert out.stderr == ""
+    data = json.loads((tmp_path / "sim.json").read_text())
+    assert [r["arm"] for r in data["results"]] == ["luftpause", "router", "engine-prio"]
+    assert data["config"]["groups"][0]["cls"] == "interactive"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "no load"),
+        (("--group", "2:batch:c:subagents"), "own-loop agents only"),
+        (("--group", "2:batch", "--arms", "luftpause,smg"), "unknown arm(s) smg"),
+        (("--group", "2:nightly"), "class must be interactive or batch"),
+    ],
+)
+def test_cli_refuses_bad_input_with_a_clear_error(args: tuple[str, ...], message: str) -> None:
+    out = run_cli(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_params_are_the_services_defaults() -> None:
+    """The luftpause arm runs the core with the scheduler's default policy constants."""
+    assert SimConfig(groups=SMALL.groups).params == Params()

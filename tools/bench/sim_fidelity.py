@@ -1,0 +1,158 @@
+"""The simulator next to the real-time flood it models: the same load points, side by side.
+
+    python tools/bench/sim_fidelity.py                       # against docs/data/benchmarks.json
+    python tools/bench/sim_fidelity.py --flood other.json --out docs/simulator.md
+
+Reads the raw results of an own-loop flood (``tools/bench/flood.py --json``: every
+arm at every load point, in real seconds at the flood's time scale) and runs
+``luftpause sim`` with the same plan: 4 interactive agents beside N batch agents,
+8,000-character contexts, 3 tool calls per run, the flood's warm-up, ramp and
+window for that N (``flood.Plan``). For each load point, arm and class it prints
+the closed-loop runs/min and the p50 run time of both, in the engine model's time,
+and the simulator's difference. With ``--out`` the table replaces the part of that
+file between ``<!-- fidelity:start -->`` and ``<!-- fidelity:end -->``.
+
+The flood's figures are one run of the real stack (the mean of its repetitions);
+the simulator's are one seed. Nothing is asserted: this is a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from luftpause.loadgen.mix import Group
+from luftpause.sim.main import SimConfig, simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+ARMS = ("luftpause", "router", "engine-prio")
+CLASSES = ("interactive", "batch")
+INTERACTIVE_AGENTS = 4
+START, END = "<!-- fidelity:start -->", "<!-- fidelity:end -->"
+
+
+def plan_for(plan: dict[str, Any], load: int) -> tuple[float, float, float]:
+    """Warm-up, ramp and window (model seconds) the flood used at ``load`` batch agents."""
+    warmup = max(plan["warmup_s"], 1.0 * load)
+    return warmup, warmup / 2, max(plan["window_s"], 1.5 * load)
+
+
+def real_figures(reps: list[dict[str, Any]], scale: float) -> dict[str, tuple[float, float]]:
+    """Per class: mean closed-loop runs/min and mean p50 run time, in model time."""
+    out = {}
+    for cls in CLASSES:
+        rates = [r["classes"][cls]["runs_per_min_closed"] for r in reps if cls in r["classes"]]
+        p50s = [r["classes"][cls]["run_s"]["p50"] for r in reps if cls in r["classes"]]
+        if rates and p50s and None not in rates and None not in p50s:
+            out[cls] = (statistics.fmean(rates) / scale, statistics.fmean(p50s) * scale)
+    return out
+
+
+def sim_figures(result: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    out = {}
+    for cls in CLASSES:
+        c = result["classes"].get(cls)
+        if c and c["runs_per_min_closed"] is not None and c["run_s"]["p50"] is not None:
+            out[cls] = (c["runs_per_min_closed"], c["run_s"]["p50"])
+    return out
+
+
+def pct(sim: float, real: float) -> str:
+    return f"{(sim - real) / real * 100:+.0f} %" if real else "–"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--flood",
+        type=Path,
+        default=ROOT / "docs/data/benchmarks.json",
+        help="raw flood results (tools/bench/flood.py --json; default: docs/data/benchmarks.json)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the simulator's seed (default: 0)")
+    parser.add_argument("--out", type=Path, help="write the table into this file's marked part")
+    args = parser.parse_args()
+    try:
+        flood = json.loads(args.flood.read_text())
+        plan, own = flood["plan"], flood["results"]["own"]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"sim_fidelity: cannot read own-loop flood results from {args.flood}: {exc}")
+        return 2
+    scale = plan["time_scale"]
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip() or "unknown"  # fmt: skip
+    rows = []
+    started = time.perf_counter()
+    loads = sorted(own, key=int)
+    for k, load in enumerate(loads, 1):
+        warmup, ramp, window = plan_for(plan, int(load))
+        config = SimConfig(
+            groups=(
+                Group("interactive", INTERACTIVE_AGENTS, "interactive", "interactive"),
+                Group("batch", int(load), "batch", "batch"),
+            ),
+            duration_s=window,
+            warmup_s=warmup,
+            ramp_s=ramp,
+            seed=args.seed,
+        )
+        for arm in ARMS:
+            if arm not in own[load]:
+                continue
+            print(f"[{k}/{len(loads)}] {load} batch agents: {arm}", file=sys.stderr, flush=True)
+            real = real_figures(own[load][arm], scale)
+            sim = sim_figures(simulate(config, arm))
+            for cls in CLASSES:
+                if cls in real and cls in sim:
+                    rows.append((load, arm, cls, real[cls], sim[cls]))
+    flood_path = args.flood.relative_to(ROOT) if args.flood.is_relative_to(ROOT) else args.flood
+    elapsed = time.perf_counter() - started
+    lines = [
+        f"Command: `python tools/bench/sim_fidelity.py --flood {flood_path}` (simulator at "
+        f"{commit}, seed {args.seed}, {elapsed:.0f} s); flood: `{flood.get('command', '?')}` "
+        f"at commit {flood.get('code', '?')}, time scale {scale:g}, mean of "
+        f"{plan.get('reps', '?')} repetitions. Rates are closed-loop runs/min (agents × 60 / "
+        "mean run time) in the engine model's time.",
+        "",
+        "| batch agents | arm | class | runs/min: flood | sim | diff "
+        "| run p50 s: flood | sim | diff |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for load, arm, cls, (real_rate, real_p50), (sim_rate, sim_p50) in rows:
+        lines.append(
+            f"| {load} | {arm} | {cls} | {real_rate:.1f} | {sim_rate:.1f} | "
+            f"{pct(sim_rate, real_rate)} | {real_p50:.1f} | {sim_p50:.1f} | "
+            f"{pct(sim_p50, real_p50)} |"
+        )
+    within = [
+        abs(s[0] - r[0]) / r[0] <= 0.10 and abs(s[1] - r[1]) / r[1] <= 0.10
+        for _, _, _, r, s in rows
+        if r[0] and r[1]
+    ]
+    lines += [
+        "",
+        f"Within ±10 % on both runs/min and p50: {sum(within)} of {len(within)} rows.",
+    ]
+    table = "\n".join(lines)
+    print(table)
+    if args.out is not None:
+        text = args.out.read_text() if args.out.exists() else f"{START}\n{END}\n"
+        if START not in text or END not in text:
+            print(f"sim_fidelity: {args.out} has no {START} … {END} part to replace")
+            return 2
+        head, rest = text.split(START, 1)
+        _, tail = rest.split(END, 1)
+        args.out.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
