@@ -7,10 +7,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
-from luftpause.loadgen.mix import Group
+from luftpause.loadgen.mix import Group, MixError
 from luftpause.scheduler.core import (
     Admit,
     DropTurn,
@@ -23,6 +24,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.service.host import Host
 from luftpause.sim.main import MODEL, SimConfig, Trace, simulate
+from luftpause.sim.sweep import fewest, parse_sweep
 from luftpause.sim.world import World
 
 SMALL = SimConfig(
@@ -159,3 +161,53 @@ def test_cli_refuses_bad_input_with_a_clear_error(args: tuple[str, ...], message
 def test_params_are_the_services_defaults() -> None:
     """The luftpause arm runs the core with the scheduler's default policy constants."""
     assert SimConfig(groups=SMALL.groups).params == Params()
+
+
+def test_sweep_values_are_checked() -> None:
+    """B1 capacity planning: ``--sweep replicas=…`` takes whole counts ≥ 1, sorted."""
+    assert parse_sweep("replicas=4,1,2,2") == [1, 2, 4]
+    for bad in ("replicas", "gpus=1,2", "replicas=0,1", "replicas=a", "replicas="):
+        with pytest.raises(MixError):
+            parse_sweep(bad)
+
+
+def test_fewest_replicas_meeting_an_interactive_target() -> None:
+    """B1: the answer to "how many replicas for this interactive p50?", per arm."""
+
+    def result(arm: str, replicas: int, p50: float | None) -> dict[str, object]:
+        classes = (
+            {}
+            if p50 is None
+            else {"interactive": {"runs_per_min_closed": 1.0, "run_s": {"p50": p50}}}
+        )
+        return {"arm": arm, "replicas": replicas, "classes": classes}
+
+    results = [
+        result("luftpause", 1, 50.0), result("luftpause", 2, 30.0), result("luftpause", 4, 20.0),
+        result("router", 1, None), result("router", 2, 90.0), result("router", 4, 45.0),
+    ]  # fmt: skip
+    assert fewest(results, 40.0) == {"luftpause": 2, "router": None}
+    assert fewest(results, 60.0) == {"luftpause": 1, "router": 4}
+
+
+def test_cli_sweep_prints_the_table_the_answer_and_a_plot(tmp_path: Path) -> None:
+    """B1: a sweep over replica counts, every arm at each, with the fewest replicas meeting
+    the target and an SVG plot with one line per arm in each panel."""
+    plot = tmp_path / "sweep.svg"
+    out = run_cli(
+        "--group", "1:interactive", "--group", "8:batch", "--duration-s", "30", "--warmup-s",
+        "10", "--arms", "luftpause,router", "--sweep", "replicas=1,2", "--target-p50", "1000",
+        "--plot", str(plot),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "| 1 | luftpause |" in out.stdout and "| 2 | router |" in out.stdout
+    assert "interactive run p50 ≤ 1000 s under luftpause: 1 replica" in out.stdout
+    root = ElementTree.fromstring(plot.read_text())
+    lines = root.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 4  # two arms × two panels
+
+
+def test_cli_plot_needs_a_sweep() -> None:
+    out = run_cli("--group", "2:batch", "--plot", "x.svg")
+    assert out.returncode == 2
+    assert "go with --sweep" in out.stderr

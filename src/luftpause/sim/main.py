@@ -3,6 +3,8 @@
     luftpause sim --group 4:interactive --group 48:batch            # every arm
     luftpause sim --group 4:interactive --group 48:batch --arms luftpause,router
     luftpause sim --mix mix.toml --replicas 4 --duration-s 600 --json sim.json
+    luftpause sim --group 4:interactive --group 96:batch --sweep replicas=1,2,4 \
+        --target-p50 40 --plot sweep.svg                               # how many replicas?
 
 The groups are the load generator's (``--group``, ``--mix``, ``--agents``;
 own-loop agents only). Each arm runs the same load from the same seed on fresh
@@ -243,6 +245,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="luftpause arm: seconds between probes of the replicas (default: 2)",
     )
     sim.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
+    plan = parser.add_argument_group("capacity planning")
+    plan.add_argument(
+        "--sweep",
+        metavar="replicas=N,N,...",
+        help="run every arm at each replica count (e.g. replicas=1,2,4,8) and compare",
+    )
+    plan.add_argument(
+        "--target-p50",
+        type=positive_float,
+        metavar="SECONDS",
+        help="with --sweep: the fewest replicas whose interactive run p50 is at most this",
+    )
+    plan.add_argument(
+        "--plot", type=Path, metavar="FILE.svg", help="with --sweep: draw the sweep as SVG"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -296,11 +313,14 @@ class _Progress:
         return f"{self.label}: {self.t:.0f}/{self.end:.0f} virtual s, {self.events:,} events"
 
 
-def run(config: SimConfig, arms: list[str], stream: TextIO) -> list[dict[str, Any]]:
+def run(configs: list[SimConfig], arms: list[str], stream: TextIO) -> list[dict[str, Any]]:
+    """Every arm on every configuration, in that order, with one progress line each."""
     results = []
-    end = config.warmup_s + config.duration_s
-    for k, arm in enumerate(arms, 1):
-        progress = _Progress(f"arm {k}/{len(arms)} {arm}", end)
+    total = len(configs) * len(arms)
+    for k, (config, arm) in enumerate(((c, a) for c in configs for a in arms), 1):
+        end = config.warmup_s + config.duration_s
+        where = f", {config.replicas} replicas" if len(configs) > 1 else ""
+        progress = _Progress(f"run {k}/{total} {arm}{where}", end)
         with LiveLine(stream, progress.line) as live:
             results.append(simulate(config, arm, progress.update))
             progress.t = end
@@ -309,15 +329,41 @@ def run(config: SimConfig, arms: list[str], stream: TextIO) -> list[dict[str, An
 
 
 def main(args: argparse.Namespace) -> int:
+    from luftpause.sim import sweep
+
     try:
         config = config_from_args(args)
         arms = arms_from_args(args.arms)
+        counts = sweep.parse_sweep(args.sweep) if args.sweep else None
+        if counts is None and (args.target_p50 is not None or args.plot is not None):
+            raise MixError("--target-p50 and --plot go with --sweep replicas=N,N,...")
     except (MixError, OSError) as exc:
         print(f"luftpause sim: {exc}", file=sys.stderr)
         return 2
-    results = run(config, arms, sys.stderr)
+    configs = sweep.points(config, counts) if counts else [config]
+    results = run(configs, arms, sys.stderr)
     command = "luftpause sim " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "luftpause sim"
-    print(render(results, config, command))
+    if counts is None:
+        print(render(results, config, command))
+    else:
+        print(f"Command: {command}\n")
+        print(sweep.table(results))
+        if args.target_p50 is not None:
+            print()
+            for arm, n in sweep.fewest(results, args.target_p50).items():
+                answer = (
+                    f"{n} replica{'s' if n != 1 else ''}"
+                    if n is not None
+                    else f"more than {counts[-1]} replicas"
+                )
+                print(f"interactive run p50 ≤ {args.target_p50:g} s under {arm}: {answer}")
+        if args.plot is not None:
+            title = (
+                f"{', '.join(f'{g.count} {g.cls}' for g in config.groups)} agents, "
+                f"seed {config.seed}"
+            )
+            args.plot.write_text(sweep.svg(results, title))
+            print(f"\nplot: {args.plot}")
     if args.json is not None:
         payload = {
             "config": {
@@ -326,7 +372,7 @@ def main(args: argparse.Namespace) -> int:
                      "tool_calls": [g.tool_calls.lo, g.tool_calls.hi]}
                     for g in config.groups
                 ],
-                "replicas": config.replicas,
+                "replicas": counts or config.replicas,
                 "duration_s": config.duration_s,
                 "warmup_s": config.warmup_s,
                 "seed": config.seed,

@@ -1,0 +1,140 @@
+"""Capacity planning: the same load on 1, 2, 4, … replicas (``luftpause sim --sweep``).
+
+``--sweep replicas=1,2,4,8`` runs every arm at every replica count; the table
+gives interactive and batch run times and rates per point, and with
+``--target-p50 S`` the fewest replicas whose interactive runs take at most ``S``
+seconds at the median, per arm. ``--plot FILE.svg`` draws interactive p50 and
+batch runs/min against replicas, one line per arm (a plain SVG file: no plotting
+library needed to make or view it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from html import escape
+from typing import Any
+
+from luftpause.loadgen.mix import MixError
+from luftpause.sim.main import SimConfig
+
+SWEEPABLE = ("replicas",)
+COLOURS = {"luftpause": "#1b6ac9", "router": "#d1495b", "engine-prio": "#8c8c8c"}
+
+
+def parse_sweep(text: str) -> list[int]:
+    """``replicas=1,2,4`` → [1, 2, 4] (sorted, unique, each at least 1)."""
+    name, sep, values = text.partition("=")
+    if not sep or name.strip() not in SWEEPABLE:
+        raise MixError(f"--sweep takes {' or '.join(SWEEPABLE)}=N,N,..., got {text!r}")
+    try:
+        counts = sorted({int(v) for v in values.split(",") if v.strip()})
+    except ValueError:
+        raise MixError(f"--sweep replicas must be whole numbers, got {values!r}") from None
+    if not counts or counts[0] < 1:
+        raise MixError(f"--sweep replicas must be at least 1, got {values!r}")
+    return counts
+
+
+def points(config: SimConfig, counts: list[int]) -> list[SimConfig]:
+    return [replace(config, replicas=n) for n in counts]
+
+
+def row(result: dict[str, Any], cls: str) -> tuple[float | None, float | None]:
+    """(runs/min closed loop, run p50 s) of a class, or Nones when it finished no run."""
+    c = result["classes"].get(cls)
+    if c is None:
+        return None, None
+    return c["runs_per_min_closed"], c["run_s"]["p50"]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| replicas | arm | interactive runs/min | interactive p50 s | batch runs/min "
+        "| batch p50 s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cells = []
+        for cls in ("interactive", "batch"):
+            rate, p50 = row(r, cls)
+            cells += ["–" if rate is None else f"{rate:.1f}", "–" if p50 is None else f"{p50:.1f}"]
+        lines.append(f"| {r['replicas']} | {r['arm']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def fewest(results: list[dict[str, Any]], target_s: float) -> dict[str, int | None]:
+    """Per arm: the fewest replicas whose interactive p50 is at most ``target_s``."""
+    out: dict[str, int | None] = {}
+    for r in sorted(results, key=lambda r: r["replicas"]):
+        out.setdefault(r["arm"], None)
+        _, p50 = row(r, "interactive")
+        if out[r["arm"]] is None and p50 is not None and p50 <= target_s:
+            out[r["arm"]] = r["replicas"]
+    return out
+
+
+def svg(results: list[dict[str, Any]], title: str) -> str:
+    """Two panels against replicas: interactive run p50 (s) and batch runs/min."""
+    width, height, pad = 900, 380, 60
+    y0, y1 = height - pad, 50.0  # the value axis: bottom and top
+    panel = (width - 3 * pad) / 2
+    counts = sorted({r["replicas"] for r in results})
+    arms = list(dict.fromkeys(r["arm"] for r in results))
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
+    ]
+    for k, (cls, index, label) in enumerate(
+        (("interactive", 1, "interactive run p50 (s)"), ("batch", 0, "batch runs/min"))
+    ):
+        x0 = pad + k * (panel + pad)
+        values = [row(r, cls)[index] for r in results]
+        top = max([v for v in values if v is not None] or [1.0]) * 1.1 or 1.0
+
+        def x(n: int, x0: float = x0) -> float:
+            if len(counts) == 1:
+                return x0 + panel / 2
+            return x0 + panel * counts.index(n) / (len(counts) - 1)
+
+        def y(v: float, top: float = top) -> float:
+            return y0 - (y0 - y1) * v / top
+
+        out.append(
+            f'<line x1="{x0}" y1="{y0}" x2="{x0 + panel}" y2="{y0}" stroke="black"/>'
+            f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>'
+            f'<text x="{x0 + panel / 2}" y="{y1 - 10}" text-anchor="middle">{label}</text>'
+            f'<text x="{x0 + panel / 2}" y="{y0 + 35}" text-anchor="middle">replicas</text>'
+        )
+        for n in counts:
+            out.append(f'<text x="{x(n)}" y="{y0 + 16}" text-anchor="middle">{n}</text>')
+        for i in range(5):
+            v = top * i / 4
+            out.append(
+                f'<text x="{x0 - 6}" y="{y(v) + 4}" text-anchor="end">{v:.0f}</text>'
+                f'<line x1="{x0}" y1="{y(v)}" x2="{x0 + panel}" y2="{y(v)}" stroke="#eee"/>'
+            )
+        for arm in arms:
+            pts = []
+            for r in sorted(results, key=lambda r: r["replicas"]):
+                value = row(r, cls)[index]
+                if r["arm"] == arm and value is not None:
+                    pts.append((x(r["replicas"]), y(value)))
+            colour = COLOURS.get(arm, "black")
+            if len(pts) > 1:
+                path = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
+                out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" '
+                           'stroke-width="2"/>')  # fmt: skip
+            out += [
+                f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{colour}"/>' for px, py in pts
+            ]
+    for i, arm in enumerate(arms):
+        lx = pad + i * 140
+        colour = COLOURS.get(arm, "black")
+        out.append(
+            f'<rect x="{lx}" y="{height - 18}" width="12" height="12" fill="{colour}"/>'
+            f'<text x="{lx + 18}" y="{height - 8}">{escape(arm)}</text>'
+        )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
