@@ -447,6 +447,36 @@ def test_prefix_keeping_an_evicted_prefix_lowers_the_cap_once_per_probe() -> Non
     assert sim.replica("a")["capacity"] == 4
 
 
+def test_prefix_keeping_a_miss_among_more_runs_than_the_cap_does_not_lower_it() -> None:
+    """Prefix keeping: when more runs are pinned to a replica than its cap - all of them
+    admitted before its engine ever queued, as in a flood from idle - a continuing turn
+    that finds its prefix evicted says the backlog does not fit, not that the cap is too
+    high: lowering the cap would only slow the backlog down (and every later miss of it
+    would lower it again, down to 1). The cap stays, and is not raised at the next
+    probe; once no more runs are pinned there than the cap, a miss lowers it again."""
+    sim = Sim(gen("a"))
+    sim.probe("a", True, running=0, waiting=0)
+    for run in "PQRST":  # admitted before any queue was seen: no cap yet
+        sim.req(f"{run}1", run)
+    capped(sim, "a", 2)
+    for run in "PQRST":
+        sim.finish(f"{run}1", paused=True, prompt=1000, cached=900)
+    assert sim.replica("a")["runs_pinned"] == 5
+    sim.req("P2", "P")
+    sim.req("Q2", "Q")
+    sim.finish("P2", paused=True, prompt=1100, cached=100)  # evicted while on its tool
+    assert sim.replica("a")["prefix_misses"] == 1
+    assert sim.replica("a")["capacity"] == 2
+    sim.probe("a", True, running=2, waiting=0)
+    assert sim.replica("a")["capacity"] == 2  # the cache is full: no raise either
+    for run in "RST":  # three runs end: two are pinned, as many as the cap
+        sim.req(f"{run}2", run)
+        sim.finish(f"{run}2", paused=False, prompt=1100, cached=1000)
+    assert sim.replica("a")["runs_pinned"] == 2
+    sim.finish("Q2", paused=True, prompt=1100, cached=100)
+    assert sim.replica("a")["capacity"] == 1
+
+
 def test_prefix_keeping_only_continuing_turns_on_caching_engines_count() -> None:
     """Prefix keeping: a run's first turn on a replica has nothing cached to lose, and an
     engine that has never reported a cached token says nothing about its cache: neither

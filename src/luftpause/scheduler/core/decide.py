@@ -461,7 +461,11 @@ class _Tx:
         """Prefix keeping: a turn back from a tool on a capped replica that found less than
         ``prefix_miss_share`` of its run's previous prompt cached shows the engine's cache
         is over-committed: one slot less (at most one per probe period), and no raise at
-        the next probe. Judged only on an engine that reports caching at all."""
+        the next probe. Judged only on an engine that reports caching at all. With more
+        runs pinned there than the cap (a backlog admitted before the engine first
+        queued), a miss blocks the raise but does not lower the cap: that backlog does
+        not fit whatever the cap, and lowering it would only slow the backlog down, each
+        of its later misses lowering it again."""
         rep = self.replicas.get(turn.replica)
         if rep is None or ev.prompt_tokens <= 0:  # no usage reported: nothing to judge
             return
@@ -475,7 +479,7 @@ class _Tx:
         if not missed and reports_cache == rep.reports_cache:
             return
         cap = rep.cap
-        if missed and cap is not None and not rep.missed_since_probe:
+        if missed and cap is not None and not rep.missed_since_probe and rep.pinned_runs <= cap:
             # One step per probe period, as the raise: misses come in bursts (one
             # over-full moment evicts several paused runs), and each would otherwise
             # take a slot away for the same cause.
