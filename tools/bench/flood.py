@@ -96,6 +96,7 @@ class Plan:
     routing_agents: int = 8
     light_batch: int = 24
     chunk_tokens: int = 8
+    ramp: bool = True  # False: a flood from idle, every agent starting at once
 
     def real(self, model_s: float) -> float:
         return model_s / self.time_scale
@@ -107,7 +108,7 @@ class Plan:
         return max(self.warmup_s, 1.0 * load)
 
     def ramp_for(self, load: int) -> float:
-        return self.warmup_for(load) / 2
+        return self.warmup_for(load) / 2 if self.ramp else 0.0
 
     def window_for(self, load: int) -> float:
         """Model seconds measured: at least about two saturated run lengths."""
@@ -799,12 +800,13 @@ def report(
         "- luftpause arm: the scheduler's defaults (prefix keeping on); an arm "
         "`luftpause-no-pk`, where present (`--ablate-prefix-keeping`), is a second scheduler "
         "and dataplane with `keep_prefixes = false` on the same engines",
-        f"- repetitions: {plan.reps} per arm and load point, arms alternated (order reversed "
-        "every other block); a cell with several repetitions shows mean (min–max)",
+        f"- repetitions: {plan.reps} per arm and load point, arms alternated (each point's "
+        "order reversed from one repetition to the next, and between neighbouring points); "
+        "a cell with several repetitions shows mean (min–max)",
         f"- window: max({plan.window_s:g} s, 1.5 s × batch agents) measured after "
         f"max({plan.warmup_s:g} s, 1 s × batch agents) of warm-up (floods), the agents "
-        "starting spread over its first half; "
-        f"{plan.light_window_s:g} s (light), {plan.routing_window_s:g} s (routing); closed loop: "
+        + ("starting spread over its first half; " if plan.ramp else "all starting at once; ")
+        + f"{plan.light_window_s:g} s (light), {plan.routing_window_s:g} s (routing); closed loop: "
         "a finished run is replaced at once; runs in flight at the end are not counted",
         f"- every run: system preamble + own task, {TOOL_CALLS} `lookup` calls (fake-mcp, "
         "~1 s each), replies capped at 256 tokens; interactive agents: "
@@ -930,6 +932,12 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, help="measured window, model seconds")
     parser.add_argument("--warmup-s", type=float, help="warm-up, model seconds")
     parser.add_argument(
+        "--no-ramp",
+        action="store_true",
+        help="floods from idle: every agent starts at once instead of over the warm-up's "
+        "first half",
+    )
+    parser.add_argument(
         "--ablate-prefix-keeping",
         action="store_true",
         help="floods also run a luftpause arm with keep_prefixes = false (luftpause-no-pk)",
@@ -954,6 +962,8 @@ def main() -> int:
         overrides["window_s"] = args.window_s
     if args.warmup_s is not None:
         overrides["warmup_s"] = args.warmup_s
+    if args.no_ramp:
+        overrides["ramp"] = False
     if overrides:
         from dataclasses import replace
 
@@ -1018,12 +1028,12 @@ def main() -> int:
                     schedule.append(("routing", plan.routing_agents, routing_arms(stack)))
                 if "fanout" in benches:
                     schedule.append(("fanout", plan.fanout_n, fanout_arms(stack)))
-            block = 0
             clock = ArmClock(plan.reps * sum(len(arms) for _, _, arms in schedule))
             for rep in range(plan.reps):
-                for bench, load, arms in schedule:
-                    order = arms if block % 2 == 0 else list(reversed(arms))
-                    block += 1
+                for index, (bench, load, arms) in enumerate(schedule):
+                    # Each point's order flips from one repetition to the next (and
+                    # between neighbouring points), whatever the schedule's length.
+                    order = arms if (rep + index) % 2 == 0 else list(reversed(arms))
                     for arm in order:
                         print(
                             f"[{clock.start()}] {arm.bench} load {arm.load} {arm.name} rep {rep}",
