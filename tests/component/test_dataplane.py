@@ -237,6 +237,28 @@ async def test_class_priority_is_sent_to_engines_that_order_by_it(stack: Stack) 
     assert sent["priority"] == 0 and sent["stream_options"] == {"include_usage": True}
 
 
+def chat_scope(run_id: str) -> dict[str, Any]:
+    """An ASGI scope for ``POST /v1/chat/completions`` naming ``run_id``, for tests that
+    drive the app with their own ``receive`` and ``send``."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"x-luftpause-run-id", run_id.encode()),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("dp", 80),
+    }
+
+
 async def test_turn_admitted_as_its_client_leaves_frees_its_slot(stack: Stack) -> None:
     """D4, S10 (BUG): a client that leaves while its turn waits cancels the Admit call.
     If the scheduler admitted the turn before that cancel reached it (or its answer
@@ -268,20 +290,7 @@ async def test_turn_admitted_as_its_client_leaves_frees_its_slot(stack: Stack) -
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"x-luftpause-run-id", b"r-left")],
-        "client": ("127.0.0.1", 1),
-        "server": ("dp", 80),
-    }
+    scope = chat_scope("r-left")
     replica = lambda: stack.host.state.replicas["engine-a"]  # noqa: E731
     call = asyncio.create_task(create_app(stack.dp)(scope, receive, send))
     await settle(stack.host, lambda: replica().in_flight == 1)
@@ -330,20 +339,7 @@ async def test_the_end_of_the_answer_is_not_the_client_leaving(stack: Stack, str
                 complete.set()  # as uvicorn marks the response complete ...
         await asyncio.sleep(0)  # ... and lets other tasks run while it drains
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"x-luftpause-run-id", b"r-end")],
-        "client": ("127.0.0.1", 1),
-        "server": ("dp", 80),
-    }
+    scope = chat_scope("r-end")
     await asyncio.wait_for(create_app(stack.dp)(scope, receive, send), 5)
     answer = b"".join(chunks)
     assert answer.endswith(b"data: [DONE]\n\n") if stream else json.loads(answer)["choices"]

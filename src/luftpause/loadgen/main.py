@@ -119,6 +119,26 @@ def base_url(url: str) -> str:
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
+def add_run_shape(group: argparse._ArgumentGroup, tool_calls_help: str) -> None:
+    """The shape of a run: its context, tool calls and reply limit (loadgen and sim)."""
+    group.add_argument(
+        "--context-chars",
+        type=int,
+        default=8000,
+        help="characters of context per run: shared preamble + per-run task (default: 8000)",
+    )
+    group.add_argument(
+        "--tool-calls",
+        type=_tool_calls,
+        default=ToolCalls(3, 3),
+        metavar="N|A-B",
+        help=tool_calls_help,
+    )
+    group.add_argument(
+        "--max-tokens", type=_positive_int, default=256, help="reply limit per turn (default: 256)"
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group("load")
     load.add_argument(
@@ -181,22 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop once this many runs have finished in the window (all groups together)",
     )
     shape = parser.add_argument_group("runs")
-    shape.add_argument(
-        "--context-chars",
-        type=int,
-        default=8000,
-        help="characters of context per run: shared preamble + per-run task (default: 8000)",
-    )
-    shape.add_argument(
-        "--tool-calls",
-        type=_tool_calls,
-        default=ToolCalls(3, 3),
-        metavar="N|A-B",
-        help="tool calls per run (sent as x-fake-tool-results; default: 3)",
-    )
-    shape.add_argument(
-        "--max-tokens", type=_positive_int, default=256, help="reply limit per turn (default: 256)"
-    )
+    add_run_shape(shape, "tool calls per run (sent as x-fake-tool-results; default: 3)")
     shape.add_argument(
         "--max-turns",
         type=_positive_int,

@@ -28,9 +28,8 @@ from luftpause.cliargs import non_negative_float, positive_float, positive_int
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.fakes.engine.script import ScriptOptions
 from luftpause.loadgen import stats
-from luftpause.loadgen.main import _tool_calls as tool_calls_arg
-from luftpause.loadgen.main import build_groups
-from luftpause.loadgen.mix import CLASSES, Group, MixError, ToolCalls
+from luftpause.loadgen.main import add_run_shape, build_groups
+from luftpause.loadgen.mix import CLASSES, Group, MixError
 from luftpause.loadgen.progress import LiveLine
 from luftpause.scheduler.core import Admit, Event, Params
 from luftpause.sim.agents import Agent, Records
@@ -193,22 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a group of N own-loop agents (repeatable)",
     )
     load.add_argument("--mix", type=Path, metavar="FILE", help="TOML file of [[group]] tables")
-    load.add_argument(
-        "--context-chars",
-        type=int,
-        default=8000,
-        help="characters of context per run: shared preamble + per-run task (default: 8000)",
-    )
-    load.add_argument(
-        "--tool-calls",
-        type=tool_calls_arg,
-        default=ToolCalls(3, 3),
-        metavar="N|A-B",
-        help="tool calls per run (default: 3)",
-    )
-    load.add_argument(
-        "--max-tokens", type=positive_int, default=256, help="reply limit per turn (default: 256)"
-    )
+    add_run_shape(load, "tool calls per run (default: 3)")
     sim = parser.add_argument_group("simulation")
     sim.add_argument(
         "--arms",
