@@ -149,6 +149,7 @@ def test_cli_reports_every_arm_and_writes_json(tmp_path: Path) -> None:
         (("--group", "2:batch:c:subagents"), "own-loop agents only"),
         (("--group", "2:batch", "--arms", "luftpause,smg"), "unknown arm(s) smg"),
         (("--group", "2:nightly"), "class must be interactive or batch"),
+        (("--agents", "2", "--context-chars", "40000"), "do not fit the engine's context"),
     ],
 )
 def test_cli_refuses_bad_input_with_a_clear_error(args: tuple[str, ...], message: str) -> None:
@@ -211,3 +212,18 @@ def test_cli_plot_needs_a_sweep() -> None:
     out = run_cli("--group", "2:batch", "--plot", "x.svg")
     assert out.returncode == 2
     assert "go with --sweep" in out.stderr
+
+
+def test_a_prompt_the_engine_refuses_fails_the_run_and_the_agent_goes_on() -> None:
+    """A run whose prompt is longer than the engine's context is refused by the engine
+    (its 400): counted as an error by kind, and the agent starts its next run a second
+    later, so the simulation neither stops nor spins in one instant."""
+    config = SimConfig(
+        groups=(Group("huge", 2, "batch", "huge", context_chars=40_000),),
+        duration_s=20.0,
+        warmup_s=0.0,
+    )
+    result = simulate(config, "router")
+    assert result["errors"] == {"http_400": result["error_count"]}
+    assert 30 <= result["error_count"] <= 2 * 21  # one per agent per second, about
+    assert result["turns"] == result["error_count"]

@@ -47,6 +47,7 @@ LOOKUP_TOOL: dict[str, Any] = {
 }
 TOOLS = [LOOKUP_TOOL]
 MAX_TURNS = 10  # as the load generator's agents: a run needing more fails
+RETRY_S = 1.0  # after a failed run, the agent starts its next this much later
 
 
 @dataclass
@@ -248,7 +249,9 @@ class Agent:
                 message=message[:300],
             )
         )
-        self._new_run()
+        # The next run starts a second later, as a client would retry: a run that fails
+        # at once (a prompt the engine refuses) must not start the next in the same instant.
+        self.world.after(RETRY_S, self._new_run)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from luftpause.cliargs import non_negative_float, positive_float, positive_int
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.fakes.engine.script import ScriptOptions
+from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
 from luftpause.loadgen import stats
 from luftpause.loadgen.main import add_run_shape, build_groups
 from luftpause.loadgen.mix import CLASSES, Group, MixError
@@ -257,9 +258,16 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             f"group(s) {', '.join(subagents)}: the simulator runs own-loop agents only "
             '(kind = "agents")'
         )
+    context = EngineParams().context_length
     for g in groups:
         if g.context_chars < 400:
             raise MixError(f"group {g.name}: context_chars must be at least 400")
+        if g.context_chars // CHARS_PER_TOKEN + g.max_tokens >= context:
+            raise MixError(
+                f"group {g.name}: {g.context_chars} characters of context and {g.max_tokens} "
+                f"reply tokens do not fit the engine's context of {context} tokens "
+                f"({CHARS_PER_TOKEN} characters a token)"
+            )
     return SimConfig(
         groups=tuple(groups),
         replicas=args.replicas,
