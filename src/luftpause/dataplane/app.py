@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -76,8 +76,6 @@ from luftpause.telemetry import fastapi_telemetry
 from luftpause.tool_calls import ToolCallMemory
 
 log = logging.getLogger("luftpause.dataplane")
-
-T = TypeVar("T")
 
 # Client headers never forwarded to an engine: hop-by-hop, our own, the client's credentials.
 _DROP = {

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
-from luftpause.fakes.engine.script import ReplyKind, ScriptOptions, plan_reply
+from luftpause.fakes.engine.script import ReplyKind, ScriptOptions, ToolCall, plan_reply
 from luftpause.fakes.engine.tokens import render_messages
 from luftpause.fakes.mcp_tools import LOOKUP_DELAY_RANGE, filler_fact
 from luftpause.loadgen import content
@@ -156,9 +156,7 @@ class Agent:
                 self.replicas[replica].submit(
                     request,
                     lambda: self.arm.first_token(ask.turn_id),
-                    lambda done: self._replied(
-                        run, ask, plan.kind, asked_at, held_s, replica, done
-                    ),
+                    lambda done: self._replied(run, ask, asked_at, held_s, replica, done),
                 )
             except SubmitError as exc:  # the prompt outgrew the context: the engine's 400
                 self.arm.finished(ask, TurnEnd(False, "error", 0, 0, 0))
@@ -171,13 +169,12 @@ class Agent:
         self,
         run: _Run,
         ask: Ask,
-        kind: ReplyKind,
         asked_at: float,
         held_s: float,
         replica: str,
         done: FinishedRequest,
     ) -> None:
-        call = run.pending_call if kind is ReplyKind.TOOL_CALL else None
+        call = run.pending_call
         self.arm.finished(
             ask,
             TurnEnd(
@@ -261,4 +258,4 @@ class _Run:
     messages: list[dict[str, Any]]
     tool_results: int
     record: RunRecord
-    pending_call: Any = None
+    pending_call: ToolCall | None = None  # the tool call the turn in flight will make
