@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -237,6 +237,23 @@ async def test_class_priority_is_sent_to_engines_that_order_by_it(stack: Stack) 
     assert sent["priority"] == 0 and sent["stream_options"] == {"include_usage": True}
 
 
+def body_then_disconnect(
+    body: bytes, gone: asyncio.Event
+) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """An ASGI ``receive``: the whole request body, then "disconnect" once ``gone`` is set."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
 def chat_scope(run_id: str) -> dict[str, Any]:
     """An ASGI scope for ``POST /v1/chat/completions`` naming ``run_id``, for tests that
     drive the app with their own ``receive`` and ``send``."""
@@ -272,17 +289,8 @@ async def test_turn_admitted_as_its_client_leaves_frees_its_slot(stack: Stack) -
         await asyncio.Event().wait()  # ... but the answer is still on its way
 
     stack.dp.link.admit = admitted_but_answer_lost  # type: ignore[method-assign]
-    body = json.dumps(chat()).encode()
     leave = asyncio.Event()
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await leave.wait()
-        return {"type": "http.disconnect"}
+    receive = body_then_disconnect(json.dumps(chat()).encode(), leave)
 
     statuses: list[int] = []
 
@@ -318,17 +326,8 @@ async def test_the_end_of_the_answer_is_not_the_client_leaving(stack: Stack, str
         stack.engine.reply = lambda r: httpx.Response(
             200, content=events, headers={"content-type": "text/event-stream"}
         )
-    body = json.dumps(chat(stream=stream)).encode()
     complete = asyncio.Event()
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await complete.wait()
-        return {"type": "http.disconnect"}
+    receive = body_then_disconnect(json.dumps(chat(stream=stream)).encode(), complete)
 
     chunks: list[bytes] = []
 

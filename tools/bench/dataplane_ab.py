@@ -29,42 +29,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+# A streamed 16-token turn, timed request to [DONE], as overhead.py sends it.
+from overhead import MODEL, one_turn
+
 from luftpause.procs import ServiceProcess, launch, stop_all
 
-MODEL = "llama-3.2-1b"
-BODY = json.dumps(
-    {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "say something short"}],
-        "max_tokens": 16,
-        "stream": True,
-    }
-).encode()
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def one_turn(client: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> float:
-    t0 = time.perf_counter()
-    async with client.post(f"{url}/v1/chat/completions", data=BODY, headers=headers) as r:
-        if r.status != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.read())[:200]!r}")
-        tail = b""
-        async for chunk in r.content.iter_any():
-            tail = (tail + chunk)[-32:]
-        if b"[DONE]" not in tail:
-            raise RuntimeError(f"{url}: stream ended without [DONE]")
-    return time.perf_counter() - t0
 
 
 def worktree(rev: str, into: Path) -> tuple[str, str]:
@@ -83,18 +63,19 @@ def worktree(rev: str, into: Path) -> tuple[str, str]:
 
 
 async def measure(engine: str, dataplanes: dict[str, ServiceProcess], turns: int) -> dict[str, Any]:
-    arms = [("direct", engine)] + [(name, dp.urls["http"]) for name, dp in dataplanes.items()]
+    arms = [("direct", f"{engine}/v1")] + [
+        (name, f"{dp.urls['http']}/v1") for name, dp in dataplanes.items()
+    ]
     latencies: dict[str, list[float]] = {name: [] for name, _ in arms}
-    headers = {"content-type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
         for _ in range(50):  # warm-up: connections, caches
             for name, url in arms:
-                await one_turn(client, url, {**headers, "x-luftpause-run-id": f"warm-{name}"})
+                await one_turn(client, url, {"x-luftpause-run-id": f"warm-{name}"})
         cpu0 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
         for i in range(turns):
             for name, url in arms if i % 2 == 0 else arms[::-1]:
                 run = {"x-luftpause-run-id": f"ab-{name}"}
-                latencies[name].append(await one_turn(client, url, {**headers, **run}))
+                latencies[name].append(await one_turn(client, url, run))
             if (i + 1) % 100 == 0:
                 print(f"  {i + 1}/{turns} rounds", file=sys.stderr, flush=True)
         cpu1 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
