@@ -31,7 +31,7 @@ from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.scheduler.core import EndpointKind as CoreKind
-from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, initial_state
+from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, RunPhase, initial_state
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.serving import bind_socket, bound_port, uvicorn_server, wait_started
@@ -255,6 +255,22 @@ async def settle(host: Host, cond: Callable[[], bool]) -> None:
     async with asyncio.timeout(5):
         while not cond():
             await asyncio.sleep(0.01)
+
+
+async def paused_by_a_tool_call(stack: Stack) -> httpx.Response:
+    """One turn whose reply is a tool call, through the stack's dataplane; returns its
+    answer once the scheduler has its run paused on the tool (D2, D5)."""
+    stack.engine.reply = lambda r: httpx.Response(200, json=TOOL_COMPLETION)
+    first = await stack.client.post("/v1/chat/completions", json=chat())
+    run_id = first.headers["x-luftpause-run-id"]
+    await settle(
+        stack.host,
+        lambda: (
+            run_id in stack.host.state.runs
+            and stack.host.state.runs[run_id].phase is RunPhase.PAUSED_ON_TOOL
+        ),
+    )
+    return first
 
 
 async def nothing_in_flight(stack: Stack) -> None:

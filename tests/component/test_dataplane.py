@@ -19,6 +19,7 @@ from _dataplane_stack import (
     TOOL_COMPLETION,
     Stack,
     chat,
+    paused_by_a_tool_call,
     settle,
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
@@ -46,16 +47,8 @@ async def test_plain_reply_passes_through_unchanged(stack: Stack) -> None:
 
 async def test_tool_call_pauses_run_and_echoed_id_finds_it(stack: Stack) -> None:
     """D2, D5: a reply in tool calls pauses the run; the echoed tool_call_id names the run."""
-    stack.engine.reply = lambda r: httpx.Response(200, json=TOOL_COMPLETION)
-    first = await stack.client.post("/v1/chat/completions", json=chat())
+    first = await paused_by_a_tool_call(stack)
     run_id = first.headers["x-luftpause-run-id"]
-    await settle(
-        stack.host,
-        lambda: (
-            run_id in stack.host.state.runs
-            and stack.host.state.runs[run_id].phase is RunPhase.PAUSED_ON_TOOL
-        ),
-    )
     messages = [
         {"role": "user", "content": "hi"},
         TOOL_COMPLETION["choices"][0]["message"],  # type: ignore[index]

@@ -16,6 +16,7 @@ from _dataplane_stack import (
     Stack,
     chat,
     make_dataplane,
+    paused_by_a_tool_call,
     settle,
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
@@ -24,7 +25,6 @@ from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.dataplane.app import create_app
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
-from luftpause.scheduler.core import RunPhase
 
 
 @asynccontextmanager
@@ -61,16 +61,8 @@ async def test_header_less_run_keeps_its_identity_across_dataplanes(stack: Stack
     """B6, D2: turn 1 on one dataplane ends in a tool call; turn 2, on a dataplane that
     never saw the run, echoes it and joins the same run on the scheduler (no second
     run is made), which is paused on the tool until then."""
-    stack.engine.reply = lambda r: httpx.Response(200, json=TOOL_COMPLETION)
-    first = await stack.client.post("/v1/chat/completions", json=chat())
+    first = await paused_by_a_tool_call(stack)
     run_id = first.headers["x-luftpause-run-id"]
-    await settle(
-        stack.host,
-        lambda: (
-            run_id in stack.host.state.runs
-            and stack.host.state.runs[run_id].phase is RunPhase.PAUSED_ON_TOOL
-        ),
-    )
     async with another_dataplane(stack, "dp-2") as other:
         second = await other.post("/v1/chat/completions", json=continuation())
         assert second.status_code == 200
