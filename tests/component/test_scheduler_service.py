@@ -22,7 +22,7 @@ from luftpause.scheduler.core import (
     ReplicaSpec,
     initial_state,
 )
-from luftpause.scheduler.service.grpc_server import SERVICE_NAME, start_grpc
+from luftpause.scheduler.service.grpc_server import SERVICE_NAME, SchedulerServicer, start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.status_http import status_app
 
@@ -409,3 +409,53 @@ async def test_link_abandons_a_turn_named_or_left_waiting_when_the_stream_ends(
     await finish(sched.stub, finished("t1", "r1"))
     await wait_for(lambda: "t1" not in sched.host.state.turns)
     assert not {"t3", "t4"} & set(sched.host.state.turns)
+
+
+class _Context:
+    """What ``Link`` uses of a gRPC server context, for calling it directly."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    async def write(self, message: object) -> None:
+        pass
+
+    async def abort(self, code: object, details: str) -> None:
+        raise AssertionError(f"aborted: {details}")
+
+
+@pytest.mark.parametrize("hops", range(6))
+async def test_link_abandons_held_turns_even_if_cancelled_while_its_stream_ends(
+    sched: Sched, hops: int
+) -> None:
+    """D6: gRPC cancels the handler when the client goes, and that can arrive while the
+    handler is closing a stream that has just ended. Wherever the cancellation lands,
+    the turns still held for the stream are abandoned (before: one landing in the
+    handler's clean-up skipped it, and the turn stayed held for good)."""
+    await sched.probe("a", 1, 1)
+    await sched.probe("b", 1, 1)
+    await sched.stub.Admit(admit_req("t1", "r1"))
+    await sched.stub.Admit(admit_req("t2", "r2"))
+    servicer = SchedulerServicer(sched.host, URLS)
+    loop = asyncio.get_running_loop()
+    task: asyncio.Task[None] | None = None
+    held = asyncio.Event()
+
+    def cancel_after(n: int) -> None:
+        assert task is not None
+        if n == 0:
+            task.cancel()
+        else:
+            loop.call_soon(cancel_after, n - 1)
+
+    async def ups() -> AsyncIterator[pb.LinkUp]:
+        yield pb.LinkUp(admit=[admit_req("t4", "r4")])
+        await held.wait()
+        cancel_after(hops)  # the client's cancellation, racing the stream's end
+
+    task = asyncio.create_task(servicer.Link(ups(), _Context()))
+    await wait_for(lambda: "t4" in sched.host.state.held)
+    held.set()
+    await asyncio.gather(task, return_exceptions=True)
+    await wait_for(lambda: "t4" not in sched.host.state.held)
+    assert "t4" not in sched.host.state.turns

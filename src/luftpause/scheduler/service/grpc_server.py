@@ -208,11 +208,14 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 if ended.failed:
                     await context.abort(grpc.StatusCode.INTERNAL, "the scheduler failed (logged)")
             finally:
-                reader.cancel()
-                await asyncio.gather(reader, return_exceptions=True)
+                # Nothing here may wait before the turns are abandoned: gRPC cancels this
+                # handler when the client goes, and that can land while the end of the
+                # stream is being handled here, cutting a wait short.
+                reader.cancel()  # it applies nothing more once cancelled
                 for abandon in waiting.values():
                     abandon()  # turns still held for this stream: abandoned
                 waiting.clear()
+                await asyncio.gather(reader, return_exceptions=True)
 
     async def RunEnded(self, request: pb.RunEndedRequest, context: Any) -> pb.RunEndedResponse:
         run_id = request.run_id
