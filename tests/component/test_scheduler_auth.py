@@ -117,7 +117,7 @@ async def test_status_and_page_data_need_the_token_the_page_does_not() -> None:
     host = Host(initial_state(SPECS, Params(), time.monotonic()), time.monotonic)
     app = status_app(host, time.monotonic, dict, token=TOKEN)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://s") as c:
-        for path in ("/status", "/ui/runtime-status?url=http://127.0.0.1:1"):
+        for path in ("/status", "/status/runs/r1", "/ui/runtime-status?url=http://127.0.0.1:1"):
             for headers in ({}, {"authorization": "Bearer nope"}):
                 refused = await c.get(path, headers=headers)
                 assert refused.status_code == 401, path

@@ -172,6 +172,17 @@ def test_status_json_is_unchanged_next_to_the_page(scheduler: str) -> None:
     assert {r["name"]: r["capacity"] for r in body["replicas"]} == {"engine-a": 1, "engine-b": 1}
 
 
+def test_one_run_s_status_by_its_id(scheduler: str) -> None:
+    """S12, B4: ``/status/runs/{id}`` shows one run (a harness session is one run: this
+    is where its user finds it); an unknown run is a 404 naming it."""
+    body = httpx.get(scheduler + "/status/runs/r1", timeout=5).json()
+    assert body["run_id"] == "r1" and body["phase"] == "paused_on_tool"
+    assert body["turns"] == 1 and body["moves"] == 0 and body["caller"] == "crowd"
+    assert body["replica"] in ("engine-a", "engine-b")
+    missing = httpx.get(scheduler + "/status/runs/nobody", timeout=5)
+    assert missing.status_code == 404 and "nobody" in missing.json()["error"]["message"]
+
+
 # ---- the runtime tree through the scheduler ------------------------------------------------
 
 

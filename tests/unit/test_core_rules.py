@@ -44,7 +44,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.core.events import Event
 from luftpause.scheduler.core.invariants import violations
-from luftpause.scheduler.core.view import status
+from luftpause.scheduler.core.view import run_status, status
 
 GEN = EndpointKind.GENERATIVE
 SP = EndpointKind.SINGLE_PASS
@@ -378,6 +378,26 @@ def test_d6_s3_turns_held_for_an_unreachable_replica_move() -> None:
     acts = sim(TurnFailed(sim.t, "x", reason="connection refused", replica_unreachable=True))
     assert admits(acts) == {}  # b is full; a is out
     assert admits(sim.finish("y")) == {"t2": "b"}  # the run moves with its held turn
+
+    run = run_status(sim.state, "r", sim.t)
+    assert run is not None and run["turns"] == 2 and run["moves"] == 1 and run["replica"] == "b"
+
+
+def test_s12_a_run_s_status_counts_its_turns_and_its_moves() -> None:
+    """S3, S12: one run's status says where it is and how many of its turns were
+    admitted away from the replica of the turn before (a prefix left behind)."""
+    sim = Sim(gen("a"), gen("b"))
+    sim.probe("a")
+    sim.probe("b")
+    sim.req("t1", "r")
+    sim.finish("t1", paused=True)
+    sim.req("t2", "r")
+    sim.finish("t2", paused=True)
+    run = run_status(sim.state, "r", sim.t)
+    assert run is not None
+    assert run["turns"] == 2 and run["moves"] == 0
+    assert run["phase"] == "paused_on_tool" and run["replica"] in ("a", "b")
+    assert run_status(sim.state, "nobody", sim.t) is None
 
 
 def test_prefix_keeping_continuing_turn_goes_before_an_older_new_run() -> None:

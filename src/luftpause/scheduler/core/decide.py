@@ -400,6 +400,8 @@ class _Tx:
                         caller=held.caller,
                         last_active=now,
                         in_flight=run.in_flight + 1,
+                        turns=run.turns + 1,
+                        moves=run.moves + (run.replica is not None and run.replica != replica),
                     ),
                 )
                 self._move_run_held(run.run_id, replica)  # S3: it is generating there now
@@ -1031,6 +1033,8 @@ def _run_with(
     ended: bool | _Keep = _KEEP,
     last_prompt: int | _Keep = _KEEP,
     last_prompt_on: str | _Keep | None = _KEEP,
+    turns: int | _Keep = _KEEP,
+    moves: int | _Keep = _KEEP,
 ) -> RunState:
     """A copy of ``r`` with some fields changed. Hand-written rather than
     ``dataclasses.replace``, which costs several microseconds per call on this path."""
@@ -1046,6 +1050,8 @@ def _run_with(
         ended=r.ended if isinstance(ended, _Keep) else ended,
         last_prompt=r.last_prompt if isinstance(last_prompt, _Keep) else last_prompt,
         last_prompt_on=r.last_prompt_on if isinstance(last_prompt_on, _Keep) else last_prompt_on,
+        turns=r.turns if isinstance(turns, _Keep) else turns,
+        moves=r.moves if isinstance(moves, _Keep) else moves,
     )
 
 

@@ -119,6 +119,8 @@ class RunState:
     # what its next turn there should find cached.
     last_prompt: int = 0
     last_prompt_on: str | None = None
+    turns: int = 0  # turns admitted
+    moves: int = 0  # of those, admitted to another replica than the run's previous turn
 
 
 @dataclass(frozen=True, slots=True)

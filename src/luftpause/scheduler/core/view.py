@@ -69,3 +69,23 @@ def status(state: State, now: float) -> dict[str, Any]:
             dp: round(max(0.0, due - now), 3) for dp, due in sorted(state.lost_dataplanes.items())
         },
     }
+
+
+def run_status(state: State, run_id: str, now: float) -> dict[str, Any] | None:
+    """One run as the scheduler sees it (S12), or None if it does not know the run."""
+    run = state.runs.get(run_id)
+    if run is None:
+        return None
+    return {
+        "run_id": run.run_id,
+        "phase": run.phase.value,
+        "service_class": run.service_class.value,
+        "caller": run.caller,
+        "replica": run.replica,  # where its last turn ran (holds its prefix)
+        "turns": run.turns,  # admitted
+        "moves": run.moves,  # turns admitted elsewhere than the one before
+        "in_flight": run.in_flight,
+        "reserved_on": run.reserved_on,
+        "idle_s": round(max(now - run.last_active, 0.0), 3),
+        "last_prompt_tokens": run.last_prompt,
+    }

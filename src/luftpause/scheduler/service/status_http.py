@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from luftpause.auth import BearerAuth
-from luftpause.scheduler.core.view import status
+from luftpause.scheduler.core.view import run_status, status
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.page import page_routes
 
@@ -37,6 +37,16 @@ def status_app(
         body.update(extra())
         return JSONResponse(body)
 
+    async def get_run(request: Request) -> JSONResponse:
+        run_id = request.path_params["run_id"]
+        body = run_status(host.state, run_id, clock())
+        if body is None:
+            return JSONResponse(
+                {"error": {"message": f"no run {run_id!r} (never seen, or forgotten)"}},
+                status_code=404,
+            )
+        return JSONResponse(body)
+
     async def health(request: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
@@ -47,6 +57,7 @@ def status_app(
     return Starlette(
         routes=[
             Route("/status", get_status),
+            Route("/status/runs/{run_id:path}", get_run),
             Route("/health", health),
             Route("/metrics", metrics),
             *page_routes(runtimes),  # GET / (the live page) and its assets
@@ -56,4 +67,8 @@ def status_app(
 
 
 def _needs_token(path: str) -> bool:
-    return path.rstrip("/") == "/status" or path.startswith("/ui/runtime-status")
+    return (
+        path.rstrip("/") == "/status"
+        or path.startswith("/status/")
+        or path.startswith("/ui/runtime-status")
+    )
