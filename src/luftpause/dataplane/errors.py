@@ -18,16 +18,19 @@
                                                                      with its traceback
 
 Each member carries its ``outcome``; nothing recovers an outcome by reading a
-message. ``response(run_id)`` is the one place a turn failure becomes an HTTP
-answer: always ``{"error": {"message": ..., "type": ..., "param": null, "code": ...}}``
-(D6, OpenAI's shape), with ``x-luftpause-run-id``. Values a client sent are echoed
+message. ``response(run_id, shape)`` is the one place a turn failure becomes an
+HTTP answer: ``{"error": {"message": ..., "type": ..., "param": null, "code": ...}}``
+(D6, OpenAI's shape) or, on a route of another API, that API's error shape (B9),
+with ``x-luftpause-run-id``. Values a client sent are echoed
 through ``shown`` so a megabyte of model name is not sent back whole.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from enum import Enum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse, Response
 
@@ -49,21 +52,31 @@ class Outcome(Enum):
     INTERNAL_ERROR = "internal_error"  # a bug of ours
 
 
+# An error body in a client API's own shape: (status, message, code) -> body (B9).
+ErrorShape = Callable[[int, str, str | None], dict[str, Any]]
+
+
+def openai_error(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``;
+    ``type`` is ``invalid_request_error`` for a 4xx, ``server_error`` else."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
 def error_response(
     status: int,
     message: str,
     run_id: str | None = None,
     headers: dict[str, str] | None = None,
     code: str | None = None,
+    shape: ErrorShape = openai_error,
 ) -> JSONResponse:
-    """The one error shape (D6), OpenAI's: ``{"error": {"message", "type", "param",
-    "code"}}``; ``type`` is ``invalid_request_error`` for a 4xx, ``server_error`` else."""
+    """An error as the client's API words it (D6): OpenAI's shape unless the route
+    speaks another API (``shape``)."""
     hdrs = dict(headers or {})
     if run_id:
         hdrs[RUN_HEADER] = run_id
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return JSONResponse(body, status_code=status, headers=hdrs)
+    return JSONResponse(shape(status, message, code), status_code=status, headers=hdrs)
 
 
 def shown(value: object, limit: int = 64) -> str:
@@ -90,9 +103,9 @@ class TurnError(Exception):
         self.message = message
         self.replica = replica
 
-    def response(self, run_id: str | None) -> Response:
+    def response(self, run_id: str | None, shape: ErrorShape = openai_error) -> Response:
         headers = {REPLICA_HEADER: self.replica} if self.replica else None
-        return error_response(self.status, self.message, run_id, headers, self.code)
+        return error_response(self.status, self.message, run_id, headers, self.code, shape)
 
 
 class BadRequest(TurnError):
@@ -115,8 +128,8 @@ class Unauthorized(TurnError):
     outcome = Outcome.REJECTED
     code = "invalid_api_key"
 
-    def response(self, run_id: str | None) -> Response:
-        resp = super().response(run_id)
+    def response(self, run_id: str | None, shape: ErrorShape = openai_error) -> Response:
+        resp = super().response(run_id, shape)
         resp.headers["www-authenticate"] = 'Bearer realm="luftpause"'
         return resp
 
@@ -133,7 +146,7 @@ class ClientLeft(TurnError):
     status = 499
     outcome = Outcome.CLIENT_LEFT
 
-    def response(self, run_id: str | None) -> Response:
+    def response(self, run_id: str | None, shape: ErrorShape = openai_error) -> Response:
         return Response(status_code=499)
 
 
@@ -172,17 +185,44 @@ class EngineRejected(TurnError):
         engine_status: int,
         content: bytes,
         headers: dict[str, str],
+        *,
+        in_client_shape: bool = True,
     ) -> None:
         super().__init__(message, replica)
         self.engine_status = engine_status
         self.content = content
         self.headers = headers
+        self.in_client_shape = in_client_shape  # the engine spoke the client's API
 
-    def response(self, run_id: str | None) -> Response:
+    def response(self, run_id: str | None, shape: ErrorShape = openai_error) -> Response:
+        """The engine's answer unchanged; when the engine answered in another API than
+        the client's (a translated turn, B9), its status and message in the client's
+        API's ``shape``, so the client can read it."""
         headers = dict(self.headers)
         if run_id:
             headers[RUN_HEADER] = run_id
-        return Response(self.content, status_code=self.engine_status, headers=headers)
+        if self.in_client_shape:
+            return Response(self.content, status_code=self.engine_status, headers=headers)
+        headers.pop("content-type", None)
+        message = _engine_message(self.content) or self.message
+        return error_response(self.engine_status, message, None, headers, shape=shape)
+
+
+def _engine_message(content: bytes) -> str:
+    """The message of an engine's error body (OpenAI's shape, or FastAPI's ``detail``)."""
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return content.decode("utf-8", "replace").strip()[:2000]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+        if isinstance(body.get("detail"), str):
+            return str(body["detail"])
+    return ""
 
 
 class InternalError(TurnError):

@@ -1,0 +1,108 @@
+"""Client APIs the dataplane speaks besides Chat Completions (B9).
+
+Engines (every SGLang and vLLM) speak Chat Completions; Claude Code speaks only
+Anthropic Messages (``messages.py``) and Codex CLI only OpenAI Responses
+(``responses.py``). Each module translates its API to Chat Completions and the
+engine's reply back, and the dataplane schedules the turn exactly like a Chat
+Completions turn (``app.py``).
+
+A module gives the dataplane:
+
+* ``parse(raw: bytes) -> Translated`` — the client's body checked and translated;
+  anything the proxy cannot translate faithfully raises ``BadRequest`` naming it
+  (a 400 before the turn takes a slot), never a silently different request;
+* ``error_body(status: int, message: str, code: str | None) -> dict`` — an error in
+  the API's own shape, for every error the dataplane itself answers;
+* ``observe(event: dict, outcome: TurnOutcome) -> None`` and
+  ``observe_reply(body: dict, outcome: TurnOutcome) -> None`` — what a reply in the
+  API's own shape says (first token, tool call IDs, finish, usage), for an
+  endpoint that serves the API natively: its reply passes through unchanged and is
+  only read, as Chat Completions replies are.
+
+A ``Translated`` request gives:
+
+* ``model`` and ``stream``, as the client asked;
+* ``chat`` — the Chat Completions body for the engine (its ``model`` is the
+  client's; the dataplane puts the served model in, and asks a stream for usage);
+* ``reply(completion: dict) -> dict`` — a non-streamed ``chat.completion`` as the
+  API's reply;
+* ``stream_translator() -> StreamTranslator`` — a translator for one streamed reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from luftpause.dataplane.relay import TurnOutcome
+
+
+class StreamTranslator(Protocol):
+    """Chat Completions chunks in, the API's server-sent events out, event by event
+    (nothing is held back beyond what one event needs)."""
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        """One ``chat.completion.chunk`` (usage-only chunks included); the SSE bytes
+        the client gets for it (possibly none)."""
+        ...
+
+    def done(self) -> bytes:
+        """The engine's ``[DONE]``: the events that close the reply."""
+        ...
+
+    def failed(self, message: str) -> bytes:
+        """The engine's stream broke off: the API's error event, if it has one."""
+        ...
+
+
+class Translated(Protocol):
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def stream(self) -> bool: ...
+
+    @property
+    def chat(self) -> dict[str, Any]: ...
+
+    def reply(self, completion: dict[str, Any]) -> dict[str, Any]: ...
+
+    def stream_translator(self) -> StreamTranslator: ...
+
+
+@dataclass(frozen=True)
+class ClientApi:
+    """One client API a turn route speaks, as the dataplane uses it."""
+
+    name: str  # its ``NativeApi`` value: what an endpoint lists in ``native_apis``
+    route: str  # the route, the same on the dataplane and on a native endpoint
+    parse: Callable[[bytes], Translated]
+    error_body: Callable[[int, str, str | None], dict[str, Any]]
+    observe: Callable[[dict[str, Any], TurnOutcome], None]
+    observe_reply: Callable[[dict[str, Any], TurnOutcome], None]
+
+
+def client_apis() -> tuple[ClientApi, ...]:
+    """Anthropic Messages and OpenAI Responses."""
+    from . import messages, responses
+
+    return (
+        ClientApi(
+            "messages",
+            "/v1/messages",
+            messages.parse,
+            messages.error_body,
+            messages.observe,
+            messages.observe_reply,
+        ),
+        ClientApi(
+            "responses",
+            "/v1/responses",
+            responses.parse,
+            responses.error_body,
+            responses.observe,
+            responses.observe_reply,
+        ),
+    )
