@@ -35,6 +35,16 @@ def bearer_ok(authorization: str | bytes | None, token: str) -> bool:
     )
 
 
+def api_key_ok(api_key: str | bytes | None, token: str) -> bool:
+    """Whether an ``x-api-key`` value (Anthropic's way, which Claude Code uses) is
+    ``token``, compared in constant time."""
+    if api_key is None:
+        return False
+    if isinstance(api_key, bytes):
+        api_key = api_key.decode("latin-1")
+    return hmac.compare_digest(api_key.strip().encode("utf-8", "surrogateescape"), token.encode())
+
+
 def refusal(message: str = REFUSED) -> JSONResponse:
     """The 401 every service answers: a JSON error and ``WWW-Authenticate: Bearer``."""
     return JSONResponse(

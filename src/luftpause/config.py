@@ -103,6 +103,11 @@ class ClassPriority(_Frozen):
         return self.interactive if service_class == "interactive" else self.batch
 
 
+class NativeApi(StrEnum):
+    MESSAGES = "messages"  # Anthropic Messages, POST /v1/messages
+    RESPONSES = "responses"  # OpenAI Responses, POST /v1/responses
+
+
 class Endpoint(_Frozen):
     """A replica: an engine, a router in front of engines, or a hosted API."""
 
@@ -122,6 +127,10 @@ class Endpoint(_Frozen):
     # (OpenAI's documented behaviour): the dataplane then cuts those it caused. False for
     # an engine that writes them whether asked or not (they are passed on as sent).
     null_usage_when_asked: bool = True
+    # Client APIs besides Chat Completions this endpoint serves itself (B9): a turn on
+    # /v1/messages or /v1/responses placed here is passed through unchanged instead of
+    # being translated to Chat Completions.
+    native_apis: tuple[NativeApi, ...] = ()
 
     @field_validator("url")
     @classmethod
@@ -209,6 +218,28 @@ class DataplaneSettings(_Frozen):
     # `luftpause up` starts this many dataplane processes on the one port (SO_REUSEPORT):
     # the kernel spreads connections over them; each links to the scheduler on its own.
     workers: Annotated[int, Field(ge=1, le=64)] = 1
+    # Model names clients ask for that no endpoint serves, mapped to one an endpoint does
+    # serve: exact names or shell-style patterns ("claude-*"), tried in file order (B9).
+    model_aliases: Mapping[str, str] = Field(default_factory=dict)
+    # Headers that name a harness's session, tried in order when a turn has no
+    # x-luftpause-run-id and no Claude Code or Codex session header (B4).
+    session_headers: tuple[str, ...] = ("x-session-affinity", "x-session-id")
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _aliases(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        for name, target in value.items():
+            if not name or not target:
+                raise ValueError("an alias and the model it names must both be non-empty")
+        return value
+
+    @field_validator("session_headers")
+    @classmethod
+    def _session_headers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
+                raise ValueError(f"{name!r} is not an HTTP header name")
+        return tuple(name.lower() for name in value)
 
     @model_validator(mode="after")
     def _workers_share_a_known_port(self) -> Self:
@@ -287,6 +318,13 @@ class StackConfig(_Frozen):
             if e.name in seen:
                 raise ValueError(f"endpoints[{i}].name: duplicate endpoint name {e.name!r}")
             seen.add(e.name)
+        served = {m for e in self.endpoints if e.kind is EndpointKind.GENERATIVE for m in e.models}
+        for alias, target in self.dataplane.model_aliases.items():
+            if self.endpoints and target not in served:
+                raise ValueError(
+                    f"dataplane.model_aliases[{alias!r}]: no generative endpoint serves "
+                    f"{target!r} (served: {', '.join(sorted(served)) or 'none'})"
+                )
         names = [e.name for e in self.fakes.engines]
         if len(set(names)) != len(names):
             raise ValueError("fakes.engines: fake engine names must be unique")

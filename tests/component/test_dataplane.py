@@ -160,7 +160,17 @@ async def test_auth_token_and_engine_keys(stack: Stack) -> None:
         "/v1/chat/completions", json=chat(), headers={"authorization": "Bearer s3cret"}
     )
     assert ok.status_code == 200
-    assert [r.headers.get("authorization") for r in stack.engine.seen] == ["Bearer engine-key"]
+    # B9: Anthropic's clients send the token as x-api-key; it is never forwarded either.
+    keyed = await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"x-api-key": "s3cret"}
+    )
+    assert keyed.status_code == 200
+    wrong_key = await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"x-api-key": "nope"}
+    )
+    assert wrong_key.status_code == 401
+    assert [r.headers.get("authorization") for r in stack.engine.seen] == ["Bearer engine-key"] * 2
+    assert all("x-api-key" not in r.headers for r in stack.engine.seen)
     assert (await stack.client.get("/health")).status_code == 200  # not a /v1 route
 
 

@@ -51,7 +51,10 @@ async def test_every_port_needs_the_token(services: Any, tmp_path: Path) -> None
     guarded = [
         ("GET", f"{sched.urls['http']}/status", None),
         ("GET", f"{sched.urls['http']}/ui/runtime-status?url={runtime.urls['http']}", None),
+        ("GET", f"{sched.urls['http']}/status/runs/r1", None),
         ("POST", f"{dp.urls['http']}/v1/chat/completions", chat),
+        ("POST", f"{dp.urls['http']}/v1/messages", {"model": MODEL, "max_tokens": 4}),
+        ("POST", f"{dp.urls['http']}/v1/responses", {"model": MODEL, "input": "hi"}),
         ("GET", f"{dp.urls['http']}/v1/models", None),
         ("POST", f"{dp.urls['http']}/v1/decide", {"input": "x"}),
         ("DELETE", f"{dp.urls['http']}/v1/runs/r1", None),

@@ -116,6 +116,22 @@ kind = "generator"
             "endpoints[0]",
             "generative endpoints only",
         ),
+        (
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nnative_apis=["grpc"]',
+            "endpoints[0].native_apis[0]",
+            "'messages' or 'responses'",
+        ),
+        (
+            '[dataplane]\nsession_headers=["x session"]',
+            "dataplane.session_headers",
+            "not an HTTP header name",
+        ),
+        (
+            '[dataplane.model_aliases]\n"claude-*"="qwen"\n'
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]',
+            "dataplane.model_aliases['claude-*']",
+            "no generative endpoint serves 'qwen'",
+        ),
     ],
 )
 def test_field_errors(tmp_path: Path, toml: str, field: str, problem: str) -> None:
@@ -259,3 +275,23 @@ def test_the_environment_defaults_to_the_process_environment(
     assert config.runtime.default_model == "from-process"
     config, _ = load_config(path, {"LUFTPAUSE_TEST_MODEL": "passed-in"})
     assert config.runtime.default_model == "passed-in"
+
+
+def test_harness_settings(tmp_path: Path) -> None:
+    """B9, B4: model aliases keep their order (the first that matches wins), session
+    header names are matched without regard to case, native APIs are per endpoint."""
+    config, _ = load_config(
+        write(
+            tmp_path,
+            '[dataplane]\nsession_headers=["X-Session-Affinity"]\n'
+            '[dataplane.model_aliases]\n"claude-haiku-*"="small"\n"claude-*"="big"\n'
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["big", "small"]\n'
+            'native_apis=["messages"]',
+        )
+    )
+    assert list(config.dataplane.model_aliases.items()) == [
+        ("claude-haiku-*", "small"),
+        ("claude-*", "big"),
+    ]
+    assert config.dataplane.session_headers == ("x-session-affinity",)
+    assert [a.value for a in config.endpoints[0].native_apis] == ["messages"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fnmatch
 import functools
 import logging
 import time
@@ -48,9 +49,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
-from luftpause.auth import bearer_ok
+from luftpause.auth import api_key_ok, bearer_ok
 from luftpause.config import DataplaneSettings, Endpoint, EndpointKind, Secrets
 from luftpause.dataplane import identity, tracing
+from luftpause.dataplane.apis import ClientApi, Translated, client_apis
 from luftpause.dataplane.errors import (
     Abandoned,
     BadRequest,
@@ -59,16 +61,31 @@ from luftpause.dataplane.errors import (
     EngineFailed,
     EngineRejected,
     EngineUnreachable,
+    ErrorShape,
     NotJson,
     TurnError,
     Unauthorized,
     UnknownModel,
     error_response,
+    openai_error,
     shown,
 )
 from luftpause.dataplane.metrics import Metrics
-from luftpause.dataplane.relay import RelayStream, SseTap, TurnOutcome
-from luftpause.dataplane.request import ChatRequest, chat_request, decide_request
+from luftpause.dataplane.relay import (
+    NativeTap,
+    RelayStream,
+    SseTap,
+    TranslatingTap,
+    TurnOutcome,
+    loads,
+)
+from luftpause.dataplane.request import (
+    ChatRequest,
+    chat_request,
+    decide_request,
+    dumps,
+    with_members,
+)
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
 from luftpause.dataplane.turn import Turn, serve
@@ -90,6 +107,7 @@ _DROP = {
     "proxy-authorization",
     "accept-encoding",
     "cookie",
+    "x-api-key",
 }
 _CLASS_PB = {"interactive": pb.SERVICE_CLASS_INTERACTIVE, "batch": pb.SERVICE_CLASS_BATCH}
 
@@ -115,6 +133,26 @@ class Dataplane:
             if e.kind is EndpointKind.GENERATIVE
             for m in e.models
         }
+
+    def served_model(self, asked: str) -> str:
+        """The model that serves a turn asking for ``asked``: itself if a generative
+        endpoint serves it, else the target of the first alias that matches it (B9)."""
+        served = self.generative_models
+        if asked in served:
+            return asked
+        for alias, target in self.settings.model_aliases.items():
+            if fnmatch.fnmatchcase(asked, alias):
+                return target
+        if asked in self.single_pass_models:
+            raise UnknownModel(
+                f"model {shown(asked)} is a single-pass model: it classifies, it "
+                "does not chat; send its input to POST /v1/decide"
+            )
+        message = f"no Generative replica serves model {shown(asked)}"
+        if self.settings.model_aliases:
+            aliases = ", ".join(self.settings.model_aliases)
+            message += f", and no alias matches it (dataplane.model_aliases: {aliases})"
+        raise UnknownModel(message)
 
     @property
     def single_pass_models(self) -> list[str]:
@@ -174,14 +212,16 @@ class ClientWatch:
 class Incoming:
     """A request on a turn route, as the handlers read it."""
 
-    __slots__ = ("headers", "method", "path", "receive", "run_id", "watch")
+    __slots__ = ("headers", "method", "path", "query", "receive", "run_id", "shape", "watch")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self.headers = Headers(scope=scope)
         self.receive = receive
         self.method: str = scope["method"]
         self.path: str = scope["path"]
+        self.query: bytes = scope.get("query_string", b"")
         self.run_id: str | None = None  # the run the answer names, once known
+        self.shape: ErrorShape = openai_error  # errors in the route's API's shape
         self.watch = ClientWatch(receive)
 
 
@@ -213,6 +253,8 @@ class DataplaneApp:
         self.dp = dp
         self.rest = rest  # every other route, the 404/405 answers, the lifespan
         self.routes: dict[str, Route] = {"/v1/chat/completions": _chat, "/v1/decide": _decide}
+        for api in client_apis():
+            self.routes[api.route] = functools.partial(_generative, api=api)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -235,7 +277,9 @@ class DataplaneApp:
                 # traceback and answered as a 500 in the OpenAI error shape.
                 log.exception("internal error on %s %s", incoming.method, incoming.path)
                 run_id = incoming.run_id or _early_run(incoming.headers, "run")
-                response = error_response(500, "internal error in the dataplane (logged)", run_id)
+                response = error_response(
+                    500, "internal error in the dataplane (logged)", run_id, shape=incoming.shape
+                )
             if not isinstance(response, RelayStream):
                 # The turn has ended: the end of the answer is not the client leaving (once
                 # the answer is sent, ``receive`` says "disconnect" whatever the client does).
@@ -354,16 +398,21 @@ def _not_allowed(method: str, path: str, allowed: str, run_id: str) -> Response:
 
 def _authorize(dp: Dataplane, headers: Headers) -> None:
     """D9: with a token set, every /v1 route needs ``Authorization: Bearer <token>``
-    (the scheme is case-insensitive, as every HTTP auth scheme is)."""
+    (the scheme is case-insensitive, as every HTTP auth scheme is) or, as Anthropic's
+    clients send it, ``x-api-key: <token>``."""
     token = dp.secrets.token
     if token is None or bearer_ok(headers.get("authorization"), token):
         return
-    raise Unauthorized("missing or wrong bearer token (set Authorization: Bearer <token>)")
+    if api_key_ok(headers.get("x-api-key"), token):
+        return
+    raise Unauthorized(
+        "missing or wrong bearer token (set Authorization: Bearer <token>, or x-api-key: <token>)"
+    )
 
 
 _ROUTES = (
-    "POST /v1/chat/completions, POST /v1/decide, GET /v1/models, DELETE /v1/runs/{run_id}, "
-    "GET /metrics, GET /health"
+    "POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, POST /v1/decide, "
+    "GET /v1/models, DELETE /v1/runs/{run_id}, GET /metrics, GET /health"
 )
 
 
@@ -483,29 +532,46 @@ def _early_run(headers: Headers, prefix: str) -> str:
 
 
 async def _chat(dp: Dataplane, incoming: Incoming) -> Response:
+    return await _generative(dp, incoming, None)
+
+
+async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) -> Response:
+    """A generative turn on Chat Completions (``api`` None) or on another client API,
+    which is translated to Chat Completions unless the replica serves it natively (B9).
+    Either way the turn is scheduled the same."""
     incoming.run_id = _early_run(incoming.headers, "run")
+    if api is not None:
+        incoming.shape = api.error_body
     cls = "batch"
+    translated: Translated | None = None
+    chat: ChatRequest | None = None
     try:
         _authorize(dp, incoming.headers)
-        chat = chat_request(await _body(incoming, dp.settings.max_body_bytes))
+        raw = await _body(incoming, dp.settings.max_body_bytes)
+        if api is None:
+            chat = chat_request(raw)
+            asked, conversation = chat.model, chat.body
+        else:
+            translated = api.parse(raw)
+            asked, conversation = translated.model, translated.chat
         try:
             cls = identity.service_class(incoming.headers)
-            run_id, echoed = identity.resolve_run_id(incoming.headers, chat.body, dp.memory)
+            run_id, echoed = identity.resolve_run_id(
+                incoming.headers, conversation, dp.memory, dp.settings.session_headers
+            )
             caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes)
         except identity.BadHeader as exc:
             raise BadRequest(str(exc)) from None
         incoming.run_id = run_id
-        if chat.model not in dp.generative_models:
-            if chat.model in dp.single_pass_models:
-                raise UnknownModel(
-                    f"model {shown(chat.model)} is a single-pass model: it classifies, it "
-                    "does not chat; send its input to POST /v1/decide"
-                )
-            raise UnknownModel(f"no Generative replica serves model {shown(chat.model)}")
+        model = dp.served_model(asked)
         turn_id = f"turn-{uuid.uuid4().hex}"
         dp.runs.touch(run_id, cls, caller)
         span = tracing.start_turn(
-            incoming.headers, route="chat", model=chat.model, service_class=cls, run_id=run_id
+            incoming.headers,
+            route=api.name if api is not None else "chat",
+            model=model,
+            service_class=cls,
+            run_id=run_id,
         )
         admitted = await _admit(
             dp,
@@ -513,7 +579,7 @@ async def _chat(dp: Dataplane, incoming: Incoming) -> Response:
             pb.AdmitRequest(
                 turn_id=turn_id,
                 run_id=run_id,
-                model=chat.model,
+                model=model,
                 service_class=_CLASS_PB[cls],
                 caller=caller,
                 kind=pb.ENDPOINT_KIND_GENERATIVE,
@@ -524,7 +590,7 @@ async def _chat(dp: Dataplane, incoming: Incoming) -> Response:
         )
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns.labels(cls, exc.outcome.value).inc()
-        return exc.response(incoming.run_id)
+        return exc.response(incoming.run_id, incoming.shape)
     if admitted.run_id and admitted.run_id != run_id:
         # The scheduler knew the echoed tool calls: the turn continues that run, whichever
         # dataplane its earlier turns went through (D2).
@@ -534,14 +600,20 @@ async def _chat(dp: Dataplane, incoming: Incoming) -> Response:
         tracing.renamed_run(span, run_id)
 
     turn = Turn(
-        TurnRecord(turn_id, run_id, admitted.replica, chat.model, cls, caller),
+        TurnRecord(turn_id, run_id, admitted.replica, model, cls, caller),
         link=dp.link,
         metrics=dp.metrics,
         runs=dp.runs,
         memory=dp.memory,
         span=span,
     )
-    return await serve(turn, _forward_chat(dp, incoming, chat, turn, admitted))
+    if api is None:
+        assert chat is not None
+        work = _forward_chat(dp, incoming, chat, turn, admitted)
+    else:
+        assert translated is not None
+        work = _forward_api(dp, incoming, api, translated, raw, turn, admitted)
+    return await serve(turn, work, incoming.shape)
 
 
 async def _forward_chat(
@@ -552,56 +624,16 @@ async def _forward_chat(
     record = turn.record
     endpoint = dp.endpoints.get(record.replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
-    raw = chat.engine_body
-    if endpoint is not None and endpoint.class_priority is not None and not chat.has_priority:
-        # The engine orders its own queue by class; a client's own priority is kept.
-        raw = chat.with_priority(endpoint.class_priority.for_class(record.service_class))
-    reply_headers = {
-        identity.RUN_HEADER: record.run_id,
-        identity.REPLICA_HEADER: record.replica,
-        identity.HELD_HEADER: str(round(admitted.held_s * 1000)),
-    }
-    try:
-        # The turn's span is current for the engine request, so a client span of the
-        # HTTP instrumentation sits under it.
-        with trace.use_span(turn.span, end_on_exit=False):
-            response = await dp.http.post(
-                f"{base}/v1/chat/completions",
-                data=raw,
-                headers=_engine_headers(dp, incoming, record.replica, turn.span),
-            )
-    except ENGINE_ERRORS as exc:
-        raise _engine_error(record.replica, exc) from None
-    except asyncio.CancelledError:
-        if incoming.watch.left_now():
-            raise ClientLeft("client left before the engine answered") from None
-        raise
-
-    if response.status != 200:  # D6: engine rejects: status, body, Retry-After unchanged
-        try:
-            content = await response.read()
-        except ENGINE_ERRORS:
-            content = b""
-        finally:
-            response.release()
-        headers = dict(reply_headers)
-        for name in ("retry-after", "content-type"):
-            if name in response.headers:
-                headers[name] = response.headers[name]
-        raise EngineRejected(
-            f"engine {record.replica} answered {response.status}",
-            record.replica,
-            response.status,
-            content,
-            headers,
-        )
-
+    raw = chat.engine_body_for(record.model, _class_priority(endpoint, record, chat.has_priority))
+    reply_headers = _reply_headers(record, admitted)
+    response = await _post_to_engine(
+        dp, incoming, turn, f"{base}/v1/chat/completions", raw, reply_headers, in_client_shape=True
+    )
     content_type = response.headers.get("content-type", "application/json")
     if chat.stream and content_type.startswith("text/event-stream"):
         stream_headers = [
             (b"content-type", content_type.encode()),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"),
+            *_STREAM_HEADERS,
             *((k.encode(), v.encode()) for k, v in reply_headers.items()),
         ]
         # From here the relay owns the turn: its ``finally`` ends it.
@@ -612,12 +644,86 @@ async def _forward_chat(
         )
         return RelayStream(response, tap, stream_headers, turn, incoming.watch)
 
+    whole = await _read_whole(incoming, response, record.replica)
+    outcome = TurnOutcome()
+    outcome.read_completion_bytes(whole)
+    if outcome.first_token:
+        turn.first_token()
+    turn.finished(outcome)
+    return Response(whole, status_code=200, headers={**reply_headers, "content-type": content_type})
+
+
+def _class_priority(endpoint: Endpoint | None, record: TurnRecord, has_own: bool) -> int | None:
+    """The ``priority`` to send an engine that orders its own queue by class; None when
+    it does not, or when the client set its own (which is kept)."""
+    if endpoint is None or endpoint.class_priority is None or has_own:
+        return None
+    return endpoint.class_priority.for_class(record.service_class)
+
+
+def _reply_headers(record: TurnRecord, admitted: Admitted) -> dict[str, str]:
+    return {
+        identity.RUN_HEADER: record.run_id,
+        identity.REPLICA_HEADER: record.replica,
+        identity.HELD_HEADER: str(round(admitted.held_s * 1000)),
+    }
+
+
+async def _post_to_engine(
+    dp: Dataplane,
+    incoming: Incoming,
+    turn: Turn,
+    url: str,
+    body: bytes,
+    reply_headers: dict[str, str],
+    *,
+    in_client_shape: bool,
+) -> aiohttp.ClientResponse:
+    """Send the turn to its replica: the engine's 200 response, its body still to come;
+    any other status is an ``EngineRejected`` carrying the engine's answer (D6), which is
+    already in the client's API (``in_client_shape``) or is re-worded into it."""
+    replica = turn.record.replica
     try:
-        whole = await response.read()
+        # The turn's span is current for the engine request, so a client span of the
+        # HTTP instrumentation sits under it.
+        with trace.use_span(turn.span, end_on_exit=False):
+            response = await dp.http.post(
+                url, data=body, headers=_engine_headers(dp, incoming, replica, turn.span)
+            )
     except ENGINE_ERRORS as exc:
-        raise EngineFailed(
-            f"engine {record.replica} failed: {_describe(exc)}", record.replica
-        ) from None
+        raise _engine_error(replica, exc) from None
+    except asyncio.CancelledError:
+        if incoming.watch.left_now():
+            raise ClientLeft("client left before the engine answered") from None
+        raise
+    if response.status == 200:
+        return response
+    try:  # D6: engine rejects: status, body, Retry-After unchanged
+        content = await response.read()
+    except ENGINE_ERRORS:
+        content = b""
+    finally:
+        response.release()
+    headers = dict(reply_headers)
+    for name in ("retry-after", "content-type"):
+        if name in response.headers:
+            headers[name] = response.headers[name]
+    raise EngineRejected(
+        f"engine {replica} answered {response.status}",
+        replica,
+        response.status,
+        content,
+        headers,
+        in_client_shape=in_client_shape,
+    )
+
+
+async def _read_whole(incoming: Incoming, response: aiohttp.ClientResponse, replica: str) -> bytes:
+    """A non-streamed reply's body; the connection is dropped if it is not read to the end."""
+    try:
+        return await response.read()
+    except ENGINE_ERRORS as exc:
+        raise EngineFailed(f"engine {replica} failed: {_describe(exc)}", replica) from None
     except asyncio.CancelledError:
         if incoming.watch.left_now():
             raise ClientLeft("client left while the engine was answering") from None
@@ -627,12 +733,90 @@ async def _forward_chat(
             response.release()
         else:
             response.close()  # unfinished: drop the connection so the engine stops
+
+
+_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+async def _forward_api(
+    dp: Dataplane,
+    incoming: Incoming,
+    api: ClientApi,
+    translated: Translated,
+    raw: bytes,
+    turn: Turn,
+    admitted: Admitted,
+) -> Response:
+    """A turn of another client API (B9): passed through to a replica that serves the
+    API itself, translated to Chat Completions (and its reply back) for any other.
+    Ends ``turn`` itself, raises a ``TurnError`` (``serve`` ends it then), or hands it
+    to the stream relay."""
+    record = turn.record
+    endpoint = dp.endpoints.get(record.replica)
+    base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
+    native = endpoint is not None and api.name in endpoint.native_apis
+    priority = _class_priority(endpoint, record, "priority" in translated.chat)
+    if native:
+        url = f"{base}{api.route}"
+        if incoming.query:  # e.g. Claude Code's ?beta=true
+            url += "?" + incoming.query.decode("latin-1")
+        body = raw
+        if record.model != translated.model or priority is not None:
+            members: dict[str, Any] = {"model": record.model}
+            if priority is not None:
+                members["priority"] = priority
+            body = with_members(raw, members)
+    else:
+        url = f"{base}/v1/chat/completions"
+        chat = {**translated.chat, "model": record.model}
+        if translated.stream:
+            chat["stream"] = True
+            chat["stream_options"] = {"include_usage": True}
+        if priority is not None:
+            chat["priority"] = priority
+        body = dumps(chat)
+    reply_headers = _reply_headers(record, admitted)
+    response = await _post_to_engine(
+        dp, incoming, turn, url, body, reply_headers, in_client_shape=native
+    )
+    content_type = response.headers.get("content-type", "application/json")
+    if translated.stream and content_type.startswith("text/event-stream"):
+        outcome = TurnOutcome()
+        tap: SseTap = (
+            NativeTap(outcome, api.observe)
+            if native
+            else TranslatingTap(outcome, translated.stream_translator())
+        )
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            *_STREAM_HEADERS,
+            *((k.encode(), v.encode()) for k, v in reply_headers.items()),
+        ]
+        # From here the relay owns the turn: its ``finally`` ends it.
+        return RelayStream(response, tap, headers, turn, incoming.watch)
+    whole = await _read_whole(incoming, response, record.replica)
+    body_json = loads(whole)
     outcome = TurnOutcome()
-    outcome.read_completion_bytes(whole)
+    if not isinstance(body_json, dict) or (translated.stream and not native):
+        what = "a stream" if translated.stream else "a JSON object"
+        raise EngineFailed(
+            f"engine {record.replica} answered 200 with {content_type}, not {what}",
+            record.replica,
+        )
+    if native:
+        api.observe_reply(body_json, outcome)
+        reply = whole
+    else:
+        outcome.read_completion(body_json)
+        reply = dumps(translated.reply(body_json))
     if outcome.first_token:
         turn.first_token()
     turn.finished(outcome)
-    return Response(whole, status_code=200, headers={**reply_headers, "content-type": content_type})
+    return Response(
+        reply,
+        status_code=200,
+        headers={**reply_headers, "content-type": content_type if native else "application/json"},
+    )
 
 
 async def _decide(dp: Dataplane, incoming: Incoming) -> Response:

@@ -1,15 +1,31 @@
-"""Run identity (D2) and class/caller headers (D3).
+"""Run identity (D2, B4) and class/caller headers (D3).
 
-A run is named by ``x-luftpause-run-id``. Agents that cannot send it are
-recognised by the ``tool_call_id`` s they echo back in tool messages: every
-tool call the proxy sees going out is remembered (30 min, swept every 60 s)
-with its run. Otherwise the turn starts a new run.
+A turn's run, first match wins:
+
+1. ``x-luftpause-run-id``: the run the client names.
+2. The harness's own session (B4):
+
+   - Claude Code's ``X-Claude-Code-Session-Id``: run ``claude-code-<id>``. Its
+     sub-agents add ``x-claude-code-agent-id``; each has a conversation of its own,
+     so each is its own run, ``claude-code-<id>/<agent>``.
+   - Codex's thread: ``thread_id`` of ``x-codex-turn-metadata``, else its
+     ``thread-id`` or ``session-id`` header: run ``codex-<id>``.
+   - Each header of ``dataplane.session_headers``, in order: run ``session-<id>``
+     (by default OpenCode's ``x-session-affinity`` and the generic ``x-session-id``).
+
+   One harness conversation is then one run across its turns, and keeps its replica
+   and its reservation while the harness runs a tool.
+3. The ``tool_call_id`` s the turn echoes back in tool messages: every tool call
+   the proxy sees going out is remembered (30 min, swept every 60 s) with its run.
+4. Otherwise the turn starts a new run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from luftpause.dataplane.errors import shown
@@ -22,6 +38,10 @@ CALLER_HEADER = "x-luftpause-caller"
 REPLICA_HEADER = "x-luftpause-replica"
 HELD_HEADER = "x-luftpause-held-ms"
 CLASSES = ("interactive", "batch")
+# Harnesses' own session headers (B4).
+CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
+CLAUDE_CODE_AGENT_HEADER = "x-claude-code-agent-id"  # sent by its sub-agents
+CODEX_METADATA_HEADER = "x-codex-turn-metadata"
 MAX_RUN_ID = 256  # the scheduler's bound on IDs
 
 
@@ -47,20 +67,69 @@ def echoed_tool_call_ids(body: Mapping[str, Any]) -> list[str]:
     return ids
 
 
-def resolve_run_id(
-    headers: Mapping[str, str], body: Mapping[str, Any], memory: ToolCallMemory
-) -> tuple[str, list[str]]:
-    """The turn's run (D2), and the echoed tool call IDs to ask the scheduler about.
+def harness_run(headers: Mapping[str, str], session_headers: Sequence[str] = ()) -> str | None:
+    """The run a harness's own session headers name (B4), or None."""
+    session = headers.get(CLAUDE_CODE_SESSION_HEADER, "").strip()
+    if session:
+        agent = headers.get(CLAUDE_CODE_AGENT_HEADER, "").strip()
+        return _run_named("claude-code", f"{session}/{agent}" if agent else session)
+    thread = _codex_thread(headers.get(CODEX_METADATA_HEADER, ""))
+    thread = thread or headers.get("thread-id", "").strip() or headers.get("session-id", "").strip()
+    if thread:
+        return _run_named("codex", thread)
+    for name in session_headers:
+        value = headers.get(name, "").strip()
+        if value:
+            return _run_named("session", value)
+    return None
 
-    A named run is the run. Else echoed tool call IDs this dataplane remembers name
-    it. Else the turn gets a new run ID, and its echoed IDs (if any) go with its Admit:
-    the scheduler, which hears every dataplane's tool calls, puts it in the run they
-    were issued to, wherever that run's earlier turns went through."""
+
+def _codex_thread(metadata: str) -> str:
+    """``thread_id`` (else ``session_id``) of Codex's turn metadata JSON; "" if none."""
+    if not metadata:
+        return ""
+    try:
+        data = json.loads(metadata)
+    except ValueError:
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    for key in ("thread_id", "session_id"):
+        value = data.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return ""
+
+
+def _run_named(harness: str, session: str) -> str:
+    """``<harness>-<session>``; a session ID too long for a run ID is hashed."""
+    run_id = f"{harness}-{session}"
+    if len(run_id) > MAX_RUN_ID:
+        run_id = f"{harness}-{hashlib.sha256(session.encode()).hexdigest()}"
+    return run_id
+
+
+def resolve_run_id(
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    memory: ToolCallMemory,
+    session_headers: Sequence[str] = (),
+) -> tuple[str, list[str]]:
+    """The turn's run (D2, B4), and the echoed tool call IDs to ask the scheduler about.
+
+    A named run is the run; so is a harness's session. Else echoed tool call IDs this
+    dataplane remembers name it. Else the turn gets a new run ID, and its echoed IDs
+    (if any) go with its Admit: the scheduler, which hears every dataplane's tool
+    calls, puts it in the run they were issued to, wherever that run's earlier turns
+    went through."""
     explicit = headers.get(RUN_HEADER, "").strip()
     if explicit:
         if len(explicit) > MAX_RUN_ID:
             raise BadHeader(f"{RUN_HEADER} is longer than {MAX_RUN_ID} characters")
         return explicit, []
+    harness = harness_run(headers, session_headers)
+    if harness is not None:
+        return harness, []
     echoed = echoed_tool_call_ids(body)
     known = memory.lookup(echoed)
     if known is not None:

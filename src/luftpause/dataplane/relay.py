@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from starlette.responses import Response
 from luftpause.dataplane.errors import ClientLeft, EngineFailed, InternalError, TurnError
 
 if TYPE_CHECKING:
+    from luftpause.dataplane.apis import StreamTranslator
     from luftpause.dataplane.app import ClientWatch
     from luftpause.dataplane.turn import Turn
 
@@ -184,6 +186,11 @@ class SseTap:
         rest, self._buffer = self._buffer, b""
         return rest
 
+    def failing(self, message: str) -> bytes:
+        """What the client gets when the engine's stream breaks off: nothing more (Chat
+        Completions has no error event: the connection closes without ``[DONE]``)."""
+        return b""
+
     def _read_event(self, event: bytes) -> bytes | None:
         """Account for one event; return what the client gets of it (None: nothing)."""
         lines = event.splitlines(keepends=True)
@@ -205,6 +212,68 @@ class SseTap:
             if chunk["usage"] is None and self.cut_null_usage:
                 lines[i] = without_null_usage(line, chunk)
                 event = b"".join(lines)
+        return event
+
+
+class TranslatingTap(SseTap):
+    """Reads an engine's Chat Completions stream and passes on, event by event, what
+    ``translator`` makes of it in the client's API (B9); the engine's bytes never
+    reach the client. The usage chunk is read like any other and left to the
+    translator (its API reports usage in its closing events)."""
+
+    def __init__(self, outcome: TurnOutcome, translator: StreamTranslator) -> None:
+        super().__init__(outcome, hide_usage=False)
+        self.translator = translator
+
+    def rest(self) -> bytes:
+        self._buffer = b""  # an unfinished engine event means nothing to the client
+        return b""
+
+    def failing(self, message: str) -> bytes:
+        return self.translator.failed(message)
+
+    def _read_event(self, event: bytes) -> bytes | None:
+        out = []
+        for line in event.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                if not self.outcome.done:
+                    self.outcome.done = True
+                    out.append(self.translator.done())
+                continue
+            chunk = loads(payload)
+            if isinstance(chunk, dict) and not self.outcome.done:
+                self.outcome.read_chunk(chunk)
+                out.append(self.translator.chunk(chunk))
+        return b"".join(out)
+
+
+class NativeTap(SseTap):
+    """Passes an engine's stream in another API (one it serves natively, B9) through
+    byte for byte, reading each event with ``observe`` for the turn's report. The
+    stream is complete when its API's last event has passed (``FINAL_EVENTS``)."""
+
+    FINAL_EVENTS = frozenset(
+        {"message_stop", "response.completed", "response.incomplete", "response.failed"}
+    )
+
+    def __init__(
+        self, outcome: TurnOutcome, observe: Callable[[dict[str, Any], TurnOutcome], None]
+    ) -> None:
+        super().__init__(outcome, hide_usage=False)
+        self.observe = observe
+
+    def _read_event(self, event: bytes) -> bytes | None:
+        for line in event.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            data = loads(line[5:].strip())
+            if isinstance(data, dict):
+                self.observe(data, self.outcome)
+                if data.get("type") in self.FINAL_EVENTS:
+                    self.outcome.done = True
         return event
 
 
@@ -292,19 +361,25 @@ class RelayStream(Response):
                 if outcome.first_token and not had_first:
                     self.turn.first_token()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            # Leave the response incomplete: the connection closes without [DONE].
+            # Leave the response incomplete: the connection closes without [DONE] (an API
+            # with an error event gets that first).
             reason = f"engine {self.replica} failed mid-stream: {_describe(exc)}"
             log.warning("%s", reason)
+            failing = self.tap.failing(reason)
+            if failing:
+                await send({"type": "http.response.body", "body": failing, "more_body": True})
             return EngineFailed(reason, self.replica)
         rest = self.tap.rest()
+        failure: EngineFailed | None = None
+        if not outcome.done:
+            failure = EngineFailed(
+                f"engine {self.replica} ended the stream without [DONE]", self.replica
+            )
+            rest += self.tap.failing(failure.message)
         # From here on ``receive`` says "disconnect" because the answer is complete.
         self.watch.stop()
         await send({"type": "http.response.body", "body": rest, "more_body": False})
-        if not outcome.done:
-            return EngineFailed(
-                f"engine {self.replica} ended the stream without [DONE]", self.replica
-            )
-        return None
+        return failure
 
 
 def _describe(exc: BaseException) -> str:

@@ -35,9 +35,15 @@ class ChatRequest:
     has_priority: bool  # the client set its own priority: the engine keeps it
     engine_body: bytes  # what the engine gets, before a class priority is added
 
-    def with_priority(self, priority: int) -> bytes:
-        """The engine body with a ``priority`` member added (only when the client set none)."""
-        return splice(self.engine_body, {"priority": priority})
+    def engine_body_for(self, model: str, priority: int | None) -> bytes:
+        """The engine body for the model that serves the turn (an alias's target, B9),
+        with a ``priority`` member added (only when the client set none)."""
+        raw = self.engine_body
+        if model != self.model:
+            raw = with_members(raw, {"model": model})
+        if priority is not None:
+            raw = splice(raw, {"priority": priority})
+        return raw
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,25 @@ def _model(value: Any, *, required: bool) -> str | None:
     except UnicodeEncodeError:
         raise BadRequest(f"'model' is not valid Unicode: {shown(value)}") from None
     return value
+
+
+def dumps(body: dict[str, Any]) -> bytes:
+    """A body the proxy built, as JSON (``orjson``; the standard library for what it
+    refuses, such as integers past 64 bits)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        pass
+    try:
+        return json.dumps(body).encode()
+    except RecursionError:
+        raise BadRequest("request body nests too deeply") from None
+
+
+def with_members(raw: bytes, members: dict[str, Any]) -> bytes:
+    """``raw`` (a JSON object already parsed once) with ``members`` set, whether or not
+    it had them: re-serialised."""
+    return dumps({**parse_object(raw), **members})
 
 
 def splice(raw: bytes, members: dict[str, Any]) -> bytes:

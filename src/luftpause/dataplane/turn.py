@@ -22,7 +22,14 @@ from starlette.responses import Response
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.dataplane import tracing
-from luftpause.dataplane.errors import ClientLeft, InternalError, Outcome, TurnError
+from luftpause.dataplane.errors import (
+    ClientLeft,
+    ErrorShape,
+    InternalError,
+    Outcome,
+    TurnError,
+    openai_error,
+)
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.relay import TurnOutcome
 from luftpause.dataplane.runs import RunTable, TurnRecord
@@ -157,7 +164,9 @@ class Turn:
         )
 
 
-async def serve(turn: Turn, work: Awaitable[Response]) -> Response:
+async def serve(
+    turn: Turn, work: Awaitable[Response], shape: ErrorShape = openai_error
+) -> Response:
     """Await the work that carries ``turn`` to its end (it ends the turn itself or hands
     it to the stream relay). If it raises first, the turn ends here: a ``TurnError``
     with the outcome it carries, and its answer goes to the client; cancellation (the
@@ -167,7 +176,7 @@ async def serve(turn: Turn, work: Awaitable[Response]) -> Response:
         return await work
     except TurnError as exc:
         turn.failed(exc)
-        return exc.response(turn.record.run_id)
+        return exc.response(turn.record.run_id, shape)
     except BaseException as exc:
         if isinstance(exc, Exception):
             turn.failed(InternalError.of(exc))

@@ -2,6 +2,8 @@
 
 * ``POST /v1/chat/completions`` (``chat.py``), ``POST /classify`` and ``/v1/classify``,
   for any model name unless ``strict_models`` (S6: then vLLM's 404);
+* ``POST /v1/messages`` and ``/v1/responses``, served through the chat route as vLLM
+  serves them itself (``native.py``);
 * ``GET /health`` (and ``/health_generate``), ``/metrics`` (``metrics.py``), ``/v1/models``;
 * what real routers read to register a worker (S7; docs/routers.md): ``/server_info``
   (``/get_server_info``), ``/model_info`` (``/get_model_info``) and ``/get_load``;
@@ -18,7 +20,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -27,12 +29,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
+from luftpause.dataplane.apis import ClientApi, client_apis
 from luftpause.fakes.engine.model import EngineModel
 from luftpause.fakes.engine.script import classify
 from luftpause.fakes.engine.server.chat import chat
 from luftpause.fakes.engine.server.driver import EngineDriver
 from luftpause.fakes.engine.server.faults import TransportMiddleware
 from luftpause.fakes.engine.server.metrics import EngineCollector
+from luftpause.fakes.engine.server.native import native
 from luftpause.fakes.engine.server.settings import ServerConfig
 from luftpause.fakes.engine.server.wire import (
     ClassifyBody,
@@ -205,5 +209,18 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
     async def chat_completions(request: Request) -> Response:
         traces.saw(request.headers.get("traceparent"))
         return await chat(request, config, engine_driver)
+
+    async def as_chat(request: Request) -> Response:
+        return await chat(request, config, engine_driver)
+
+    def route_of(api: ClientApi) -> Callable[[Request], Awaitable[Response]]:
+        async def serve_api(request: Request) -> Response:
+            traces.saw(request.headers.get("traceparent"))
+            return await native(request, api, as_chat)
+
+        return serve_api
+
+    for api in client_apis():  # Anthropic Messages and OpenAI Responses, as vLLM serves them
+        app.add_api_route(api.route, route_of(api), methods=["POST"])
 
     return TransportMiddleware(app, config.fault)
