@@ -50,9 +50,10 @@ integration: $(STAMP)
 conformance: $(STAMP)
 	$(PY) -m pytest -q -m conformance
 
-# Claude Code, Codex CLI and Gemini CLI (npm, pinned) connect to the runtime; `make test` runs these too.
+# Claude Code, Codex CLI and Gemini CLI (npm, pinned) connect to the runtime, and Claude Code and Codex run
+# a task through the proxy; `make test` runs these too.
 clients: $(STAMP)
-	$(PY) -m pytest -q -rA tests/integration/test_clients.py
+	$(PY) -m pytest -q -rA tests/integration/test_clients.py tests/integration/test_harness_clis.py
 
 bench-core: $(STAMP)
 	$(PY) tools/bench/core.py

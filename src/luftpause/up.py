@@ -125,6 +125,13 @@ def claude_mcp_add(mcp_url: str, token: str | None) -> str:
     return f"{command} --header {quoted}"
 
 
+def claude_via(base_url: str, token: str | None) -> str:
+    """The shell command that runs Claude Code with its model turns through the dataplane
+    at ``base_url`` (Anthropic Messages, B9), sending the token as its API key."""
+    key = shlex.quote(token) if token else "unused"
+    return f"ANTHROPIC_BASE_URL={shlex.quote(base_url)} ANTHROPIC_API_KEY={key} claude"
+
+
 def main(args: argparse.Namespace) -> int:
     token = os.environ.get("LUFTPAUSE_TOKEN") or None
     try:
@@ -189,6 +196,13 @@ def _run(
     if runtime is not None:
         url = runtime.urls.get("http", "")
         print(f"\nAdd it to Claude Code:\n  {claude_mcp_add(f'{url}/mcp', token)}")
+    dataplane = next((s for s in started if s.name == "dataplane"), None)
+    if dataplane is not None:
+        base = _reachable(dataplane.urls.get("http", ""))
+        print(
+            f"\nRun Claude Code's own model turns through the proxy:\n  {claude_via(base, token)}"
+        )
+        print('  (Codex CLI: a provider entry with wire_api = "responses"; see docs/clients.md)')
     print("\nPress Ctrl-C to stop everything.", flush=True)
     while not stopping():
         for s in started:

@@ -298,8 +298,8 @@ def test_codex_reads_the_token_from_an_environment_variable(
 
 def test_codex_cannot_use_a_chat_completions_provider(codex_box: Sandbox) -> None:
     """X5: Codex CLI speaks only the OpenAI Responses API to a model provider; a provider
-    with ``wire_api = "chat"`` (what the dataplane serves) is refused, so Codex's model
-    traffic cannot go through luftpause today."""
+    with ``wire_api = "chat"`` is refused by Codex itself, which is why the dataplane
+    serves ``/v1/responses`` (B9, tests/integration/test_harness_clis.py)."""
     config = codex_box.home / ".codex" / "config.toml"
     config.write_text(
         'model = "llama-3.2-1b"\nmodel_provider = "luftpause"\n'

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from luftpause.up import claude_mcp_add
+from luftpause.up import claude_mcp_add, claude_via
 
 URL = "http://127.0.0.1:7000/mcp"
 
@@ -33,3 +33,15 @@ def test_any_token_survives_the_shell(token: str) -> None:
     assert words[-2:] == ["--header", f"Authorization: Bearer {token}"]
     assert words[:6] == ["claude", "mcp", "add", "--transport", "http", "luftpause"]
     assert words[6] == URL
+
+
+@pytest.mark.parametrize("token", [None, "s3cret", 'a"b c$d'])
+def test_claude_through_the_proxy_line(token: str | None) -> None:
+    """B9, D9: the line that runs Claude Code with its model turns through the dataplane
+    sets its base URL and sends the token (or anything, without one) as its API key."""
+    words = shlex.split(claude_via("http://127.0.0.1:8080", token))
+    assert words == [
+        "ANTHROPIC_BASE_URL=http://127.0.0.1:8080",
+        f"ANTHROPIC_API_KEY={token or 'unused'}",
+        "claude",
+    ]
