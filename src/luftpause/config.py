@@ -201,6 +201,11 @@ class SchedulerSettings(_Frozen):
         return urls
 
 
+_CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "cookie", "set-cookie"}
+)
+
+
 class DataplaneSettings(_Frozen):
     host: str = "127.0.0.1"
     port: Port = 8080
@@ -230,7 +235,9 @@ class DataplaneSettings(_Frozen):
     def _aliases(cls, value: Mapping[str, str]) -> Mapping[str, str]:
         for name, target in value.items():
             if not name or not target:
-                raise ValueError("an alias and the model it names must both be non-empty")
+                raise ValueError(
+                    f"{name!r} = {target!r}: an alias and the model it names must both be non-empty"
+                )
         return value
 
     @field_validator("session_headers")
@@ -239,6 +246,9 @@ class DataplaneSettings(_Frozen):
         for name in value:
             if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
                 raise ValueError(f"{name!r} is not an HTTP header name")
+            if name.lower() in _CREDENTIAL_HEADERS:
+                # A run ID is shown in /status, in logs and in every answer's headers.
+                raise ValueError(f"{name!r} carries credentials: it cannot name a run")
         return tuple(name.lower() for name in value)
 
     @model_validator(mode="after")

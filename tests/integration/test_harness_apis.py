@@ -6,6 +6,7 @@ whose alias map sends ``claude-*`` and ``gpt-*`` to the engines' model."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +22,8 @@ from fullstack import Stack, eventually, start_engines, start_stack
 pytestmark = pytest.mark.integration
 
 NATIVE_MODEL = "native-model"
+# A long question gets a long answer from the fake engines (long enough to break off).
+LONG = "Tell me everything about the rivers of Europe, in detail. " * 20
 ALIASES = '[dataplane.model_aliases]\n"claude-*" = "llama-3.2-1b"\n"gpt-*" = "llama-3.2-1b"\n'
 TOOL_SCHEMA = {
     "type": "object",
@@ -149,7 +152,7 @@ async def test_messages_agent_loop_is_one_run_on_one_replica(
     assert all(r.usage.output_tokens > 0 and r.usage.input_tokens > 0 for r in replies)
     # Back from a tool, the run's prefix is still cached on its replica.
     assert any((r.usage.cache_read_input_tokens or 0) > 0 for r in replies[1:])
-    run = await run_status(stack, f"claude-code-{session}")
+    run = await run_status(stack, f"claude-code-{session}@claude-sonnet-4-5")
     assert run["turns"] == 4 and run["moves"] == 0, run
     assert run["replica"] in ("engine-a", "engine-b")
 
@@ -238,7 +241,7 @@ async def test_responses_agent_loop_is_one_run_on_one_replica(
     assert final.output_text
     assert all(f.usage.output_tokens > 0 and f.usage.input_tokens > 0 for f in finals)
     assert any(f.usage.input_tokens_details.cached_tokens > 0 for f in finals[1:])
-    run = await run_status(stack, f"codex-{session}")
+    run = await run_status(stack, f"codex-{session}@gpt-5-codex")
     assert run["turns"] == 4 and run["moves"] == 0, run
 
 
@@ -276,6 +279,11 @@ async def test_errors_come_in_each_api_s_own_shape(stack: Stack, clients: Client
     assert raw.status_code == 404 and raw.json()["type"] == "error"
     assert raw.json()["error"]["type"] == "not_found_error"
     assert raw.headers["x-luftpause-run-id"]
+    async with httpx.AsyncClient() as c:
+        wrong_method = await c.get(f"{dataplane_url(stack)}/v1/messages")
+        no_route = await c.post(f"{dataplane_url(stack)}/v1/messages/count_tokens", json={})
+    assert wrong_method.status_code == 405 and wrong_method.json()["type"] == "error"
+    assert no_route.status_code == 404 and no_route.json()["type"] == "error"
 
     gpt = clients.gpt(base_url=f"{dataplane_url(stack)}/v1", api_key="unused")
     with pytest.raises(openai.NotFoundError):
@@ -283,6 +291,61 @@ async def test_errors_come_in_each_api_s_own_shape(stack: Stack, clients: Client
     with pytest.raises(openai.BadRequestError) as stored:
         await gpt.responses.create(model="gpt-5", input="hi", previous_response_id="resp_1")
     assert "previous_response_id" in str(stored.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "error_event"),
+    [
+        (
+            "/v1/messages",
+            {
+                "model": "claude-x",
+                "max_tokens": 400,
+                "messages": [{"role": "user", "content": LONG}],
+            },
+            b"event: error\n",
+        ),
+        (
+            "/v1/responses",
+            {"model": "gpt-x", "input": LONG, "max_output_tokens": 400},
+            b"event: response.failed\n",
+        ),
+    ],
+)
+async def test_engine_failing_mid_stream_ends_with_the_api_s_error_event(
+    stack: Stack, path: str, body: dict[str, Any], error_event: bytes
+) -> None:
+    """D6, B9: when the engine breaks off mid-stream, a translated stream gets the events
+    so far, then its API's error event as its last, then it ends; the turn is reported
+    failed."""
+    before = await stack.dataplane_metric(
+        'luftpause_dataplane_turns_total{outcome="engine_broke",service_class="batch"}'
+    )
+    received = b""
+    async with (
+        httpx.AsyncClient(timeout=30) as c,
+        c.stream(
+            "POST",
+            f"{dataplane_url(stack)}{path}",
+            json={**body, "stream": True},
+            headers={"x-fake-fault": "midstream"},
+        ) as resp,
+    ):
+        assert resp.status_code == 200
+        with contextlib.suppress(httpx.HTTPError):  # the connection may close uncleanly
+            async for data in resp.aiter_raw():
+                received += data
+    assert error_event in received, received[-500:]
+    assert received.rstrip().rsplit(b"\n\n", 1)[-1].startswith(error_event)  # the last event
+    assert b"message_stop" not in received and b"response.completed" not in received
+
+    async def reported() -> bool:
+        broke = await stack.dataplane_metric(
+            'luftpause_dataplane_turns_total{outcome="engine_broke",service_class="batch"}'
+        )
+        return broke > before
+
+    await eventually(reported, what="the failure to be reported")
 
 
 async def test_native_endpoint_gets_the_turn_unchanged(stack: Stack, clients: Clients) -> None:
@@ -318,12 +381,27 @@ async def test_native_endpoint_gets_the_turn_unchanged(stack: Stack, clients: Cl
         if line.startswith("data: ") and '"content_block_start"' in line
     ]
     assert tool_use and tool_use[0]["type"] == "tool_use"
-    run = await run_status(stack, f"claude-code-{session}")
+    run = await run_status(stack, f"claude-code-{session}@{NATIVE_MODEL}")
     assert run["phase"] == "paused_on_tool" and run["replica"] == "engine-native", run
 
     client = clients.gpt(base_url=f"{dataplane_url(stack)}/v1", api_key="unused")
     reply = await client.responses.create(model=NATIVE_MODEL, input="hello", max_output_tokens=8)
     assert reply.output_text
+
+    # What the proxy could not translate (an image) still reaches an engine serving the
+    # API itself, which decides (this fake one refuses images, in Anthropic's shape).
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.invalid/x.png"}}
+    async with httpx.AsyncClient(timeout=30) as c:
+        passed = await c.post(
+            f"{dataplane_url(stack)}/v1/messages",
+            json={
+                "model": NATIVE_MODEL,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": [image]}],
+            },
+        )
+    assert passed.status_code == 400 and passed.headers["x-luftpause-replica"] == "engine-native"
+    assert passed.json()["type"] == "error" and "image" in passed.json()["error"]["message"]
 
     async def idle() -> bool:
         status = await stack.status()

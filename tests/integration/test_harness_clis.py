@@ -109,7 +109,7 @@ def test_claude_code_runs_a_task_through_the_proxy(
         timeout=RUN_TIMEOUT_S,
     )
     assert out.returncode == 0, out.output
-    run = run_status(stack, f"claude-code-{session}")
+    run = run_status(stack, f"claude-code-{session}@claude-local")
     assert run["turns"] >= 3, run  # two tool rounds, then the answer
     assert run["moves"] == 0 and run["service_class"] == "interactive", run
     assert run["in_flight"] == 0 and run["phase"] == "idle", run
@@ -151,7 +151,7 @@ def test_codex_runs_a_task_through_the_proxy(
     assert any(i["type"] == "command_execution" for i in items), out.output  # a tool call
     assert items[-1]["type"] == "agent_message" and items[-1]["text"], out.output
     (thread,) = [e["thread_id"] for e in events if e["type"] == "thread.started"]
-    run = run_status(stack, f"codex-{thread}")
+    run = run_status(stack, f"codex-{thread}@gpt-local")
     assert run["turns"] >= 3, run
     assert run["moves"] == 0 and run["service_class"] == "interactive", run
     assert run["in_flight"] == 0 and run["phase"] == "idle", run

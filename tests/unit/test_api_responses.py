@@ -846,3 +846,19 @@ def test_own_output_items_come_back() -> None:
     ]
     assert json.loads(assistant["tool_calls"][1]["function"]["arguments"]) == {"input": "x"}
     assert [m["tool_call_id"] for m in messages[2:]] == ["call-a", "call-b"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "instructions": "\\ud800", "input": "x"}',
+        b'{"model": "m", "input": "x", "metadata": {"k": "\\udfff"}}',
+        b'{"model": "m", "input": [{"type": "custom_tool_call", "call_id": "c", '
+        b'"name": "t", "input": "\\ud800"}]}',
+    ],
+)
+def test_text_that_cannot_be_passed_on_is_refused_before_admission(raw: bytes) -> None:
+    """B9, D6: a lone surrogate (JSON allows the escape; no engine or client can take it)
+    is a 400 at parse time, before the turn takes a slot, not a failure mid-stream."""
+    with pytest.raises(BadRequest, match="cannot be passed on"):
+        parse(raw)

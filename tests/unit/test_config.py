@@ -127,6 +127,11 @@ kind = "generator"
             "not an HTTP header name",
         ),
         (
+            '[dataplane]\nsession_headers=["X-Api-Key"]',
+            "dataplane.session_headers",
+            "carries credentials",
+        ),
+        (
             '[dataplane.model_aliases]\n"claude-*"="qwen"\n'
             '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]',
             "dataplane.model_aliases['claude-*']",

@@ -30,6 +30,7 @@ METADATA = json.dumps(
         ({"thread-id": "th-2", "session-id": SESSION}, "codex-th-2"),
         ({"session-id": SESSION}, f"codex-{SESSION}"),
         ({"x-codex-turn-metadata": "not json", "session-id": SESSION}, f"codex-{SESSION}"),
+        ({"x-codex-turn-metadata": "[" * 5000, "session-id": SESSION}, f"codex-{SESSION}"),
         ({"x-session-affinity": "oc-1"}, "session-oc-1"),  # OpenCode
         ({"x-session-id": "oc-2"}, "session-oc-2"),
         ({"x-other": "nothing"}, None),
@@ -67,3 +68,17 @@ def test_order_run_header_then_harness_then_echoed_tool_calls() -> None:
     assert resolve_run_id(named, body, memory) == ("mine", [])
     assert resolve_run_id(harness, body, memory) == (f"claude-code-{SESSION}", [])
     assert resolve_run_id({}, body, memory) == ("run-known", [])
+
+
+def test_the_model_asked_for_is_part_of_a_harness_run() -> None:
+    """B4, S3: a side request of the same session on another model (Claude Code's small,
+    fast model) is a run of its own, so it never moves the session's run or ends its
+    pause; the same model keeps the same run."""
+    headers = {"x-claude-code-session-id": SESSION}
+    main = harness_run(headers, (), "claude-sonnet-4-5")
+    side = harness_run(headers, (), "claude-haiku-4-5")
+    assert main == f"claude-code-{SESSION}@claude-sonnet-4-5"
+    assert side == f"claude-code-{SESSION}@claude-haiku-4-5"
+    assert harness_run(headers, (), "claude-sonnet-4-5") == main
+    memory = ToolCallMemory(lambda: 0.0, 60.0)
+    assert resolve_run_id(headers, {}, memory, (), "m") == (f"claude-code-{SESSION}@m", [])

@@ -7,7 +7,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.dataplane.relay import SseTap, TurnOutcome
+from luftpause.dataplane.apis import ClientApi, client_apis
+from luftpause.dataplane.relay import NativeTap, SseTap, TranslatingTap, TurnOutcome
 
 
 def sse(*chunks: object, done: bool = True, sep: str = "\n\n") -> bytes:
@@ -184,3 +185,98 @@ def test_engines_that_always_write_null_usage_keep_it() -> None:
     out = tap.feed(_stream([*asked, usage_only], compact=True))
     assert out == _stream(asked, compact=True)
     assert tap.outcome.prompt_tokens == 3
+
+
+# ---- taps of the other client APIs (B9) -----------------------------------------------------
+
+
+class Recorder:
+    """A stream translator that writes down what it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def chunk(self, chunk: dict[str, object]) -> bytes:
+        self.calls.append("chunk")
+        return b"event: x\n\n"
+
+    def done(self) -> bytes:
+        self.calls.append("done")
+        return b"event: end\n\n"
+
+    def failed(self, message: str) -> bytes:
+        self.calls.append(f"failed: {message}")
+        return b"event: error\n\n"
+
+
+def test_translating_tap_turns_an_engine_error_event_into_the_api_s() -> None:
+    """B9, D6: an error the engine reports inside its stream (``data: {"error": ...}``
+    then ``[DONE]``, as SGLang and vLLM do) ends the client's stream with its API's
+    error event, never with a normal end, and the turn is not complete."""
+    recorder = Recorder()
+    tap = TranslatingTap(TurnOutcome(), recorder)
+    out = tap.feed(sse(CHUNKS[1], {"error": {"message": "KV cache full", "code": 500}}))
+    out += tap.rest()
+    assert recorder.calls == ["chunk", "failed: the engine reported an error: KV cache full"]
+    assert out.endswith(b"event: error\n\n")
+    assert not tap.outcome.done
+    assert tap.incomplete() == "reported an error mid-stream: KV cache full"
+    assert tap.failing("again") == b""  # one error event, whatever ends the relay
+
+
+def test_translating_tap_reads_a_last_event_without_its_blank_line() -> None:
+    """B9: ``[DONE]`` as the very last bytes, with no blank line after it, still ends
+    the reply well."""
+    recorder = Recorder()
+    tap = TranslatingTap(TurnOutcome(), recorder)
+    out = tap.feed(sse(CHUNKS[1], done=False) + b"data: [DONE]")
+    out += tap.rest()
+    assert recorder.calls == ["chunk", "done"] and tap.outcome.done
+    assert out.endswith(b"event: end\n\n")
+
+
+def native_api(name: str) -> ClientApi:
+    return next(a for a in client_apis() if a.name == name)
+
+
+def test_native_tap_passes_bytes_and_knows_a_complete_or_failed_stream() -> None:
+    """B9, D5: a native Messages stream passes byte for byte and is complete at
+    ``message_stop``; a native Responses stream that reports ``response.failed`` fails
+    the turn, and no second error event is added."""
+    events = (
+        b'event: message_start\ndata: {"type": "message_start", "message": {"usage": '
+        b'{"input_tokens": 5, "output_tokens": 0}}}\n\n'
+        b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, '
+        b'"delta": {"type": "text_delta", "text": "hi"}}\n\n'
+        b'event: message_stop\ndata: {"type": "message_stop"}\n\n'
+    )
+    tap = NativeTap(TurnOutcome(), native_api("messages"))
+    assert tap.feed(events) == events
+    assert tap.outcome.done and tap.outcome.first_token and tap.outcome.prompt_tokens == 5
+
+    failed = (
+        b'event: response.failed\ndata: {"type": "response.failed", "sequence_number": 7, '
+        b'"response": {"status": "failed", "error": {"code": "server_error", '
+        b'"message": "out of memory"}}}\n\n'
+    )
+    tap = NativeTap(TurnOutcome(), native_api("responses"))
+    assert tap.feed(failed) == failed
+    assert not tap.outcome.done
+    assert tap.incomplete() == "reported an error mid-stream: out of memory"
+    assert tap.failing("cut") == b""
+
+
+def test_native_tap_adds_the_api_s_error_event_when_the_stream_breaks() -> None:
+    """B9, D6: a native stream that breaks off gets its API's error event (Responses:
+    numbered after the last event seen)."""
+    tap = NativeTap(TurnOutcome(), native_api("responses"))
+    tap.feed(
+        b'event: response.created\ndata: {"type": "response.created", "sequence_number": 3}\n\n'
+    )
+    event = tap.failing("engine e failed mid-stream")
+    assert event.startswith(b"event: error\ndata: ")
+    data = json.loads(event.split(b"data: ", 1)[1])
+    assert data["sequence_number"] == 4 and data["message"] == "engine e failed mid-stream"
+    assert tap.incomplete() == "reported an error mid-stream: engine e failed mid-stream"
+    messages = NativeTap(TurnOutcome(), native_api("messages")).failing("cut")
+    assert json.loads(messages.split(b"data: ", 1)[1])["error"]["type"] == "api_error"

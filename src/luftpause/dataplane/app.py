@@ -50,9 +50,9 @@ from starlette.types import Receive, Scope, Send
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.auth import api_key_ok, bearer_ok
-from luftpause.config import DataplaneSettings, Endpoint, EndpointKind, Secrets
+from luftpause.config import DataplaneSettings, Endpoint, EndpointKind, NativeApi, Secrets
 from luftpause.dataplane import identity, tracing
-from luftpause.dataplane.apis import ClientApi, Translated, client_apis
+from luftpause.dataplane.apis import ClientApi, Translated, Untranslated, client_apis
 from luftpause.dataplane.errors import (
     Abandoned,
     BadRequest,
@@ -62,6 +62,7 @@ from luftpause.dataplane.errors import (
     EngineRejected,
     EngineUnreachable,
     ErrorShape,
+    InternalError,
     NotJson,
     TurnError,
     Unauthorized,
@@ -84,6 +85,7 @@ from luftpause.dataplane.request import (
     chat_request,
     decide_request,
     dumps,
+    parse_object,
     with_members,
 )
 from luftpause.dataplane.runs import RunTable, TurnRecord
@@ -133,6 +135,17 @@ class Dataplane:
             if e.kind is EndpointKind.GENERATIVE
             for m in e.models
         }
+
+    def native_for(self, api: str, model: str, *, everywhere: bool = False) -> bool:
+        """Whether an endpoint serving ``model`` serves ``api`` natively (``everywhere``:
+        whether every one does)."""
+        serving = [
+            e
+            for e in self.endpoints.values()
+            if e.kind is EndpointKind.GENERATIVE and model in e.models
+        ]
+        native = [e for e in serving if api in e.native_apis]
+        return bool(native) and (len(native) == len(serving) or not everywhere)
 
     def served_model(self, asked: str) -> str:
         """The model that serves a turn asking for ``asked``: itself if a generative
@@ -249,12 +262,14 @@ def _guarded(handler: Handler) -> Handler:
 class DataplaneApp:
     """The dataplane's ASGI app (see the module docstring)."""
 
-    def __init__(self, dp: Dataplane, rest: FastAPI) -> None:
+    def __init__(self, dp: Dataplane, rest: FastAPI, apis: tuple[ClientApi, ...]) -> None:
         self.dp = dp
         self.rest = rest  # every other route, the 404/405 answers, the lifespan
         self.routes: dict[str, Route] = {"/v1/chat/completions": _chat, "/v1/decide": _decide}
-        for api in client_apis():
+        self.shapes: dict[str, ErrorShape] = {}
+        for api in apis:
             self.routes[api.route] = functools.partial(_generative, api=api)
+            self.shapes[api.route] = api.error_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -264,7 +279,8 @@ class DataplaneApp:
             await self._turn(route, scope, receive, send)
         else:
             run_id = _early_run(Headers(scope=scope), "run")
-            answer = _not_allowed(scope["method"], scope["path"], "POST", run_id)
+            shape = self.shapes.get(scope["path"], openai_error)
+            answer = _not_allowed(scope["method"], scope["path"], "POST", run_id, shape)
             await answer(scope, receive, send)
 
     async def _turn(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
@@ -294,6 +310,8 @@ class DataplaneApp:
 
 
 def create_app(dp: Dataplane) -> DataplaneApp:
+    apis = client_apis()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = [
@@ -323,16 +341,20 @@ def create_app(dp: Dataplane) -> DataplaneApp:
         error of ours (D6), naming what the dataplane does serve."""
         run_id = _early_run(request.headers, "run")
         method, path = request.method, request.url.path
+        # Under an API's route (e.g. /v1/messages/count_tokens), in that API's shape.
+        shape = next((a.error_body for a in apis if path.startswith(a.route + "/")), openai_error)
         if exc.status_code == 405:
-            return _not_allowed(method, path, (exc.headers or {}).get("Allow", ""), run_id)
+            allowed = (exc.headers or {}).get("Allow", "")
+            return _not_allowed(method, path, allowed, run_id, shape)
         if exc.status_code == 404:
             return error_response(
                 404,
                 f"no route {method} {path}; this proxy serves {_ROUTES}",
                 run_id,
                 code="not_found",
+                shape=shape,
             )
-        return error_response(exc.status_code, str(exc.detail), run_id)
+        return error_response(exc.status_code, str(exc.detail), run_id, shape=shape)
 
     @app.get("/v1/models")
     @_guarded
@@ -376,7 +398,7 @@ def create_app(dp: Dataplane) -> DataplaneApp:
             {"status": "ok", "scheduler": "up" if dp.link.ready.is_set() else "unreachable"}
         )
 
-    return DataplaneApp(dp, app)
+    return DataplaneApp(dp, app, apis)
 
 
 async def _sweep(dp: Dataplane) -> None:
@@ -386,13 +408,16 @@ async def _sweep(dp: Dataplane) -> None:
         dp.runs.prune()
 
 
-def _not_allowed(method: str, path: str, allowed: str, run_id: str) -> Response:
+def _not_allowed(
+    method: str, path: str, allowed: str, run_id: str, shape: ErrorShape = openai_error
+) -> Response:
     return error_response(
         405,
         f"{method} is not allowed on {path}; use {allowed or 'another method'}",
         run_id,
         {"allow": allowed} if allowed else None,
         code="method_not_allowed",
+        shape=shape,
     )
 
 
@@ -531,6 +556,27 @@ def _early_run(headers: Headers, prefix: str) -> str:
     return run_id if 0 < len(run_id) <= identity.MAX_RUN_ID else f"{prefix}-{uuid.uuid4().hex}"
 
 
+def _api_request(dp: Dataplane, api: ClientApi, raw: bytes) -> Translated:
+    """The request translated; or, when the proxy cannot translate it but every endpoint
+    serving its model serves the API natively, the request to pass through as it is
+    (the proxy's refusals are about what it cannot translate)."""
+    try:
+        return api.parse(raw)
+    except BadRequest as refused:
+        body = parse_object(raw)
+        asked = body.get("model")
+        stream = body.get("stream", False)
+        if not isinstance(asked, str) or not asked or not isinstance(stream, bool):
+            raise
+        try:
+            served = dp.served_model(asked)
+        except UnknownModel:
+            raise refused from None
+        if not dp.native_for(api.name, served, everywhere=True):
+            raise
+        return Untranslated(asked, stream, {"model": asked, "messages": []}, refused.message)
+
+
 async def _chat(dp: Dataplane, incoming: Incoming) -> Response:
     return await _generative(dp, incoming, None)
 
@@ -552,18 +598,23 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
             chat = chat_request(raw)
             asked, conversation = chat.model, chat.body
         else:
-            translated = api.parse(raw)
+            translated = _api_request(dp, api, raw)
             asked, conversation = translated.model, translated.chat
         try:
             cls = identity.service_class(incoming.headers)
             run_id, echoed = identity.resolve_run_id(
-                incoming.headers, conversation, dp.memory, dp.settings.session_headers
+                incoming.headers, conversation, dp.memory, dp.settings.session_headers, asked
             )
             caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes)
         except identity.BadHeader as exc:
             raise BadRequest(str(exc)) from None
         incoming.run_id = run_id
         model = dp.served_model(asked)
+        if chat is not None:
+            chat = chat.for_model(model)
+        native_body = raw
+        if api is not None and model != asked and dp.native_for(api.name, model):
+            native_body = with_members(raw, {"model": model})  # the alias's target
         turn_id = f"turn-{uuid.uuid4().hex}"
         dp.runs.touch(run_id, cls, caller)
         span = tracing.start_turn(
@@ -612,7 +663,7 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
         work = _forward_chat(dp, incoming, chat, turn, admitted)
     else:
         assert translated is not None
-        work = _forward_api(dp, incoming, api, translated, raw, turn, admitted)
+        work = _forward_api(dp, incoming, api, translated, native_body, turn, admitted)
     return await serve(turn, work, incoming.shape)
 
 
@@ -624,7 +675,7 @@ async def _forward_chat(
     record = turn.record
     endpoint = dp.endpoints.get(record.replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
-    raw = chat.engine_body_for(record.model, _class_priority(endpoint, record, chat.has_priority))
+    raw = chat.engine_body_for(_class_priority(endpoint, record, chat.has_priority))
     reply_headers = _reply_headers(record, admitted)
     response = await _post_to_engine(
         dp, incoming, turn, f"{base}/v1/chat/completions", raw, reply_headers, in_client_shape=True
@@ -678,6 +729,7 @@ async def _post_to_engine(
     reply_headers: dict[str, str],
     *,
     in_client_shape: bool,
+    extra_headers: dict[str, str] | None = None,
 ) -> aiohttp.ClientResponse:
     """Send the turn to its replica: the engine's 200 response, its body still to come;
     any other status is an ``EngineRejected`` carrying the engine's answer (D6), which is
@@ -687,9 +739,10 @@ async def _post_to_engine(
         # The turn's span is current for the engine request, so a client span of the
         # HTTP instrumentation sits under it.
         with trace.use_span(turn.span, end_on_exit=False):
-            response = await dp.http.post(
-                url, data=body, headers=_engine_headers(dp, incoming, replica, turn.span)
-            )
+            headers = _engine_headers(dp, incoming, replica, turn.span)
+            if extra_headers:
+                headers.update(extra_headers)
+            response = await dp.http.post(url, data=body, headers=headers)
     except ENGINE_ERRORS as exc:
         raise _engine_error(replica, exc) from None
     except asyncio.CancelledError:
@@ -743,47 +796,62 @@ async def _forward_api(
     incoming: Incoming,
     api: ClientApi,
     translated: Translated,
-    raw: bytes,
+    native_body: bytes,
     turn: Turn,
     admitted: Admitted,
 ) -> Response:
     """A turn of another client API (B9): passed through to a replica that serves the
-    API itself, translated to Chat Completions (and its reply back) for any other.
-    Ends ``turn`` itself, raises a ``TurnError`` (``serve`` ends it then), or hands it
-    to the stream relay."""
+    API itself (``native_body``: the client's bytes, an alias's target model written
+    in), translated to Chat Completions (and its reply back) for any other. Ends
+    ``turn`` itself, raises a ``TurnError`` (``serve`` ends it then), or hands it to
+    the stream relay."""
     record = turn.record
     endpoint = dp.endpoints.get(record.replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
     native = endpoint is not None and api.name in endpoint.native_apis
-    priority = _class_priority(endpoint, record, "priority" in translated.chat)
+    extra_headers: dict[str, str] = {}
     if native:
         url = f"{base}{api.route}"
         if incoming.query:  # e.g. Claude Code's ?beta=true
             url += "?" + incoming.query.decode("latin-1")
-        body = raw
-        if record.model != translated.model or priority is not None:
-            members: dict[str, Any] = {"model": record.model}
-            if priority is not None:
-                members["priority"] = priority
-            body = with_members(raw, members)
+        body = native_body
+        key = dp.secrets.api_keys.get(record.replica)
+        if key and api.name == NativeApi.MESSAGES:
+            extra_headers["x-api-key"] = key  # how Anthropic's API takes a key
+    elif isinstance(translated, Untranslated):
+        # Only endpoints serving the API natively serve this model (checked before
+        # admission): a placement elsewhere is a configuration the checks missed.
+        raise InternalError(
+            f"replica {record.replica} does not serve {api.route} natively and the "
+            f"request cannot be translated: {translated.reason}",
+            record.replica,
+        )
     else:
         url = f"{base}/v1/chat/completions"
         chat = {**translated.chat, "model": record.model}
         if translated.stream:
             chat["stream"] = True
             chat["stream_options"] = {"include_usage": True}
+        priority = _class_priority(endpoint, record, "priority" in translated.chat)
         if priority is not None:
             chat["priority"] = priority
         body = dumps(chat)
     reply_headers = _reply_headers(record, admitted)
     response = await _post_to_engine(
-        dp, incoming, turn, url, body, reply_headers, in_client_shape=native
+        dp,
+        incoming,
+        turn,
+        url,
+        body,
+        reply_headers,
+        in_client_shape=native,
+        extra_headers=extra_headers,
     )
     content_type = response.headers.get("content-type", "application/json")
     if translated.stream and content_type.startswith("text/event-stream"):
         outcome = TurnOutcome()
         tap: SseTap = (
-            NativeTap(outcome, api.observe)
+            NativeTap(outcome, api)
             if native
             else TranslatingTap(outcome, translated.stream_translator())
         )

@@ -5,16 +5,20 @@ A turn's run, first match wins:
 1. ``x-luftpause-run-id``: the run the client names.
 2. The harness's own session (B4):
 
-   - Claude Code's ``X-Claude-Code-Session-Id``: run ``claude-code-<id>``. Its
-     sub-agents add ``x-claude-code-agent-id``; each has a conversation of its own,
-     so each is its own run, ``claude-code-<id>/<agent>``.
-   - Codex's thread: ``thread_id`` of ``x-codex-turn-metadata``, else its
-     ``thread-id`` or ``session-id`` header: run ``codex-<id>``.
-   - Each header of ``dataplane.session_headers``, in order: run ``session-<id>``
-     (by default OpenCode's ``x-session-affinity`` and the generic ``x-session-id``).
+   - Claude Code's ``X-Claude-Code-Session-Id``: run ``claude-code-<id>@<model>``.
+     Its sub-agents add ``x-claude-code-agent-id``; each has a conversation of its
+     own, so each is its own run, ``claude-code-<id>/<agent>@<model>``.
+   - Codex's thread: ``thread_id`` (else ``session_id``) of
+     ``x-codex-turn-metadata``, else its ``thread-id`` or ``session-id`` header:
+     run ``codex-<id>@<model>``.
+   - Each header of ``dataplane.session_headers``, in order: run
+     ``session-<id>@<model>`` (by default OpenCode's ``x-session-affinity`` and the
+     generic ``x-session-id``).
 
-   One harness conversation is then one run across its turns, and keeps its replica
-   and its reservation while the harness runs a tool.
+   ``<model>`` is the model the turn asks for: a harness's side requests on another
+   model are conversations of their own. One harness conversation is then one run
+   across its turns, and keeps its replica and its reservation while the harness
+   runs a tool.
 3. The ``tool_call_id`` s the turn echoes back in tool messages: every tool call
    the proxy sees going out is remembered (30 min, swept every 60 s) with its run.
 4. Otherwise the turn starts a new run.
@@ -42,6 +46,7 @@ CLASSES = ("interactive", "batch")
 CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
 CLAUDE_CODE_AGENT_HEADER = "x-claude-code-agent-id"  # sent by its sub-agents
 CODEX_METADATA_HEADER = "x-codex-turn-metadata"
+_MAX_METADATA = 16384
 MAX_RUN_ID = 256  # the scheduler's bound on IDs
 
 
@@ -67,30 +72,36 @@ def echoed_tool_call_ids(body: Mapping[str, Any]) -> list[str]:
     return ids
 
 
-def harness_run(headers: Mapping[str, str], session_headers: Sequence[str] = ()) -> str | None:
-    """The run a harness's own session headers name (B4), or None."""
+def harness_run(
+    headers: Mapping[str, str], session_headers: Sequence[str] = (), model: str = ""
+) -> str | None:
+    """The run a harness's own session headers name (B4), or None. The model the turn
+    asks for is part of it: a harness's side requests on another model (Claude Code's
+    small, fast model writing a title while a tool runs) are conversations of their
+    own, and must not take the session's run off its replica or out of its pause."""
     session = headers.get(CLAUDE_CODE_SESSION_HEADER, "").strip()
     if session:
         agent = headers.get(CLAUDE_CODE_AGENT_HEADER, "").strip()
-        return _run_named("claude-code", f"{session}/{agent}" if agent else session)
+        return _run_named("claude-code", f"{session}/{agent}" if agent else session, model)
     thread = _codex_thread(headers.get(CODEX_METADATA_HEADER, ""))
     thread = thread or headers.get("thread-id", "").strip() or headers.get("session-id", "").strip()
     if thread:
-        return _run_named("codex", thread)
+        return _run_named("codex", thread, model)
     for name in session_headers:
         value = headers.get(name, "").strip()
         if value:
-            return _run_named("session", value)
+            return _run_named("session", value, model)
     return None
 
 
 def _codex_thread(metadata: str) -> str:
-    """``thread_id`` (else ``session_id``) of Codex's turn metadata JSON; "" if none."""
-    if not metadata:
+    """``thread_id`` (else ``session_id``) of Codex's turn metadata JSON; "" if none
+    (or if it is not JSON, or too long or deep to be Codex's)."""
+    if not metadata or len(metadata) > _MAX_METADATA:
         return ""
     try:
         data = json.loads(metadata)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     if not isinstance(data, dict):
         return ""
@@ -101,11 +112,12 @@ def _codex_thread(metadata: str) -> str:
     return ""
 
 
-def _run_named(harness: str, session: str) -> str:
-    """``<harness>-<session>``; a session ID too long for a run ID is hashed."""
-    run_id = f"{harness}-{session}"
+def _run_named(harness: str, session: str, model: str) -> str:
+    """``<harness>-<session>@<model>``, hashed after the harness name when too long for
+    a run ID."""
+    run_id = f"{harness}-{session}@{model}" if model else f"{harness}-{session}"
     if len(run_id) > MAX_RUN_ID:
-        run_id = f"{harness}-{hashlib.sha256(session.encode()).hexdigest()}"
+        run_id = f"{harness}-{hashlib.sha256(run_id.encode()).hexdigest()}"
     return run_id
 
 
@@ -114,6 +126,7 @@ def resolve_run_id(
     body: Mapping[str, Any],
     memory: ToolCallMemory,
     session_headers: Sequence[str] = (),
+    model: str = "",
 ) -> tuple[str, list[str]]:
     """The turn's run (D2, B4), and the echoed tool call IDs to ask the scheduler about.
 
@@ -127,7 +140,7 @@ def resolve_run_id(
         if len(explicit) > MAX_RUN_ID:
             raise BadHeader(f"{RUN_HEADER} is longer than {MAX_RUN_ID} characters")
         return explicit, []
-    harness = harness_run(headers, session_headers)
+    harness = harness_run(headers, session_headers, model)
     if harness is not None:
         return harness, []
     echoed = echoed_tool_call_ids(body)

@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +31,7 @@ from starlette.responses import Response
 from luftpause.dataplane.errors import ClientLeft, EngineFailed, InternalError, TurnError
 
 if TYPE_CHECKING:
-    from luftpause.dataplane.apis import StreamTranslator
+    from luftpause.dataplane.apis import ClientApi, StreamTranslator
     from luftpause.dataplane.app import ClientWatch
     from luftpause.dataplane.turn import Turn
 
@@ -157,6 +156,8 @@ class SseTap:
     (``null_usage_when_asked``) is cut out of it, so the client gets the bytes it
     would have got from the engine for its own request."""
 
+    passes_events = True  # what ``_read_event`` returns is the engine's event (+ separator)
+
     def __init__(
         self, outcome: TurnOutcome, hide_usage: bool, null_usage_when_asked: bool = True
     ) -> None:
@@ -178,7 +179,7 @@ class SseTap:
             self._buffer = self._buffer[end + sep :]
             passed = self._read_event(event)
             if passed is not None:
-                out.append(passed + separator)
+                out.append(passed + separator if self.passes_events else passed)
         return b"".join(out)
 
     def rest(self) -> bytes:
@@ -190,6 +191,10 @@ class SseTap:
         """What the client gets when the engine's stream breaks off: nothing more (Chat
         Completions has no error event: the connection closes without ``[DONE]``)."""
         return b""
+
+    def incomplete(self) -> str:
+        """Why a stream that ended is not complete (the turn's failure reason)."""
+        return "ended the stream without [DONE]"
 
     def _read_event(self, event: bytes) -> bytes | None:
         """Account for one event; return what the client gets of it (None: nothing)."""
@@ -219,18 +224,34 @@ class TranslatingTap(SseTap):
     """Reads an engine's Chat Completions stream and passes on, event by event, what
     ``translator`` makes of it in the client's API (B9); the engine's bytes never
     reach the client. The usage chunk is read like any other and left to the
-    translator (its API reports usage in its closing events)."""
+    translator (its API reports usage in its closing events). An error the engine
+    reports inside the stream (``data: {"error": ...}``, as SGLang and vLLM do) ends
+    the client's stream with its API's error event, and the turn fails."""
+
+    passes_events = False  # ``_read_event`` returns whole events of the client's API
 
     def __init__(self, outcome: TurnOutcome, translator: StreamTranslator) -> None:
         super().__init__(outcome, hide_usage=False)
         self.translator = translator
+        self.engine_error: str | None = None
+        self._failed = False
 
     def rest(self) -> bytes:
-        self._buffer = b""  # an unfinished engine event means nothing to the client
-        return b""
+        rest, self._buffer = self._buffer, b""
+        if not rest.strip():
+            return b""
+        return self._read_event(rest) or b""  # a last event without its blank line
 
     def failing(self, message: str) -> bytes:
+        if self._failed:
+            return b""
+        self._failed = True
         return self.translator.failed(message)
+
+    def incomplete(self) -> str:
+        if self.engine_error is not None:
+            return f"reported an error mid-stream: {self.engine_error}"
+        return super().incomplete()
 
     def _read_event(self, event: bytes) -> bytes | None:
         out = []
@@ -239,42 +260,77 @@ class TranslatingTap(SseTap):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
-                if not self.outcome.done:
+                if not self.outcome.done and not self._failed:
                     self.outcome.done = True
                     out.append(self.translator.done())
                 continue
             chunk = loads(payload)
-            if isinstance(chunk, dict) and not self.outcome.done:
-                self.outcome.read_chunk(chunk)
-                out.append(self.translator.chunk(chunk))
+            if not isinstance(chunk, dict) or self.outcome.done or self._failed:
+                continue
+            error = chunk.get("error")
+            if error is not None and not chunk.get("choices"):
+                self.engine_error = _error_text(error)
+                out.append(self.failing(f"the engine reported an error: {self.engine_error}"))
+                continue
+            self.outcome.read_chunk(chunk)
+            out.append(self.translator.chunk(chunk))
         return b"".join(out)
 
 
 class NativeTap(SseTap):
     """Passes an engine's stream in another API (one it serves natively, B9) through
-    byte for byte, reading each event with ``observe`` for the turn's report. The
-    stream is complete when its API's last event has passed (``FINAL_EVENTS``)."""
+    byte for byte, reading each event with ``api.observe`` for the turn's report. The
+    stream is complete when its API's last event has passed (``FINAL_EVENTS``); an
+    error event (``FAILED_EVENTS``) fails the turn. A stream that breaks off gets the
+    API's error event (``api.stream_error``) unless the engine sent one itself."""
 
-    FINAL_EVENTS = frozenset(
-        {"message_stop", "response.completed", "response.incomplete", "response.failed"}
-    )
+    FINAL_EVENTS = frozenset({"message_stop", "response.completed", "response.incomplete"})
+    FAILED_EVENTS = frozenset({"error", "response.failed"})
 
-    def __init__(
-        self, outcome: TurnOutcome, observe: Callable[[dict[str, Any], TurnOutcome], None]
-    ) -> None:
+    def __init__(self, outcome: TurnOutcome, api: ClientApi) -> None:
         super().__init__(outcome, hide_usage=False)
-        self.observe = observe
+        self.api = api
+        self.engine_error: str | None = None
+        self._sequence = 0  # the last sequence number seen (Responses events carry one)
+
+    def failing(self, message: str) -> bytes:
+        if self.engine_error is not None:
+            return b""  # the engine's own error event has passed already
+        self.engine_error = message
+        return self.api.stream_error(message, self._sequence + 1)
+
+    def incomplete(self) -> str:
+        if self.engine_error is not None:
+            return f"reported an error mid-stream: {self.engine_error}"
+        return "ended the stream before its last event"
 
     def _read_event(self, event: bytes) -> bytes | None:
         for line in event.splitlines():
             if not line.startswith(b"data:"):
                 continue
             data = loads(line[5:].strip())
-            if isinstance(data, dict):
-                self.observe(data, self.outcome)
-                if data.get("type") in self.FINAL_EVENTS:
-                    self.outcome.done = True
+            if not isinstance(data, dict):
+                continue
+            self.api.observe(data, self.outcome)
+            sequence = data.get("sequence_number")
+            if isinstance(sequence, int) and not isinstance(sequence, bool):
+                self._sequence = max(self._sequence, sequence)
+            kind = data.get("type")
+            if kind in self.FINAL_EVENTS and self.engine_error is None:
+                self.outcome.done = True
+            elif kind in self.FAILED_EVENTS:
+                self.outcome.done = False
+                response = data.get("response")
+                nested = response.get("error") if isinstance(response, dict) else None
+                self.engine_error = _error_text(data.get("error") or nested or data)
         return event
+
+
+def _error_text(error: Any) -> str:
+    """The message of an error an engine reports in a stream, cut to a report's size."""
+    message = error.get("message") if isinstance(error, dict) else error
+    text = message if isinstance(message, str) else json.dumps(message, default=str)
+    return text[:1000]
 
 
 # A top-level ``"usage": null`` member as engines write it (compact or spaced), with
@@ -372,9 +428,7 @@ class RelayStream(Response):
         rest = self.tap.rest()
         failure: EngineFailed | None = None
         if not outcome.done:
-            failure = EngineFailed(
-                f"engine {self.replica} ended the stream without [DONE]", self.replica
-            )
+            failure = EngineFailed(f"engine {self.replica} {self.tap.incomplete()}", self.replica)
             rest += self.tap.failing(failure.message)
         # From here on ``receive`` says "disconnect" because the answer is complete.
         self.watch.stop()

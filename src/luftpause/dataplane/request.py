@@ -16,7 +16,7 @@ too deeply for it is still a plain 400.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -35,15 +35,19 @@ class ChatRequest:
     has_priority: bool  # the client set its own priority: the engine keeps it
     engine_body: bytes  # what the engine gets, before a class priority is added
 
-    def engine_body_for(self, model: str, priority: int | None) -> bytes:
-        """The engine body for the model that serves the turn (an alias's target, B9),
-        with a ``priority`` member added (only when the client set none)."""
-        raw = self.engine_body
-        if model != self.model:
-            raw = with_members(raw, {"model": model})
-        if priority is not None:
-            raw = splice(raw, {"priority": priority})
-        return raw
+    def for_model(self, model: str) -> ChatRequest:
+        """The request for the model that serves it (an alias's target, B9); the engine
+        body is rewritten here, before admission, where a failure is still a 400."""
+        if model == self.model:
+            return self
+        return replace(self, engine_body=with_members(self.engine_body, {"model": model}))
+
+    def engine_body_for(self, priority: int | None) -> bytes:
+        """The engine body, with a ``priority`` member added (only when the client set
+        none); splicing cannot fail."""
+        if priority is None:
+            return self.engine_body
+        return splice(self.engine_body, {"priority": priority})
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,12 @@ A module gives the dataplane:
   ``observe_reply(body: dict, outcome: TurnOutcome) -> None`` — what a reply in the
   API's own shape says (first token, tool call IDs, finish, usage), for an
   endpoint that serves the API natively: its reply passes through unchanged and is
-  only read, as Chat Completions replies are.
+  only read, as Chat Completions replies are;
+* ``stream_error(message: str, sequence_number: int) -> bytes`` — the API's error
+  event, sent when such a native stream breaks off.
+
+``parse`` guarantees that ``chat`` serialises (no lone surrogates, no integers
+JSON cannot carry), so nothing after admission can fail on the client's input.
 
 A ``Translated`` request gives:
 
@@ -73,6 +78,24 @@ class Translated(Protocol):
 
 
 @dataclass(frozen=True)
+class Untranslated:
+    """A request the proxy cannot translate, for endpoints that serve its API natively
+    (all that serve its model do): passed through as it is. ``reason``: why it could
+    not be translated."""
+
+    model: str
+    stream: bool
+    chat: dict[str, Any]  # only what identity reads: no conversation
+    reason: str
+
+    def reply(self, completion: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError(f"no translation: {self.reason}")
+
+    def stream_translator(self) -> StreamTranslator:
+        raise RuntimeError(f"no translation: {self.reason}")
+
+
+@dataclass(frozen=True)
 class ClientApi:
     """One client API a turn route speaks, as the dataplane uses it."""
 
@@ -82,6 +105,7 @@ class ClientApi:
     error_body: Callable[[int, str, str | None], dict[str, Any]]
     observe: Callable[[dict[str, Any], TurnOutcome], None]
     observe_reply: Callable[[dict[str, Any], TurnOutcome], None]
+    stream_error: Callable[[str, int], bytes]  # (message, sequence number) -> error event
 
 
 def client_apis() -> tuple[ClientApi, ...]:
@@ -96,6 +120,7 @@ def client_apis() -> tuple[ClientApi, ...]:
             messages.error_body,
             messages.observe,
             messages.observe_reply,
+            messages.stream_error,
         ),
         ClientApi(
             "responses",
@@ -104,5 +129,6 @@ def client_apis() -> tuple[ClientApi, ...]:
             responses.error_body,
             responses.observe,
             responses.observe_reply,
+            responses.stream_error,
         ),
     )

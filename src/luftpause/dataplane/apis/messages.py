@@ -962,6 +962,14 @@ def _read_usage(usage: Any, outcome: TurnOutcome) -> None:
         outcome.completion_tokens = _count(usage.get("output_tokens"))
 
 
+def stream_error(message: str, sequence_number: int) -> bytes:
+    """The ``error`` event that ends a Messages stream which broke off (on a native
+    endpoint's stream: the translated ones end with ``MessagesStream.failed``)."""
+    return _event(
+        ErrorResponse(type="error", error=APIErrorObject(type="api_error", message=message))
+    )
+
+
 # --------------------------------------------------------------------------- helpers
 
 

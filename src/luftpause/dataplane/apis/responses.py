@@ -85,6 +85,7 @@ from openai.types.responses import (
     ResponseCustomToolCallInputDeltaEvent,
     ResponseCustomToolCallInputDoneEvent,
     ResponseError,
+    ResponseErrorEvent,
     ResponseFailedEvent,
     ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionCallArgumentsDoneEvent,
@@ -347,12 +348,18 @@ def parse(raw: bytes) -> ResponsesRequest:
     if effort is not None:
         chat["reasoning_effort"] = effort
 
+    template = _template(body, model)
+    try:  # what goes on (to the engine, and back in every event) must serialise
+        orjson.dumps(chat)
+        orjson.dumps(_dump(template))
+    except (orjson.JSONEncodeError, RecursionError) as exc:
+        raise BadRequest(f"request body cannot be passed on: {exc}") from None
     return ResponsesRequest(
         model=model,
         stream=bool(stream),
         chat=chat,
         tools=builder.by_chat_name,
-        template=_template(body, model),
+        template=template,
     )
 
 
@@ -502,7 +509,10 @@ class _Builder:
             arguments = _required_str(item, "arguments", where, empty=True)
         else:
             text = _required_str(item, "input", where, empty=True)
-            arguments = orjson.dumps({"input": text}).decode()
+            try:
+                arguments = orjson.dumps({"input": text}).decode()
+            except orjson.JSONEncodeError as exc:
+                raise BadRequest(f"'{where}.input' cannot be passed on: {exc}") from None
         call = {
             "id": call_id,
             "type": "function",
@@ -1189,6 +1199,19 @@ if TYPE_CHECKING:  # the module gives what the dataplane expects (apis/__init__.
 
 # The Responses API words errors as Chat Completions does: OpenAI's shape (D6).
 error_body = openai_error
+
+
+def stream_error(message: str, sequence_number: int) -> bytes:
+    """The ``error`` event that ends a Responses stream which broke off (on a native
+    endpoint's stream: the translated ones end with ``ResponsesStream.failed``)."""
+    event = ResponseErrorEvent(
+        type="error",
+        code="server_error",
+        message=message,
+        param=None,
+        sequence_number=sequence_number,
+    )
+    return b"event: error\ndata: " + orjson.dumps(_dump(event)) + b"\n\n"
 
 
 def observe(event: dict[str, Any], outcome: TurnOutcome) -> None:

@@ -33,8 +33,11 @@ async def native(request: Request, api: ClientApi, chat: ChatHandler) -> Respons
         body["stream_options"] = {"include_usage": True}
     reply = await chat(_with_body(request, json.dumps(body).encode()))
     if reply.status_code != 200:
+        kept = {k: v for k, v in reply.headers.items() if k.lower() == "retry-after"}
         return JSONResponse(
-            api.error_body(reply.status_code, _message(reply), None), reply.status_code
+            api.error_body(reply.status_code, _message(reply), None),
+            reply.status_code,
+            headers=kept,
         )
     if isinstance(reply, StreamingResponse):
         events = _translated(reply.body_iterator, translated.stream_translator())
