@@ -87,6 +87,8 @@ def _endpoint_lines(config: StackConfig, environ: Mapping[str, str]) -> list[str
             )
         if e.load_from:
             extra += f", load from {', '.join(e.load_from)}"
+        if e.native_apis:
+            extra += f", serves {', '.join(a.value for a in e.native_apis)} natively"
         lines.append(f"    {e.name:<{width}}  {e.kind.value:<11}  {e.url}")
         lines.append(
             f"    {'':<{width}}  models {', '.join(e.models)}; load {load}; health {health}{extra}"
@@ -126,6 +128,12 @@ def _service_lines(
         )
         lines.append(f"  listens on   {args.host or d.host}:{port} (/v1, /metrics, /health)")
         lines.append(f"  scheduler    {scheduler} (gRPC)")
+        aliases = [f"{alias} -> {target}" for alias, target in d.model_aliases.items()]
+        lines.append(f"  aliases      {', '.join(aliases) if aliases else 'none'}")
+        lines.append(
+            "  sessions     Claude Code, Codex"
+            + (f", then {', '.join(d.session_headers)}" if d.session_headers else "")
+        )
     else:
         from luftpause.runtime.main import settings_from
 

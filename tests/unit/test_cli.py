@@ -86,6 +86,9 @@ def test_check_summarises_a_usable_config_and_starts_nothing(
         out = capsys.readouterr()
         assert "is usable" in out.out and "auth         required" in out.out
         assert "http/protobuf to http://jaeger:4318/v1/traces" in out.out
+        if cmd == "dataplane":  # B9, B4: the alias map and where runs come from
+            assert "aliases      claude-* -> llama-3.2-1b, gpt-* -> llama-3.2-1b" in out.out
+            assert "sessions     Claude Code, Codex, then x-session-affinity" in out.out
     assert "--check" in run("runtime", "--help").stdout
 
 
