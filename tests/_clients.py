@@ -29,11 +29,13 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import _npm
+import pytest
 
 NPM_BEFORE = "2026-12-01"  # registry state for the clients' transitive dependencies
 
@@ -147,6 +149,16 @@ class Sandbox:
 
     def report(self) -> str:
         return "\n\n".join(self.transcript)
+
+
+@pytest.fixture(name="transcripts")
+def transcripts_fixture(request: pytest.FixtureRequest) -> Iterator[list[Sandbox]]:
+    """Sandboxes a test used; what their clients printed goes into the test's report.
+    (A fixture: import ``transcripts_fixture`` into a test module to use ``transcripts``.)"""
+    boxes: list[Sandbox] = []
+    yield boxes
+    for i, box in enumerate(boxes):
+        request.node.add_report_section("teardown", f"client transcript {i + 1}", box.report())
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

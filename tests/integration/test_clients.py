@@ -41,6 +41,7 @@ from _clients import (
     codex_mcp_status,
     codex_sandbox,
     gemini_sandbox,
+    transcripts_fixture,  # noqa: F401  (provides the transcripts fixture)
 )
 from _npm import INSTALL_TIMEOUT_S, Bundle, installed_or_skip
 from conftest import Services
@@ -109,15 +110,6 @@ def codex() -> Bundle:
 @pytest.fixture(scope="module")
 def gemini() -> Bundle:
     return _installed(GEMINI_CLI, "Gemini CLI")
-
-
-@pytest.fixture
-def transcripts(request: pytest.FixtureRequest) -> Iterator[list[Sandbox]]:
-    """Sandboxes a test used; what their clients printed goes into the test's report."""
-    boxes: list[Sandbox] = []
-    yield boxes
-    for i, box in enumerate(boxes):
-        request.node.add_report_section("teardown", f"client transcript {i + 1}", box.report())
 
 
 @pytest.fixture

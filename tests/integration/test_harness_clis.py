@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from _clients import CLAUDE_CODE, CODEX, REQUIRE_VARS, Sandbox, codex_sandbox
+from _clients import (
+    CLAUDE_CODE,
+    CODEX,
+    REQUIRE_VARS,
+    Sandbox,
+    codex_sandbox,
+    transcripts_fixture,  # noqa: F401  (provides the transcripts fixture)
+)
 from _npm import INSTALL_TIMEOUT_S, Bundle, installed_or_skip
 from fullstack import Stack, start_stack
 
@@ -61,14 +67,6 @@ def stack(module_services: Any, tmp_path_factory: pytest.TempPathFactory) -> Sta
         engine_args=ENGINE_ARGS,
         extra_config=ALIASES,
     )
-
-
-@pytest.fixture
-def transcripts(request: pytest.FixtureRequest) -> Iterator[list[Sandbox]]:
-    boxes: list[Sandbox] = []
-    yield boxes
-    for i, box in enumerate(boxes):
-        request.node.add_report_section("teardown", f"client transcript {i + 1}", box.report())
 
 
 def installed(bundle: Bundle, what: str) -> Bundle:

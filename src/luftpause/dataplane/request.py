@@ -109,21 +109,21 @@ def chat_request(raw: bytes) -> ChatRequest:
         raise BadRequest("'messages' is required and must be a list")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise BadRequest(f"'messages[{i}]' must be an object, got {_kind(message)}")
+            raise BadRequest(f"'messages[{i}]' must be an object, got {kind_of(message)}")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise BadRequest(f"'stream' must be true or false, got {_kind(stream)}")
+        raise BadRequest(f"'stream' must be true or false, got {kind_of(stream)}")
     priority = body.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise BadRequest(f"'priority' must be an integer, got {_kind(priority)}")
+        raise BadRequest(f"'priority' must be an integer, got {kind_of(priority)}")
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
-            raise BadRequest(f"'stream_options' must be an object, got {_kind(options)}")
+            raise BadRequest(f"'stream_options' must be an object, got {kind_of(options)}")
         include = options.get("include_usage")
         if include is not None and not isinstance(include, bool):
             raise BadRequest(
-                f"'stream_options.include_usage' must be true or false, got {_kind(include)}"
+                f"'stream_options.include_usage' must be true or false, got {kind_of(include)}"
             )
 
     engine_body = raw
@@ -162,7 +162,7 @@ def _model(value: Any, *, required: bool) -> str | None:
             raise BadRequest("'model' is required and must be a string")
         return None
     if not isinstance(value, str) or not value:
-        raise BadRequest(f"'model' must be a non-empty string, got {_kind(value)}")
+        raise BadRequest(f"'model' must be a non-empty string, got {kind_of(value)}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -200,7 +200,7 @@ def splice(raw: bytes, members: dict[str, Any]) -> bytes:
     return inner + sep + added + b"}"
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     """A value's JSON type, and the value itself when short (error messages)."""
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
     if value is None:

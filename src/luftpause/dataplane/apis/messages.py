@@ -130,6 +130,7 @@ from anthropic.types.shared import (
 from pydantic import BaseModel
 
 from luftpause.dataplane.errors import BadRequest, shown
+from luftpause.dataplane.request import kind_of as _kind
 from luftpause.dataplane.request import parse_object
 
 if TYPE_CHECKING:
@@ -1028,21 +1029,6 @@ def _is_int(value: Any) -> TypeGuard[int]:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _kind(value: Any) -> str:
-    """A value's JSON type, and the value itself when short (error messages)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"a boolean {shown(value, 32)}"
-    if isinstance(value, str):
-        return f"a string {shown(value, 32)}"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    return f"a number {shown(value, 32)}"
 
 
 if TYPE_CHECKING:  # mypy checks that the classes give what the dataplane expects

@@ -111,6 +111,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from luftpause.dataplane.apis import StreamTranslator, Translated
 from luftpause.dataplane.errors import BadRequest, openai_error, shown
 from luftpause.dataplane.relay import TurnOutcome
+from luftpause.dataplane.request import kind_of as _kind
 from luftpause.dataplane.request import parse_object
 
 __all__ = [
@@ -473,7 +474,7 @@ class _Builder:
             self._call(item, where, kind)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _required_str(item, "call_id", where)
-            content = _output_text(item.get("output"), f"{where}.output")
+            content = _parts_text(item.get("output"), f"{where}.output")
             self.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
         elif kind in ("reasoning", "additional_tools"):
             pass  # reasoning: cannot go back to the engine; additional_tools: read above
@@ -496,7 +497,7 @@ class _Builder:
             raise BadRequest(
                 f"'{where}.role' must be user, assistant, system or developer, got {_kind(role)}"
             )
-        text = _message_text(item.get("content"), f"{where}.content")
+        text = _parts_text(item.get("content"), f"{where}.content")
         self.messages.append({"role": "system" if role == "developer" else role, "content": text})
 
     def _call(self, item: dict[str, Any], where: str, kind: str) -> None:
@@ -569,20 +570,13 @@ def _custom(tool: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _message_text(content: Any, where: str) -> str:
+def _parts_text(content: Any, where: str) -> str:
+    """A message's content or a tool output: a string, or text parts joined by newlines."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise BadRequest(f"'{where}' must be a string or a list of parts, got {_kind(content)}")
     return "\n".join(_part_text(part, f"{where}[{i}]") for i, part in enumerate(content))
-
-
-def _output_text(output: Any, where: str) -> str:
-    if isinstance(output, str):
-        return output
-    if not isinstance(output, list):
-        raise BadRequest(f"'{where}' must be a string or a list of parts, got {_kind(output)}")
-    return "\n".join(_part_text(part, f"{where}[{i}]") for i, part in enumerate(output))
 
 
 def _part_text(part: Any, where: str) -> str:
@@ -1425,14 +1419,3 @@ def _optional(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
     wanted = names.get(kind, "something else") if isinstance(kind, type) else "something else"
     path = f"{where}.{key}" if where else key
     raise BadRequest(f"'{path}' must be {wanted}, got {_kind(value)}")
-
-
-def _kind(value: Any) -> str:
-    """A value's JSON type, and the value itself when short (error messages)."""
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
-    if value is None:
-        return "null"
-    for t, name in names.items():
-        if isinstance(value, t):
-            return f"{name} {shown(value, 32)}" if t in (str, bool) else name
-    return f"a number {shown(value, 32)}"
