@@ -139,6 +139,43 @@ async def test_engine_arm_sends_priority_without_luftpause_headers(
     assert all(1 <= r["tool_calls"] <= 2 for r in result["runs"])
 
 
+SAMPLE_TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "sample.jsonl"
+
+
+async def test_a_trace_is_replayed_through_the_dataplane(stack: Stack, tmp_path: Path) -> None:
+    """B10, H3: ``--trace`` replays every run of the sample trace through the dataplane and
+    stops when the last one ends: the trace's turns per run, each prompt padded to the
+    trace's length (the fake engine counts as the replay does), each answer exactly the
+    trace's length (``max_tokens`` + ``ignore_eos``), each tool call the nearest of the
+    replay's sizes, held time reported, no errors."""
+    planned = {}
+    for text in SAMPLE_TRACE.read_text().splitlines():
+        run = json.loads(text)
+        planned[len(run["turns"]), run["turns"][0]["prompt_tokens"]] = run["turns"]
+    rc, stdout, stderr, result = await loadgen(
+        tmp_path,
+        "--target", stack.base_url, "--trace", str(SAMPLE_TRACE), "--time-scale", "20",
+        "--runs-in-json",
+    )  # fmt: skip
+    assert rc == 0, stdout + stderr
+    assert "| group nightly |" in stdout
+    assert result["error_count"] == 0 and result["trace"]["runs"] == 6
+    assert len(result["runs"]) == 6
+    for r in result["runs"]:
+        records = r["turn_records"]
+        turns = planned[len(records), records[0]["planned_prompt_tokens"]]
+        assert r["turns"] == len(turns) and r["tool_calls"] == len(turns) - 1
+        assert len(r["replicas"]) == 1  # strict affinity through luftpause (S3)
+        for t, plan in zip(records, turns, strict=True):
+            assert t["prompt_tokens"] == plan["prompt_tokens"]
+            assert t["held_s"] is not None
+        assert records[-1]["completion_tokens"] == turns[-1]["completion_tokens"]
+        for t, plan in zip(records[:-1], turns[:-1], strict=True):
+            assert plan["completion_tokens"] / 1.5 <= t["completion_tokens"]
+            assert t["completion_tokens"] <= plan["completion_tokens"] * 1.5
+        assert r["cached_tokens"] <= r["prompt_tokens"]
+
+
 async def test_errors_are_counted_and_shown(stack: Stack, tmp_path: Path) -> None:
     """H3: a target that refuses connections: every failed run is counted by kind, the table
     is still printed and the exit status says runs failed."""

@@ -25,7 +25,11 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     tokens: list[str | None] = []
 
     async def fake_run_load(
-        args: argparse.Namespace, groups: Any, stderr: Any, token: str | None = None
+        args: argparse.Namespace,
+        groups: Any,
+        stderr: Any,
+        token: str | None = None,
+        trace: Any = None,
     ) -> dict[str, Any]:
         tokens.append(token)
         raise loadgen_main.MixError("stop here")

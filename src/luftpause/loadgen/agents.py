@@ -52,6 +52,10 @@ class AgentOptions:
     tool_names: list[str] | None = None  # None: every tool the server offers
     class_headers: bool = True
     priority: dict[str, int] = field(default_factory=dict)  # class -> body "priority"
+    # For the SGLang Model Gateway (SMG): class -> x-smg-priority value, and a header that
+    # carries the run ID as SMG's sticky-session routing key ("": none).
+    smg_priority: dict[str, str] = field(default_factory=dict)
+    routing_key_header: str = ""
     turn_timeout_s: float = 600.0
     max_turns: int = 10
     nonce: str = "0"
@@ -238,6 +242,28 @@ async def stream_turn(
     return Reply("".join(text), [calls[i] for i in sorted(calls)], finish, turn)
 
 
+SMG_PRIORITY_HEADER = "x-smg-priority"
+
+
+def run_headers(group: Group, run_key: str, n_tools: int, options: AgentOptions) -> dict[str, str]:
+    """The headers every turn of one run sends: the fake engine's tool count, luftpause's
+    class headers (unless off), and SMG's priority class and routing key where asked."""
+    headers = {"x-fake-tool-results": str(n_tools)}
+    if options.class_headers:
+        headers.update(
+            {
+                RUN_HEADER: run_key,
+                "x-luftpause-class": group.cls,
+                "x-luftpause-caller": group.caller,
+            }
+        )
+    if group.cls in options.smg_priority:
+        headers[SMG_PRIORITY_HEADER] = options.smg_priority[group.cls]
+    if options.routing_key_header:
+        headers[options.routing_key_header] = run_key
+    return headers
+
+
 async def run_once(
     client: openai.AsyncOpenAI,
     pool: ToolPool,
@@ -250,16 +276,7 @@ async def run_once(
 ) -> RunRecord:
     """One agent run, start to answer. Raises :class:`RunFailed`."""
     start = clock()
-    n_tools = group.tool_calls.pick(run_number)
-    headers = {"x-fake-tool-results": str(n_tools)}
-    if options.class_headers:
-        headers.update(
-            {
-                RUN_HEADER: run_key,
-                "x-luftpause-class": group.cls,
-                "x-luftpause-caller": group.caller,
-            }
-        )
+    headers = run_headers(group, run_key, group.tool_calls.pick(run_number), options)
     extra_body = (
         {"priority": options.priority[group.cls]} if group.cls in options.priority else None
     )

@@ -15,7 +15,16 @@ the SGLang router or an engine (with or without ``/v1``); with several, agent *i
 is pinned to target *i* mod n.
 ``--no-class-headers`` sends no luftpause headers (router / engine arms);
 ``--priority interactive=10,batch=0`` adds ``priority`` to every body (engines
-with ``--priority-scheduling``).
+with ``--priority-scheduling``); ``--smg-priority interactive=interactive,batch=bulk``
+sends the SGLang Model Gateway's ``x-smg-priority`` by class and
+``--routing-key-header x-smg-routing-key`` the run ID as its sticky-session key.
+
+Runs shaped like real coding-agent traces (``--profile coding-agent``), and replay
+of a trace of your own (``--trace FILE``, JSONL, one run per line); see
+docs/workloads.md for the profile's parameters and what a replay reproduces::
+
+    luftpause loadgen --group 2:interactive --group 8:batch --profile coding-agent
+    luftpause loadgen --trace my-runs.jsonl --time-scale 5
 
 Sub-agents through the runtime (``--runtime URL`` of its ``/mcp``; default: the
 local stack's, port 7000)::
@@ -45,6 +54,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import secrets
 import sys
@@ -61,7 +71,7 @@ import openai
 from luftpause.cliargs import non_negative_float as _non_negative_float
 from luftpause.cliargs import positive_float as _positive_float
 from luftpause.cliargs import positive_int as _positive_int
-from luftpause.loadgen import agents, content, spawn, stats
+from luftpause.loadgen import agents, content, shaped, spawn, stats
 from luftpause.loadgen.mix import (
     CLASSES,
     Defaults,
@@ -74,6 +84,8 @@ from luftpause.loadgen.mix import (
 )
 from luftpause.loadgen.pool import TokenRefused
 from luftpause.loadgen.progress import LiveLine
+from luftpause.loadgen.trace import TraceRun, load_trace
+from luftpause.loadgen.workload import PROFILES, run_rng
 
 DEFAULT_MODEL = "llama-3.2-1b"
 # The stack `luftpause up` (and `make run`) starts, on its default ports.
@@ -81,6 +93,7 @@ DEFAULT_TARGET = "http://127.0.0.1:8080/v1"
 DEFAULT_RUNTIME = "http://127.0.0.1:7000/mcp"
 DEFAULT_TOOLS_URL = "http://127.0.0.1:9000/mcp"
 ERROR_BACKOFF_S = 0.5  # a failed run's agent waits this long before its next run
+DEFAULT_DURATION_S = 60.0
 
 
 # ------------------------------------------------------------------ arguments
@@ -114,6 +127,28 @@ def parse_priority(text: str) -> dict[str, int]:
     return out
 
 
+SMG_CLASSES = ("system", "interactive", "default", "bulk")
+
+
+def parse_smg_priority(text: str) -> dict[str, str]:
+    """``interactive=interactive,batch=bulk`` -> {"interactive": "interactive", "batch": "bulk"}:
+    the ``x-smg-priority`` class (SGLang Model Gateway) each luftpause class sends."""
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        name, sep, value = (x.strip() for x in part.partition("="))
+        if not sep or name not in CLASSES or value.lower() not in SMG_CLASSES:
+            raise argparse.ArgumentTypeError(
+                "--smg-priority takes class=SMG_CLASS pairs (classes interactive/batch, SMG "
+                f"classes {'/'.join(SMG_CLASSES)}), got {part!r}"
+            )
+        out[name] = value.lower()
+    if not out:
+        raise argparse.ArgumentTypeError("--smg-priority needs at least one class=SMG_CLASS pair")
+    return out
+
+
 def base_url(url: str) -> str:
     url = url.strip().rstrip("/")
     return url if url.endswith("/v1") else f"{url}/v1"
@@ -136,6 +171,24 @@ def add_run_shape(group: argparse._ArgumentGroup, tool_calls_help: str) -> None:
     )
     group.add_argument(
         "--max-tokens", type=_positive_int, default=256, help="reply limit per turn (default: 256)"
+    )
+    group.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        help="shape every own-loop group's runs like real agent traces instead (turns, "
+        "context growth, tool times, parallel sub-agents; replaces the three options above; "
+        "see docs/workloads.md)",
+    )
+
+
+def add_trace_argument(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--trace",
+        type=Path,
+        metavar="FILE",
+        help='replay the runs of a JSONL trace, one run per line: {"id", "class", '
+        '"start_s", "turns": [{"prompt_tokens", "completion_tokens", "tool_s"}]} '
+        "(see docs/workloads.md)",
     )
 
 
@@ -178,8 +231,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a group of N agents (KIND agents or subagents; repeatable)",
     )
     load.add_argument("--mix", type=Path, metavar="FILE", help="TOML file of [[group]] tables")
+    add_trace_argument(load)
     load.add_argument(
-        "--duration-s", type=_positive_float, default=60.0, help="measured window (default: 60)"
+        "--duration-s",
+        type=_positive_float,
+        help="measured window (default: 60; a --trace without groups: until its last run ends)",
     )
     load.add_argument(
         "--warmup-s",
@@ -206,7 +262,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-turns",
         type=_positive_int,
         default=10,
-        help="a run that has not answered after this many turns fails (default: 10)",
+        help="a run that has not answered after this many turns fails (default: 10; a "
+        "--profile or --trace run has the turns of its plan)",
     )
     shape.add_argument(
         "--model", help=f"model name (default: the target's first model, else {DEFAULT_MODEL})"
@@ -231,6 +288,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_priority,
         metavar="interactive=N,batch=M",
         help="add 'priority' to each request body by class (engines with priority scheduling)",
+    )
+    shape.add_argument(
+        "--smg-priority",
+        type=parse_smg_priority,
+        metavar="interactive=C,batch=C",
+        help="send x-smg-priority by class (the SGLang Model Gateway's priority scheduler; "
+        "classes system/interactive/default/bulk), e.g. interactive=interactive,batch=bulk",
+    )
+    shape.add_argument(
+        "--routing-key-header",
+        metavar="NAME",
+        default="",
+        help="send the run ID in this header on every turn (a router's sticky-session key, "
+        "e.g. x-smg-routing-key for SMG's --routing-key-headers)",
+    )
+    shape.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="--profile and --trace: divide tool times and start times by this, to match "
+        "engines run with --time-scale (default: 1)",
     )
     shape.add_argument(
         "--turn-timeout-s",
@@ -316,8 +394,9 @@ class Recorder:
             if self.errors
             else "errors 0"
         )
+        until = f"/{end:.0f}" if math.isfinite(end) else ""
         return (
-            f"[{now:6.1f}/{end:.0f} s {phase}] runs done: {per_class}; {errs}; "
+            f"[{now:6.1f}{until} s {phase}] runs done: {per_class}; {errs}; "
             f"in flight {self.in_flight}"
         )
 
@@ -391,6 +470,71 @@ def _subagent_runner(
     return once
 
 
+def _shaped_runner(
+    client: openai.AsyncOpenAI,
+    group: Group,
+    index: int,
+    options: agents.AgentOptions,
+    clock: Callable[[], float],
+    time_scale: float,
+) -> Runner:
+    """Runs of ``group.profile``, each sampled from the seed, the group, the slot and its
+    number (so a seeded load plays the same runs)."""
+    assert group.profile is not None
+    profile = PROFILES[group.profile]
+
+    def once(key: str, number: int) -> Coroutine[Any, Any, stats.RunRecord]:
+        plan = profile.sample(run_rng(options.nonce, group.name, index, number))
+        return shaped.play(client, plan, group, key, options, clock, time_scale)
+
+    return once
+
+
+async def _replay_one(
+    rec: Recorder,
+    run: TraceRun,
+    group: Group,
+    client: openai.AsyncOpenAI,
+    options: agents.AgentOptions,
+    time_scale: float,
+) -> None:
+    """One run of a trace, started at its ``start_s``."""
+    await asyncio.sleep(max(0.0, run.start_s / time_scale - rec.clock()))
+    rec.in_flight += 1
+    try:
+        record = await shaped.play(
+            client,
+            run.plan,
+            group,
+            f"{options.nonce}-trace-{run.id}",
+            options,
+            rec.clock,
+            time_scale,
+        )
+    except agents.RunFailed as failure:
+        rec.add_error(group, failure)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # never lose an error silently
+        rec.add_error(group, agents.classify_error(exc))
+    else:
+        rec.add_run(record)
+    finally:
+        rec.in_flight -= 1
+
+
+def trace_groups(runs: list[TraceRun]) -> list[Group]:
+    """The groups a trace's runs are reported under (one per caller and class)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for run in runs:
+        key = (run.group, run.cls, run.caller)
+        counts[key] = counts.get(key, 0) + 1
+    return [
+        Group(name=name, count=n, cls=cls, caller=caller)
+        for (name, cls, caller), n in counts.items()
+    ]
+
+
 async def _models_of(target: str, token: str | None) -> list[str]:
     """``GET {target}/models``: the model names, or ``[]`` when the target does not say.
 
@@ -416,6 +560,7 @@ def build_groups(args: argparse.Namespace) -> list[Group]:
         context_chars=args.context_chars,
         tool_calls=args.tool_calls,
         max_tokens=args.max_tokens,
+        profile=getattr(args, "profile", None),
     )
     groups: list[Group] = []
     if args.mix is not None:
@@ -436,6 +581,7 @@ def build_groups(args: argparse.Namespace) -> list[Group]:
                     context_chars=args.context_chars,
                     tool_calls=args.tool_calls,
                     max_tokens=args.max_tokens,
+                    profile=getattr(args, "profile", None) if kind == "agents" else None,
                 )
             )
     return unique_names(groups)
@@ -448,20 +594,30 @@ def _tool_names(text: str) -> list[str] | None:
 
 
 async def run_load(
-    args: argparse.Namespace, groups: list[Group], stderr: TextIO, token: str | None = None
+    args: argparse.Namespace,
+    groups: list[Group],
+    stderr: TextIO,
+    token: str | None = None,
+    trace: list[TraceRun] | None = None,
 ) -> dict[str, Any]:
-    """The load ``args`` describe; ``token`` goes to the targets and the runtime."""
+    """The load ``args`` describe, and the runs of ``trace`` replayed beside it; ``token``
+    goes to the targets and the runtime."""
     nonce = args.seed or secrets.token_hex(4)
     targets = [base_url(u) for u in (args.target or "").split(",") if u.strip()]
     own = [g for g in groups if g.kind == "agents"]
     subs = [g for g in groups if g.kind == "subagents"]
-    if own and not targets:
-        raise MixError("own-loop agents need --target")
+    trace = trace or []
+    replayed = trace_groups(trace)
+    clash = sorted({g.name for g in replayed} & {g.name for g in groups})
+    if clash:
+        raise MixError(f"trace caller(s) {', '.join(clash)} also name a group; rename one")
+    if (own or trace) and not targets:
+        raise MixError("own-loop agents and --trace need --target")
     if (subs or args.spawn) and not args.runtime:
         raise MixError("sub-agents need --runtime (the runtime's MCP URL)")
-    if args.spawn and groups:
+    if args.spawn and (groups or trace):
         raise MixError("--spawn is a one-shot fan-out; run it without closed-loop groups")
-    listed = await asyncio.gather(*(_models_of(t, token) for t in targets)) if own else []
+    listed = await asyncio.gather(*(_models_of(t, token) for t in targets)) if own or trace else []
     model = args.model or (listed[0][0] if listed and listed[0] else None)
     tool_names = _tool_names(args.tools)
     options = agents.AgentOptions(
@@ -469,6 +625,8 @@ async def run_load(
         tool_names=tool_names,
         class_headers=not args.no_class_headers,
         priority=args.priority or {},
+        smg_priority=args.smg_priority or {},
+        routing_key_header=args.routing_key_header,
         turn_timeout_s=args.turn_timeout_s,
         max_turns=args.max_turns,
         nonce=nonce,
@@ -476,19 +634,27 @@ async def run_load(
     )
     spawn_options = spawn.SpawnOptions(tool_names=tool_names, model=args.model)
     rec = Recorder(max_runs=args.max_runs)
-    rec.window = (args.warmup_s, args.warmup_s + args.duration_s)
+    duration = args.duration_s
+    if duration is None:  # a trace alone plays to its end
+        duration = math.inf if trace and not groups else DEFAULT_DURATION_S
+    rec.window = (args.warmup_s, args.warmup_s + duration)
     result: dict[str, Any] = {}
     total_own = sum(g.count for g in own)
+    classic = [g for g in own if g.profile is None]
+    # Plans start sub-agents (up to 4 at a time), each with its own connection.
+    shaped_runs = sum(g.count for g in own if g.profile is not None) + len(trace)
+    connections = total_own + 4 * shaped_runs + 16
     runtime_headers = agents.auth_headers(token)
-    async with agents.clients(targets, options, total_own + 16) as openai_clients:
+    async with agents.clients(targets, options, connections) as openai_clients:
         pool: agents.ToolPool | None = None
         sessions: dict[str, spawn.SessionPool] = {}
         # One exit stack: MCP clients hold anyio cancel scopes that must close in LIFO order.
         stack = contextlib.AsyncExitStack()
         try:
-            if own:
+            if classic:
+                total_classic = sum(g.count for g in classic)
                 pool = await stack.enter_async_context(
-                    agents.ToolPool(args.tools_url, min(8, max(1, total_own // 8)))
+                    agents.ToolPool(args.tools_url, min(8, max(1, total_classic // 8)))
                 )
             tools = content.openai_tools(pool.tools, tool_names) if pool is not None else []
             for g in subs:
@@ -530,7 +696,17 @@ async def run_load(
                 if g.name == "fan-out" and args.spawn:
                     continue
                 for i in range(g.count):
-                    if g.kind == "agents":
+                    if g.kind == "agents" and g.profile is not None:
+                        once = _shaped_runner(
+                            openai_clients[slot % len(openai_clients)],
+                            g,
+                            i,
+                            options,
+                            rec.clock,
+                            args.time_scale,
+                        )
+                        slot += 1
+                    elif g.kind == "agents":
                         assert pool is not None
                         once = _agent_runner(
                             openai_clients[slot % len(openai_clients)],
@@ -546,12 +722,36 @@ async def run_load(
                     tasks.append(
                         asyncio.create_task(_closed_loop(rec, g, i, once, nonce, args.ramp_s))
                     )
+            by_name = {g.name: g for g in replayed}
+            replays = [
+                asyncio.create_task(
+                    _replay_one(
+                        rec,
+                        run,
+                        by_name[run.group],
+                        openai_clients[(slot + j) % len(openai_clients)],
+                        options,
+                        args.time_scale,
+                    )
+                )
+                for j, run in enumerate(trace)
+            ]
+            if replays and not tasks:  # nothing else to wait for: done when the trace is
+
+                async def replayed_all() -> None:
+                    await asyncio.gather(*replays, return_exceptions=True)
+                    rec.done.set()
+
+                tasks.append(asyncio.create_task(replayed_all()))
+            tasks.extend(replays)
+            groups = [*groups, *replayed]
             if tasks:
                 rec.t0 = time.monotonic()
                 live = LiveLine(_Silent() if args.quiet else stderr, rec.progress)
                 with live:
+                    deadline = rec.window[1] if math.isfinite(rec.window[1]) else None
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(rec.done.wait(), timeout=rec.window[1])
+                        await asyncio.wait_for(rec.done.wait(), timeout=deadline)
                     end = min(rec.clock(), rec.window[1])
                     rec.window = (rec.window[0], max(end, rec.window[0] + 1e-3))
                     for t in tasks:
@@ -566,8 +766,9 @@ async def run_load(
             # Tool calls cut off by the deadline make the MCP client log their late replies.
             logging.getLogger("mcp").setLevel(logging.CRITICAL)
             await stack.aclose()
-    # A --spawn fan-out is one-shot (it admits no closed-loop groups): no agent counts.
-    closed_loop = {} if args.spawn else {g.name: g.count for g in groups}
+    # A --spawn fan-out is one-shot (it admits no closed-loop groups): no agent counts; nor
+    # is a replayed trace a closed loop.
+    closed_loop = {} if args.spawn else {g.name: g.count for g in groups if g not in replayed}
     summary = stats.summarise(
         rec.runs, rec.errors, rec.window, [(g.name, g.cls) for g in groups], closed_loop
     )
@@ -581,6 +782,8 @@ async def run_load(
             "model": options.model,
             "class_headers": options.class_headers,
             "priority": options.priority,
+            "smg_priority": options.smg_priority,
+            "routing_key_header": options.routing_key_header,
             "groups_config": [
                 {
                     "name": g.name,
@@ -591,9 +794,12 @@ async def run_load(
                     "context_chars": g.context_chars,
                     "tool_calls": str(g.tool_calls),
                     "max_tokens": g.max_tokens,
+                    "profile": g.profile,
                 }
                 for g in groups
             ],
+            "trace": {"file": str(args.trace), "runs": len(trace)} if trace else None,
+            "time_scale": args.time_scale,
             "warmup_s": rec.window[0],
             "load_avg": [round(x, 2) for x in os.getloadavg()],
             **summary,
@@ -648,18 +854,19 @@ def main(args: argparse.Namespace) -> int:
     token = args.token if args.token is not None else os.environ.get("LUFTPAUSE_TOKEN")
     try:
         groups = build_groups(args)
-    except MixError as exc:
+        trace = load_trace(args.trace) if args.trace is not None else None
+    except MixError as exc:  # a bad trace too (TraceError): its line and field
         print(f"luftpause loadgen: {exc}", file=sys.stderr)
         return 2
-    if not groups and not args.spawn:
+    if not groups and not args.spawn and not trace:
         print(
-            "luftpause loadgen: nothing to run: give --agents, --subagents, --group, --mix "
-            "or --spawn",
+            "luftpause loadgen: nothing to run: give --agents, --subagents, --group, --mix, "
+            "--trace or --spawn",
             file=sys.stderr,
         )
         return 2
     try:
-        result = asyncio.run(run_load(args, groups, sys.stderr, token or None))
+        result = asyncio.run(run_load(args, groups, sys.stderr, token or None, trace=trace))
     except (MixError, TokenRefused) as exc:
         print(f"luftpause loadgen: {exc}", file=sys.stderr)
         return 2

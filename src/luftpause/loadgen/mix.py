@@ -14,6 +14,7 @@ falls back to the command line's value::
     context_chars = 8000
     tool_calls = 3            # or "1-3": uniform per run
     max_tokens = 256
+    profile = "coding-agent"  # runs shaped like real traces (B10); see docs/workloads.md
 
     [[group]]
     count = 4
@@ -26,6 +27,8 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from luftpause.loadgen.workload import PROFILES
 
 CLASSES = ("interactive", "batch")
 KINDS = ("agents", "subagents")
@@ -83,6 +86,7 @@ class Group:
     context_chars: int = 8000
     tool_calls: ToolCalls = ToolCalls(3, 3)
     max_tokens: int = 256
+    profile: str | None = None  # a name in workload.PROFILES: the run shape replaces the above
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -101,6 +105,17 @@ class Group:
             raise MixError(f"group {self.name}: context_chars must not be negative")
         if self.max_tokens < 1:
             raise MixError(f"group {self.name}: max_tokens must be at least 1")
+        if self.profile is not None:
+            if self.profile not in PROFILES:
+                raise MixError(
+                    f"group {self.name}: unknown profile {self.profile!r} "
+                    f"(profiles: {', '.join(PROFILES)})"
+                )
+            if self.kind != "agents":
+                raise MixError(
+                    f"group {self.name}: profile {self.profile!r} shapes own-loop agents only "
+                    '(kind = "agents")'
+                )
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,7 @@ class Defaults:
     tool_calls: ToolCalls = ToolCalls(3, 3)
     max_tokens: int = 256
     caller: str | None = None
+    profile: str | None = None
 
 
 def _int(value: Any, what: str) -> int:
@@ -140,10 +156,14 @@ def parse_group(text: str, index: int, defaults: Defaults = Defaults()) -> Group
         context_chars=defaults.context_chars,
         tool_calls=defaults.tool_calls,
         max_tokens=defaults.max_tokens,
+        profile=defaults.profile if kind == "agents" else None,
     )
 
 
-_KEYS = {"count", "class", "caller", "name", "kind", "context_chars", "tool_calls", "max_tokens"}
+_KEYS = {
+    "count", "class", "caller", "name", "kind", "context_chars", "tool_calls", "max_tokens",
+    "profile",
+}  # fmt: skip
 
 
 def parse_mix(data: dict[str, Any], defaults: Defaults = Defaults()) -> list[Group]:
@@ -184,9 +204,22 @@ def parse_mix(data: dict[str, Any], defaults: Defaults = Defaults()) -> list[Gro
                 max_tokens=_int(
                     entry.get("max_tokens", defaults.max_tokens), f"mix: group {name}: max_tokens"
                 ),
+                profile=_profile(
+                    entry.get(
+                        "profile",
+                        defaults.profile if entry.get("kind", defaults.kind) == "agents" else None,
+                    ),
+                    name,
+                ),
             )
         )
     return unique_names(groups)
+
+
+def _profile(value: Any, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value or None
+    raise MixError(f"mix: group {name}: profile must be a string, got {value!r}")
 
 
 def load_mix(path: Path, defaults: Defaults = Defaults()) -> list[Group]:

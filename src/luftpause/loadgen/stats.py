@@ -49,6 +49,9 @@ class TurnRecord:
     completion_tokens: int | None = None
     replica: str | None = None
     tool_calls: int = 0
+    # Replays of a plan (B10): the lengths the plan asked for, beside what the engine reported.
+    planned_prompt_tokens: int | None = None
+    planned_completion_tokens: int | None = None
 
     @property
     def other_s(self) -> float:
@@ -70,6 +73,7 @@ class RunRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     turn_s: float | None = None  # sub-agents: the runtime's own turn time
+    subagents: int = 0  # sub-agent runs it started (B10 plans); their turns are in turn_records
 
     @property
     def duration_s(self) -> float:
@@ -254,11 +258,17 @@ def run_json(run: RunRecord) -> dict[str, Any]:
     }
     if run.turn_records:
         out["turn_records"] = [
-            {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(t).items()}
+            {
+                k: (round(v, 4) if isinstance(v, float) else v)
+                for k, v in asdict(t).items()
+                if v is not None or not k.startswith("planned_")
+            }
             for t in run.turn_records
         ]
     if run.turn_s is not None:
         out["turn_s"] = round(run.turn_s, 3)
+    if run.subagents:
+        out["subagents"] = run.subagents
     return out
 
 

@@ -5,10 +5,15 @@
     luftpause sim --mix mix.toml --replicas 4 --duration-s 600 --json sim.json
     luftpause sim --group 4:interactive --group 96:batch --sweep replicas=1,2,4 \
         --target-p50 40 --plot sweep.svg                               # how many replicas?
+    luftpause sim --group 2:interactive --group 8:batch --profile coding-agent \
+        --context-length 131072 --kv-tokens 1000000 --duration-s 1800  # trace-shaped runs
+    luftpause sim --trace my-runs.jsonl --context-length 32768         # replay a trace
 
 The groups are the load generator's (``--group``, ``--mix``, ``--agents``;
-own-loop agents only). Each arm runs the same load from the same seed on fresh
-replicas; the report is the load generator's table per arm, and a comparison.
+own-loop agents only), shaped like real agent traces with ``--profile``; ``--trace``
+replays a trace's runs beside them or alone (``sim.shaped``; docs/workloads.md).
+Each arm runs the same load from the same seed on fresh replicas; the report is the
+load generator's table per arm, and a comparison.
 See the package docstring for what each arm models.
 """
 
@@ -16,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,23 +35,30 @@ from luftpause.fakes.engine.model import EngineParams
 from luftpause.fakes.engine.script import ScriptOptions
 from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
 from luftpause.loadgen import stats
-from luftpause.loadgen.main import add_run_shape, build_groups
+from luftpause.loadgen.main import add_run_shape, add_trace_argument, build_groups, trace_groups
 from luftpause.loadgen.mix import CLASSES, Group, MixError
 from luftpause.loadgen.progress import LiveLine
+from luftpause.loadgen.trace import TraceRun, load_trace
+from luftpause.loadgen.workload import PROFILES, Profile
 from luftpause.scheduler.core import Admit, Event, Params
 from luftpause.sim.agents import Agent, Records
 from luftpause.sim.arms import ARMS, Arm, EnginePriorityArm, LuftpauseArm, RouterArm
 from luftpause.sim.fleet import Replica
+from luftpause.sim.shaped import ShapedAgent
 from luftpause.sim.world import World
 
 MODEL = "llama-3.2-1b"
+DEFAULT_DURATION_S = 300.0
+DEFAULT_WARMUP_S = 60.0
+REPLAY_STEP_S = 60.0  # a replay to its end runs in slices this long
+REPLAY_LIMIT_S = 7 * 24 * 3600.0  # ... and stops here if some run never ends
 
 
 @dataclass(frozen=True)
 class SimConfig:
     groups: tuple[Group, ...]
     replicas: int = 2
-    duration_s: float = 300.0
+    duration_s: float | None = DEFAULT_DURATION_S  # None: until every replayed run ends
     warmup_s: float = 60.0
     ramp_s: float = 0.0
     seed: int = 0
@@ -57,6 +70,10 @@ class SimConfig:
     # the flood's stack files declare with ``class_priority``.
     class_priority: bool = True
     script: ScriptOptions = field(default_factory=ScriptOptions)
+    # B10: runs of a trace to replay (beside the groups or alone), and the profiles a
+    # group's ``profile`` names.
+    replay: tuple[TraceRun, ...] = ()
+    profiles: Mapping[str, Profile] = field(default_factory=lambda: dict(PROFILES))
 
 
 @dataclass
@@ -88,6 +105,7 @@ def simulate(
     arm_name: str,
     progress: Callable[[float, int], None] | None = None,
     trace: Trace | None = None,
+    records: Records | None = None,
 ) -> dict[str, Any]:
     """One arm under the configured load; the load generator's summary plus the run's
     own figures (virtual and wall time, events)."""
@@ -95,25 +113,53 @@ def simulate(
     replicas = [Replica(f"engine-{i}", config.engine, world) for i in range(config.replicas)]
     arm = make_arm(arm_name, world, replicas, config, trace)
     by_name = {r.name: r for r in replicas}
-    records = Records()
-    agents: list[Agent] = []
+    records = Records() if records is None else records
+    agents: list[Agent | ShapedAgent] = []
     for group in config.groups:
         for i in range(group.count):
-            agent = Agent(
-                len(agents), group, MODEL, world, arm, by_name, records, config.seed, config.script
-            )
+            agent: Agent | ShapedAgent
+            if group.profile is not None:
+                agent = ShapedAgent(
+                    len(agents), group, MODEL, world, arm, by_name, records, config.seed,
+                    config.profiles[group.profile],
+                )  # fmt: skip
+            else:
+                agent = Agent(
+                    len(agents), group, MODEL, world, arm, by_name, records, config.seed,
+                    config.script,
+                )  # fmt: skip
             agents.append(agent)
             agent.start(config.ramp_s * i / group.count)
+    replayed = trace_groups(list(config.replay))
+    by_group = {g.name: g for g in replayed}
+    players: list[ShapedAgent] = []
+    for run in config.replay:
+        player = ShapedAgent(
+            len(agents) + len(players), by_group[run.group], MODEL, world, arm, by_name, records,
+            config.seed,
+        )  # fmt: skip
+        player.replay(run.plan, run.id, run.start_s)
+        players.append(player)
     arm.start()
-    end = config.warmup_s + config.duration_s
+    report = None if progress is None else (lambda t: progress(t, world.events))
     started = time.perf_counter()
-    world.run(end, None if progress is None else lambda t: progress(t, world.events))
+    if config.duration_s is not None:
+        end = config.warmup_s + config.duration_s
+        world.run(end, report)
+    else:  # a replay, to its last run's end
+        end = 0.0
+        while end < REPLAY_LIMIT_S and any(p.unfinished for p in players):
+            end += REPLAY_STEP_S
+            world.run(end, report)
+        ends = [r.end_s for r in records.runs] + [e.at_s for e in records.errors]
+        end = min(end, max([config.warmup_s, *ends]))
     wall = time.perf_counter() - started
+    window = (config.warmup_s, max(end, config.warmup_s + 1e-3))
     summary = stats.summarise(
         records.runs,
         records.errors,
-        (config.warmup_s, end),
-        [(g.name, g.cls) for g in config.groups],
+        window,
+        [(g.name, g.cls) for g in (*config.groups, *replayed)],
         {g.name: g.count for g in config.groups},
     )
     return {
@@ -121,12 +167,15 @@ def simulate(
         "arm": arm_name,
         "seed": config.seed,
         "replicas": config.replicas,
-        "virtual_s": end,
+        "virtual_s": round(window[1], 3),
+        "unfinished_replays": sum(p.unfinished for p in players),
         "wall_s": round(wall, 3),
-        "speedup": round(end / wall, 1) if wall > 0 else None,
+        "speedup": round(window[1] / wall, 1) if wall > 0 else None,
         "events": world.events,
         "turns": records.turns,
-        "engine_busy_share": {r.name: round(r.busy_s / end, 3) if end else 0.0 for r in replicas},
+        "engine_busy_share": {
+            r.name: round(r.busy_s / window[1], 3) if window[1] else 0.0 for r in replicas
+        },
     }
 
 
@@ -152,12 +201,30 @@ def comparison(results: list[dict[str, Any]]) -> str:
 
 
 def render(results: list[dict[str, Any]], config: SimConfig, command: str) -> str:
+    load = []
+    if config.groups:
+        load.append(
+            f"{sum(g.count for g in config.groups)} agents ("
+            + ", ".join(
+                f"{g.count} {g.cls} {g.name}" + (f" [{g.profile}]" if g.profile else "")
+                for g in config.groups
+            )
+            + ")"
+        )
+    if config.replay:
+        load.append(f"{len(config.replay)} trace runs replayed")
+    measured = (
+        f"{config.duration_s:g} s measured"
+        if config.duration_s is not None
+        else "measured until the last replayed run ended"
+    )
+    engine = config.engine
     lines = [
         f"Command: {command}",
         "",
-        f"Simulated: {config.replicas} replicas, {sum(g.count for g in config.groups)} agents "
-        f"({', '.join(f'{g.count} {g.cls} {g.name}' for g in config.groups)}), "
-        f"{config.warmup_s:g} s warm-up + {config.duration_s:g} s measured, seed {config.seed}.",
+        f"Simulated: {config.replicas} replicas (context {engine.context_length:,} tokens, "
+        f"KV pool {engine.kv_tokens:,} tokens each), {' and '.join(load)}, "
+        f"{config.warmup_s:g} s warm-up + {measured}, seed {config.seed}.",
         "",
     ]
     for result in results:
@@ -193,6 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a group of N own-loop agents (repeatable)",
     )
     load.add_argument("--mix", type=Path, metavar="FILE", help="TOML file of [[group]] tables")
+    add_trace_argument(load)
     add_run_shape(load, "tool calls per run (default: 3)")
     sim = parser.add_argument_group("simulation")
     sim.add_argument(
@@ -207,14 +275,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--duration-s",
         type=positive_float,
-        default=300.0,
-        help="measured window, virtual seconds (default: 300)",
+        help="measured window, virtual seconds (default: 300; a --trace without groups: "
+        "until its last run ends)",
     )
     sim.add_argument(
         "--warmup-s",
         type=non_negative_float,
-        default=60.0,
-        help="virtual seconds before the window opens (default: 60)",
+        help="virtual seconds before the window opens (default: 60; a --trace without groups: 0)",
+    )
+    defaults = EngineParams()
+    sim.add_argument(
+        "--context-length",
+        type=positive_int,
+        default=defaults.context_length,
+        help="each engine's context in tokens (default: %(default)s, the calibrated laptop "
+        "replica; --profile coding-agent needs 131072)",
+    )
+    sim.add_argument(
+        "--kv-tokens",
+        type=positive_int,
+        default=defaults.kv_tokens,
+        help="each engine's KV pool in tokens (default: %(default)s; long contexts need "
+        "more, e.g. 1000000)",
     )
     sim.add_argument(
         "--ramp-s",
@@ -247,19 +329,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _fits(needed: int, what: str, engine: EngineParams) -> None:
+    """Refuse a load whose turns cannot all run on the simulated engines."""
+    if needed > engine.context_length:
+        raise MixError(
+            f"{what} needs {needed:,} tokens of context (prompt + reply); the simulated engines "
+            f"hold {engine.context_length:,}: give --context-length {needed} or more "
+            f"(and a --kv-tokens pool that holds several such runs)"
+        )
+    if needed + 1 > engine.kv_tokens:
+        raise MixError(
+            f"{what} needs {needed:,} tokens of KV; the simulated engines' pool holds "
+            f"{engine.kv_tokens:,}: give --kv-tokens {needed * 8} or so"
+        )
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     args.subagents = None
     groups = build_groups(args)
-    if not groups:
-        raise MixError("no load: give --group, --mix or --agents")
+    replay = load_trace(args.trace) if args.trace is not None else []
+    if not groups and not replay:
+        raise MixError("no load: give --group, --mix, --agents or --trace")
     subagents = [g.name for g in groups if g.kind != "agents"]
     if subagents:
         raise MixError(
             f"group(s) {', '.join(subagents)}: the simulator runs own-loop agents only "
             '(kind = "agents")'
         )
-    context = EngineParams().context_length
+    clash = sorted({g.name for g in trace_groups(replay)} & {g.name for g in groups})
+    if clash:
+        raise MixError(f"trace caller(s) {', '.join(clash)} also name a group; rename one")
+    engine = EngineParams(
+        priority_scheduling=True, context_length=args.context_length, kv_tokens=args.kv_tokens
+    )
+    context = engine.context_length
+    for run in replay:
+        _fits(run.plan.max_context(), f"trace line {run.line} (run {run.id!r})", engine)
     for g in groups:
+        if g.profile is not None:
+            _fits(PROFILES[g.profile].max_context(), f"profile {g.profile!r}", engine)
+            continue
         if g.context_chars < 400:
             raise MixError(f"group {g.name}: context_chars must be at least 400")
         if g.context_chars // CHARS_PER_TOKEN + g.max_tokens >= context:
@@ -268,14 +377,19 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
                 f"reply tokens do not fit the engine's context of {context} tokens "
                 f"({CHARS_PER_TOKEN} characters a token)"
             )
+    alone = bool(replay) and not groups  # a trace alone plays to its end
+    duration = args.duration_s if args.duration_s is not None else DEFAULT_DURATION_S
+    warmup = args.warmup_s if args.warmup_s is not None else DEFAULT_WARMUP_S
     return SimConfig(
         groups=tuple(groups),
         replicas=args.replicas,
-        duration_s=args.duration_s,
-        warmup_s=args.warmup_s,
+        duration_s=None if alone and args.duration_s is None else duration,
+        warmup_s=0.0 if alone and args.warmup_s is None else warmup,
         ramp_s=args.ramp_s,
         seed=args.seed,
         probe_s=args.probe_s,
+        engine=engine,
+        replay=tuple(replay),
     )
 
 
@@ -302,7 +416,8 @@ class _Progress:
         self.t, self.events = t, events
 
     def line(self) -> str:
-        return f"{self.label}: {self.t:.0f}/{self.end:.0f} virtual s, {self.events:,} events"
+        until = f"/{self.end:.0f}" if math.isfinite(self.end) else ""
+        return f"{self.label}: {self.t:.0f}{until} virtual s, {self.events:,} events"
 
 
 def run(configs: list[SimConfig], arms: list[str], stream: TextIO) -> list[dict[str, Any]]:
@@ -310,12 +425,12 @@ def run(configs: list[SimConfig], arms: list[str], stream: TextIO) -> list[dict[
     results = []
     total = len(configs) * len(arms)
     for k, (config, arm) in enumerate(((c, a) for c in configs for a in arms), 1):
-        end = config.warmup_s + config.duration_s
+        end = config.warmup_s + (config.duration_s if config.duration_s is not None else math.inf)
         where = f", {config.replicas} replicas" if len(configs) > 1 else ""
         progress = _Progress(f"run {k}/{total} {arm}{where}", end)
         with LiveLine(stream, progress.line) as live:
             results.append(simulate(config, arm, progress.update))
-            progress.t = end
+            progress.t = results[-1]["virtual_s"]
             live.refresh()
     return results
 
@@ -350,10 +465,10 @@ def main(args: argparse.Namespace) -> int:
                 )
                 print(f"interactive run p50 ≤ {args.target_p50:g} s under {arm}: {answer}")
         if args.plot is not None:
-            title = (
-                f"{', '.join(f'{g.count} {g.cls}' for g in config.groups)} agents, "
-                f"seed {config.seed}"
-            )
+            load = [f"{', '.join(f'{g.count} {g.cls}' for g in config.groups)} agents"]
+            if config.replay:
+                load = [*load[: bool(config.groups)], f"{len(config.replay)} trace runs"]
+            title = f"{', '.join(load)}, seed {config.seed}"
             args.plot.write_text(sweep.svg(results, title))
             print(f"\nplot: {args.plot}")
     if args.json is not None:
@@ -368,6 +483,12 @@ def main(args: argparse.Namespace) -> int:
                 "duration_s": config.duration_s,
                 "warmup_s": config.warmup_s,
                 "seed": config.seed,
+                "context_length": config.engine.context_length,
+                "kv_tokens": config.engine.kv_tokens,
+                "trace": (
+                    {"file": str(args.trace), "runs": len(config.replay)}
+                    if config.replay else None
+                ),
             },
             "machine": {"cpus": os.cpu_count()},
             "results": results,
