@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -181,6 +181,7 @@ class RouterProcess:
     url: str
     stderr_path: Path
     name: str = "sglang router"
+    metrics_url: str = ""  # its Prometheus listener (--prometheus-port)
 
     def stderr(self) -> str:
         try:
@@ -227,6 +228,7 @@ def launch_smg(
     model: str,
     timeout: float = 60.0,
     extra_args: Sequence[str] = (),
+    worker_labels: Sequence[Mapping[str, str]] | None = None,
 ) -> RouterProcess:
     """Start the SGLang Model Gateway (PyPI ``smg``, ``smg launch``) on loopback and wait
     (bounded) until it lists every worker as ready and a completion passes through it.
@@ -234,13 +236,23 @@ def launch_smg(
     ``extra_args`` are added to the command line (e.g. ``--sticky-sessions``). SMG
     registers workers in the background after it starts listening, hence the wait
     for its ``/workers`` list. Both hosts are always 127.0.0.1 (SMG's default is
-    0.0.0.0). A start-up death by a signal is retried once, as for the SGLang router."""
+    0.0.0.0). A start-up death by a signal is retried once, as for the SGLang router.
+
+    ``worker_labels`` (one mapping per worker URL): register the workers with SMG's
+    ``POST /workers`` and these labels instead of ``--worker-urls``. A label overrides
+    what the engine's ``/server_info`` reports: ``{"max_running_requests": "8"}`` is how
+    SMG 1.13.0's priority scheduler is given a capacity (the sum over the workers), which
+    no command-line flag sets (``--max-concurrent-requests`` bounds only the legacy
+    admission path)."""
+    if worker_labels is not None and len(worker_labels) != len(worker_urls):
+        raise ValueError("worker_labels needs one mapping per worker URL")
 
     def argv(port: int, metrics_port: int) -> list[str]:
+        workers = [] if worker_labels is not None else ["--worker-urls", *worker_urls]
         return [
             sys.executable, "-m", "smg", "launch",
             "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *worker_urls,
+            *workers,
             "--policy", policy,
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             # In-flight requests get this long on SIGTERM (default 180 s).
@@ -248,7 +260,28 @@ def launch_smg(
             *extra_args,
         ]  # fmt: skip
 
-    return _launch_router("smg", argv, worker_urls, stderr, model, timeout)
+    registered: set[tuple[str, str]] = set()  # (router, worker): a restarted router has none
+
+    def register(router_url: str) -> None:
+        for url, labels in zip(worker_urls, worker_labels or (), strict=True):
+            if (router_url, url) in registered:
+                continue
+            r = httpx.post(
+                f"{router_url}/workers", json={"url": url, "labels": dict(labels)}, timeout=5
+            )
+            if r.status_code >= 300:
+                raise ValueError(f"POST /workers {url} answered {r.status_code} {r.text[:200]}")
+            registered.add((router_url, url))
+
+    return _launch_router(
+        "smg",
+        argv,
+        worker_urls,
+        stderr,
+        model,
+        timeout,
+        register if worker_labels is not None else None,
+    )
 
 
 class _RouterDiedBySignal(Exception):
@@ -262,10 +295,11 @@ def _launch_router(
     stderr: Path,
     model: str,
     timeout: float,
+    register: Callable[[str], None] | None = None,
 ) -> RouterProcess:
     for attempt in (1, 2):
         try:
-            return _launch_router_once(name, argv, worker_urls, stderr, model, timeout)
+            return _launch_router_once(name, argv, worker_urls, stderr, model, timeout, register)
         except _RouterDiedBySignal as exc:
             if attempt == 2:
                 raise ServiceFailed(str(exc)) from None
@@ -280,7 +314,10 @@ def _launch_router_once(
     stderr: Path,
     model: str,
     timeout: float,
+    register: Callable[[str], None] | None = None,
 ) -> RouterProcess:
+    """``register``: called with the router's URL until it returns (the router may not
+    listen yet), before the wait for its worker list."""
     port, metrics_port = free_port(), free_port()
     with stderr.open("wb") as out:
         proc = subprocess.Popen(
@@ -290,7 +327,9 @@ def _launch_router_once(
             stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
         )
-    router = RouterProcess(proc, f"http://127.0.0.1:{port}", stderr, name)
+    router = RouterProcess(
+        proc, f"http://127.0.0.1:{port}", stderr, name, f"http://127.0.0.1:{metrics_port}"
+    )
     body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     deadline = time.monotonic() + timeout
     last = ""
@@ -302,6 +341,9 @@ def _launch_router_once(
                     raise _RouterDiedBySignal(text)
                 raise ServiceFailed(text)
             try:
+                if register is not None:
+                    register(router.url)
+                    register = None  # once: SMG keeps the workers it accepted
                 missing = missing_workers(router.url, worker_urls)
                 if missing:
                     last = f"workers not registered yet: {', '.join(missing)}"

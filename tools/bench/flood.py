@@ -1,8 +1,11 @@
-"""Side-by-side benchmarks of luftpause against the SGLang router and engine priority (H4).
+"""Side-by-side benchmarks of luftpause against the SGLang Model Gateway, the SGLang router
+and engine priority (H4).
 
-    python tools/bench/flood.py --quick      # time-scaled engines, fewer points: < 10 min
-    python tools/bench/flood.py              # full: every load point, 2 repetitions (~4 h)
+    python tools/bench/flood.py --quick      # time-scaled engines, fewer points: ~11 min
+    python tools/bench/flood.py              # full: every load point, 2 repetitions (~4.5 h)
     python tools/bench/flood.py --benches own,light --reps 1 --time-scale 4
+    python tools/bench/flood.py --benches own --reps 3 --time-scale 5 \\
+        --smg-caps 8,16,24,32 --smg-fifo-caps 16,32 --plot docs/frontier.svg
 
 Every arm runs on the same two fake engines (``--priority-scheduling`` on, as in
 the original testbed), in one run, arms alternated and repeated:
@@ -12,15 +15,25 @@ the original testbed), in one run, arms alternated and repeated:
    SGLang router (``cache_aware``), no class headers; (b) ``luftpause``: the
    dataplane, class headers set; (c) ``engine-prio``: straight to the engines,
    agent *i* pinned to engine *i* mod 2, ``priority`` in the body (interactive
-   10, batch 0). A load sweep over N.
+   10, batch 0); (d) ``smg``: the SGLang Model Gateway (PyPI ``smg``) with its
+   priority scheduler, ``x-smg-priority`` interactive/bulk, sticky sessions keyed by
+   the run ID and the same body priorities; with ``--smg-caps`` also ``smg-capC``
+   (that scheduler given C slots) and with ``--smg-fifo-caps`` ``smg-fifoC`` (SMG's
+   FIFO ``--max-concurrent-requests C``): SMG's frontier beside luftpause's point
+   (``--plot``). A load sweep over N.
 2. ``mcp``: the same mix as sub-agents through the runtime; arms: runtime →
    router vs runtime → dataplane; same sweep.
-3. ``light``: ~2,000-character contexts, 24 batch + 4 interactive, the three
-   own-loop arms: they should tie.
+3. ``light``: ~2,000-character contexts, 24 batch + 4 interactive, the own-loop
+   arms (SMG without the capacity sweeps): they should tie.
 4. ``routing``: 8 concurrent sub-agents (no saturation): luftpause affinity vs
    router ``cache_aware`` vs router ``round_robin``: runs/min and cached share.
 5. ``fanout``: 16 sub-agents spawned together vs one after another, through
    luftpause and through the router.
+
+Statistics: with ``--reps N`` every cell is a mean ± the half-width of its 95 %
+confidence interval (Student's t); ratios between arms are per repetition. Each
+point's arm order is a row of a Williams Latin square (a new row every repetition).
+The report names the commit it measured and whether the working tree differed.
 
 The floor: one interactive agent alone on an idle engine, a few runs per
 context size; each arm's p50 is divided by it ("slowdown").
@@ -45,6 +58,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import statistics
@@ -53,7 +67,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +82,7 @@ from luftpause.procs import (
     ServiceProcess,
     launch,
     launch_sglang_router,
+    launch_smg,
     stop_all,
 )
 
@@ -76,6 +91,27 @@ ROOT = Path(__file__).resolve().parents[2]
 INTERACTIVE_AGENTS = 4
 PRIORITY = "interactive=10,batch=0"
 TOOL_CALLS = 3  # the router drops x-fake-tool-results, so every arm uses the engines' default
+
+# The SGLang Model Gateway (PyPI smg 1.13.0) arms. Interactive turns ask for SMG's
+# `interactive` class, batch turns for `bulk` (its class for background and batch jobs:
+# the lowest, with the deepest queue; `default` is what unlabelled traffic gets).
+SMG_PRIORITY = "interactive=interactive,batch=bulk"
+SMG_KEY_HEADER = "x-smg-routing-key"  # the run ID: sticky sessions keep a run on one engine
+# Slots the priority scheduler reserves for `interactive`: one per interactive agent, so an
+# interactive turn never waits in SMG (and never has to preempt a batch turn). SMG's own
+# default (128 slots, or 25 % of capacity) exceeds the small capacities swept here.
+SMG_INTERACTIVE_RESERVED = INTERACTIVE_AGENTS
+SMG_QUEUE_TIMEOUT_S = 1800.0  # model seconds: no turn fails for waiting in SMG's queues
+# SMG's built-in starvation thresholds (model seconds): a queue head waiting longer is
+# admitted out of priority order.
+SMG_STARVATION_S = {"system": 5.0, "interactive": 5.0, "default": 30.0, "bulk": 120.0}
+SMG_QUEUE_SIZE = {"system": 64, "interactive": 256, "default": 512, "bulk": 1024}
+SMG_COMMON_FLAGS = (
+    "--sticky-sessions", "--routing-key-headers", SMG_KEY_HEADER,
+    # A saturated engine sits at KV usage ~0.98, above the default 0.8 veto, which then
+    # drops sticky pins (measured): off, as an operator running agents would set it.
+    "--disable-worker-overload-protection",
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------ settings
@@ -97,6 +133,10 @@ class Plan:
     light_batch: int = 24
     chunk_tokens: int = 8
     ramp: bool = True  # False: a flood from idle, every agent starting at once
+    # Own-loop flood only: SMG with its priority scheduler at these capacities (slots over
+    # both engines), and SMG's legacy FIFO admission at these --max-concurrent-requests.
+    smg_caps: tuple[int, ...] = ()
+    smg_fifo_caps: tuple[int, ...] = ()
 
     def real(self, model_s: float) -> float:
         return model_s / self.time_scale
@@ -154,6 +194,7 @@ class Stack:
     dataplane: str = ""
     dataplane_no_pk: str = ""  # a second scheduler and dataplane without prefix keeping
     runtimes: dict[str, str] = field(default_factory=dict)  # arm -> /mcp URL
+    setups: dict[str, str] = field(default_factory=dict)  # SMG arm -> its configuration
 
     def start(self, *args: str, name: str) -> ServiceProcess:
         n = len(self.services)
@@ -204,6 +245,77 @@ def _luftpause(s: Stack, config: Path, name: str) -> str:
     return dp.urls["http"]
 
 
+def _ceil_s(model_s: float, scale: float) -> int:
+    """Model seconds as the whole real seconds SMG's settings take (at least 1)."""
+    return max(1, math.ceil(model_s / scale))
+
+
+def smg_scheduler_yaml(scale: float) -> str:
+    """SMG 1.13.0's priority-scheduler config (``--priority-scheduler-config``): every
+    class needs every field. Times are SMG's real seconds, so they are model seconds ÷
+    ``scale`` (rounded up), like the engines' and tools' times."""
+    lines = ["classes:"]
+    for cls in ("system", "interactive", "default", "bulk"):
+        lines += [
+            f"  {cls}:",
+            f"    reserved_floor: {SMG_INTERACTIVE_RESERVED if cls == 'interactive' else 0}",
+            "    reserved_per_slot: 0.0",
+            f"    queue_size: {SMG_QUEUE_SIZE[cls]}",
+            f"    queue_timeout_secs: {_ceil_s(SMG_QUEUE_TIMEOUT_S, scale)}",
+            f"    starvation_threshold_secs: {_ceil_s(SMG_STARVATION_S[cls], scale)}",
+            # SMG's defaults: the two upper classes may preempt a lower one before its
+            # first byte (the reservation above leaves them no reason to).
+            f"    can_preempt: {str(cls in ('system', 'interactive')).lower()}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def split_capacity(total: int, workers: int) -> list[int]:
+    """``total`` slots over ``workers`` as evenly as whole numbers allow (first ones more)."""
+    return [total // workers + (1 if i < total % workers else 0) for i in range(workers)]
+
+
+def smg_arms_config(plan: Plan, yaml_path: Path) -> dict[str, tuple[list[str], list[int] | None]]:
+    """Each SMG arm's extra ``smg launch`` flags, and the capacity per engine it registers
+    the engines with (None: ``--worker-urls``, SMG reads the engines' own
+    ``max_running_requests``, 3,437 each on the fake engine, so nothing ever waits in it)."""
+    prio = [
+        "--priority-scheduler-enabled",
+        # Else x-smg-priority: interactive is clamped down to `default`.
+        "--priority-scheduler-default-max-class", "interactive",
+        "--priority-scheduler-config", str(yaml_path),
+    ]  # fmt: skip
+    out: dict[str, tuple[list[str], list[int] | None]] = {"smg": ([*SMG_COMMON_FLAGS, *prio], None)}
+    for cap in plan.smg_caps:
+        out[f"smg-cap{cap}"] = ([*SMG_COMMON_FLAGS, *prio], split_capacity(cap, 2))
+    for cap in plan.smg_fifo_caps:
+        out[f"smg-fifo{cap}"] = (
+            [
+                *SMG_COMMON_FLAGS,
+                "--max-concurrent-requests", str(cap), "--queue-size", "1024",
+                "--queue-timeout-secs", str(_ceil_s(SMG_QUEUE_TIMEOUT_S, plan.time_scale)),
+            ],
+            None,
+        )  # fmt: skip
+    return out
+
+
+def smg_command(flags: list[str], capacity: list[int] | None) -> str:
+    """The command line an SMG arm ran (ports and engine URLs by name)."""
+    workers = "" if capacity else " --worker-urls ENGINE_A ENGINE_B"
+    text = (
+        f"smg launch --host 127.0.0.1 --port PORT{workers} --policy cache_aware "
+        "--prometheus-host 127.0.0.1 --prometheus-port PORT2 --shutdown-grace-period-secs 5 "
+        + " ".join(flags)
+    )
+    if capacity:
+        text += (
+            "; then POST /workers {url, labels: {max_running_requests}} per engine: "
+            + " and ".join(str(c) for c in capacity)
+        )
+    return text
+
+
 def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) -> Stack:
     s = Stack(tmp, plan)
     ts = f"{plan.time_scale:g}"
@@ -228,6 +340,19 @@ def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) 
     s.routers["cache_aware"] = launch_sglang_router(
         s.engines, "cache_aware", tmp / "router-cache_aware.log", MODEL
     )
+    if benches & {"own", "light"}:
+        yaml_path = tmp / "smg-priority.yaml"
+        yaml_path.write_text(smg_scheduler_yaml(plan.time_scale))
+        for name, (flags, capacity) in smg_arms_config(plan, yaml_path).items():
+            if name != "smg" and "own" not in benches:
+                continue  # the capacity sweeps run in the own-loop flood only
+            labels = [{"max_running_requests": str(c)} for c in capacity] if capacity else None
+            s.routers[name] = launch_smg(
+                s.engines, "cache_aware", tmp / f"{name}.log", MODEL,
+                extra_args=flags, worker_labels=labels,
+            )  # fmt: skip
+            shown = [yaml_path.name if f == str(yaml_path) else f for f in flags]
+            s.setups[name] = smg_command(shown, capacity)
     if "routing" in benches:
         s.routers["round_robin"] = launch_sglang_router(
             s.engines, "round_robin", tmp / "router-round_robin.log", MODEL
@@ -370,11 +495,37 @@ def held_totals(dataplane: str) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+# SMG's priority classes as the load generator's (SMG_PRIORITY).
+SMG_CLASS_OF = {"interactive": "interactive", "bulk": "batch"}
+
+
+def smg_wait_totals(metrics_url: str) -> dict[str, tuple[float, float]]:
+    """Per class: (seconds turns waited in SMG's priority scheduler, turns it admitted).
+    Its wait histogram records only turns that queued; every admission is counted."""
+    text = httpx.get(f"{metrics_url}/metrics", timeout=5).text
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if line.startswith("smg_scheduler_queue_wait_seconds_sum{"):
+            idx = 0
+        elif line.startswith("smg_scheduler_admit_total{") and 'outcome="admitted"' in line:
+            idx = 1
+        else:
+            continue
+        smg_cls = line.split('class="', 1)[1].split('"', 1)[0]
+        if smg_cls in SMG_CLASS_OF:
+            out.setdefault(SMG_CLASS_OF[smg_cls], [0.0, 0.0])[idx] += float(line.split()[-1])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 @contextmanager
-def held_delta(dataplane: str, into: dict[str, Any]) -> Iterator[None]:
-    before = held_totals(dataplane)
+def held_delta(
+    into: dict[str, Any], totals: Callable[[], dict[str, tuple[float, float]]]
+) -> Iterator[None]:
+    """Per class, the mean held seconds per turn over the block, from ``totals``
+    (cumulative seconds and turns)."""
+    before = totals()
     yield
-    after = held_totals(dataplane)
+    after = totals()
     for cls, (s, n) in after.items():
         s0, n0 = before.get(cls, (0.0, 0.0))
         if n - n0 > 0:
@@ -393,6 +544,7 @@ class Arm:
     kind: str = "agents"  # or "subagents"
     fan: bool = False
     dataplane: str = ""  # the luftpause dataplane it goes through, if any (held times)
+    smg_metrics: str = ""  # an SMG with its priority scheduler: its metrics (held times)
 
 
 def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
@@ -412,12 +564,17 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     with (
         EngineWatch(stack.engines) as watch,
-        held_delta(arm.dataplane or stack.dataplane, held),
+        held_delta(
+            held,
+            (lambda: smg_wait_totals(arm.smg_metrics))
+            if arm.smg_metrics
+            else (lambda: held_totals(arm.dataplane or stack.dataplane)),
+        ),
         contextlib.redirect_stdout(io.StringIO()) as table,
     ):
         rc = loadgen.main(parser.parse_args(argv))
     elapsed = time.monotonic() - t0
-    if rc not in (0, 3) or not path.exists():
+    if rc not in (0, 3) or not path.exists():  # 3: it ran, some runs failed (counted)
         raise RuntimeError(
             f"loadgen failed for {arm.bench}/{arm.name}/{arm.load} (rc {rc}):\n"
             f"{table.getvalue()[-3000:]}"
@@ -426,6 +583,11 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     result["engine_side"] = watch.summary(plan.time_scale)
     result["held_by_class"] = held
     result["wall_s"] = elapsed
+    result["rep"] = rep
+    if arm.name in stack.setups:
+        result["setup"] = stack.setups[arm.name]
+    if arm.smg_metrics:
+        result["held_in_other"] = True  # the client saw SMG's wait as part of the turn
     print(
         f"  {arm.bench:8} load {arm.load:3} {arm.name:12} rep {rep}: "
         + "; ".join(
@@ -467,6 +629,23 @@ def own_arms(stack: Stack, bench: str, load: int, context: int) -> list[Arm]:
         if stack.dataplane_no_pk
         else []
     )
+    # SMG arms: its priority classes and the run ID as sticky key by header, and the same
+    # engine priorities in the body as luftpause sends (SMG forwards a body's priority).
+    smg_flags = [
+        "--no-class-headers", "--priority", PRIORITY, "--smg-priority", SMG_PRIORITY,
+        "--routing-key-header", SMG_KEY_HEADER,
+    ]  # fmt: skip
+    smg = [
+        Arm(
+            bench,
+            name,
+            load,
+            ["--target", r.url, *smg_flags, *common],
+            smg_metrics="" if name.startswith("smg-fifo") else r.metrics_url,
+        )
+        for name, r in stack.routers.items()
+        if name == "smg" or (bench == "own" and name.startswith("smg-"))
+    ]
     return [
         Arm(bench, "router", load, ["--target", router, "--no-class-headers", *common]),
         Arm(bench, "luftpause", load, ["--target", stack.dataplane, *common]),
@@ -477,6 +656,7 @@ def own_arms(stack: Stack, bench: str, load: int, context: int) -> list[Arm]:
             load,
             ["--target", engines, "--no-class-headers", "--priority", PRIORITY, *common],
         ),
+        *smg,
     ]
 
 
@@ -556,7 +736,120 @@ def _m(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+# ------------------------------------------------------------------ statistics
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified
+    Lentz; Numerical Recipes, 6.4)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):  # fmt: skip
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betai(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    ln = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+        + a * math.log(x) + b * math.log1p(-x)
+    )  # fmt: skip
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(ln) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(ln) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _betai(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on the
+    CDF: exact to ~1e-10, e.g. t(0.975, 1) = 12.706, t(0.975, 2) = 4.303)."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float | None]:
+    """The mean and the half-width of its two-sided ``level`` confidence interval from
+    Student's t (n - 1 degrees of freedom: right for the few repetitions a benchmark has).
+    The half-width is None for a single value (no interval without a spread)."""
+    if not values:
+        raise ValueError("mean_ci needs at least one value")
+    mean = statistics.fmean(values)
+    n = len(values)
+    if n < 2:
+        return mean, None
+    sem = statistics.stdev(values) / math.sqrt(n)
+    return mean, t_quantile(0.5 + level / 2.0, n - 1) * sem
+
+
+def ci_text(values: list[float], digits: int = 1, unit: str = "") -> str:
+    """``mean ± half-width`` (95 % t-interval) for several values, the value alone for one."""
+    if not values:
+        return "-"
+    mean, half = mean_ci(values)
+    if half is None:
+        return f"{mean:.{digits}f}{unit}"
+    return f"{mean:.{digits}f}{unit} ± {half:.{digits}f}"
+
+
+def arm_order(n: int, row: int) -> list[int]:
+    """The order of ``n`` arms in round ``row``: row ``row`` mod n of a Williams Latin square
+    (0, 1, n-1, 2, n-2, ... shifted by the row). Over n rows every arm runs once in every
+    position; in two consecutive rows no arm holds the same position (so, from two
+    repetitions on, no arm always runs first or last); with n even every arm also follows
+    every other arm once (carry-over balanced)."""
+    base = [0]
+    lo, hi = 1, n - 1
+    while len(base) < n:
+        base.append(lo if len(base) % 2 else hi)
+        if len(base) % 2:
+            hi -= 1
+        else:
+            lo += 1
+    return [(x + row) % n for x in base]
+
+
 def _spread(values: list[float]) -> str:
+    return ci_text(values)
+
+
+def _range_text(values: list[float]) -> str:
+    """Mean (min–max): for what is described, not estimated (the host's load average)."""
     if not values:
         return "-"
     if len(values) == 1:
@@ -591,11 +884,15 @@ def aggregate(results: list[dict[str, Any]], cls: str, scale: float) -> dict[str
             cached.append(s["cached_share"])
         errors += s["error_count"]
         turn = s["turn"]
+        held = r.get("held_by_class", {}).get(cls, {}).get("held_s")
         for k in parts:
-            if turn.get(k) is not None:
+            if k == "other_s" and r.get("held_in_other") and turn.get(k) is not None:
+                # SMG's queue wait, measured by SMG, is out of the client's "other".
+                parts[k].append(max(0.0, turn[k] - (held or 0.0)) * scale)
+            elif turn.get(k) is not None:
                 parts[k].append(turn[k] * scale)
-            elif k == "held_s" and cls in r.get("held_by_class", {}):
-                parts[k].append(r["held_by_class"][cls]["held_s"] * scale)
+            elif k == "held_s" and held is not None:
+                parts[k].append(held * scale)
         if not turn["turns"]:  # sub-agents: the engine's side, all classes together
             e = r["engine_side"]
             for k in ("queued_s", "prefill_s", "decode_s"):
@@ -637,7 +934,7 @@ def arm_table(
                 f"{_spread(a['p95'])} | {_f(slow, 2)} | {_f(a['cached'], pct=True)} | "
                 f"{_f(a['held_s'], 2)} | {_f(a['queued_s'], 2)} | {_f(a['prefill_s'], 2)} | "
                 f"{_f(a['decode_s'], 2)} | {_f(a['other_s'], 2)} | {a['errors']} | "
-                f"{_spread(loads)} |"
+                f"{_range_text(loads)} |"
             )
     return lines
 
@@ -650,10 +947,41 @@ def rate(result: dict[str, Any], cls: str) -> float:
     return float(closed if closed is not None else s["runs_per_min"])
 
 
+def paired_ratios(
+    results_a: list[dict[str, Any]], results_b: list[dict[str, Any]], cls: str
+) -> list[float]:
+    """Per repetition, arm a's rate over arm b's: the two ran in the same round, under the
+    most alike conditions (host load, the arms before them), so their ratio carries less
+    of the round-to-round drift than a ratio of means."""
+
+    def by_rep(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        return {int(r.get("rep", i)): r for i, r in enumerate(results)}
+
+    a, b = by_rep(results_a), by_rep(results_b)
+    out = []
+    for k in sorted(a.keys() & b.keys()):
+        if cls in a[k]["classes"] and cls in b[k]["classes"]:
+            rb = rate(b[k], cls)
+            if rb:
+                out.append(rate(a[k], cls) / rb)
+    return out
+
+
 def ratio(results_a: list[dict[str, Any]], results_b: list[dict[str, Any]], cls: str) -> float:
-    a = _m([rate(r, cls) for r in results_a if cls in r["classes"]])
-    b = _m([rate(r, cls) for r in results_b if cls in r["classes"]])
-    return (a / b) if a is not None and b else float("nan")
+    """The mean of the per-repetition ratios (nan when there is none)."""
+    values = paired_ratios(results_a, results_b, cls)
+    return statistics.fmean(values) if values else float("nan")
+
+
+def ratio_text(values: list[float], change: bool = False) -> str:
+    """A ratio's mean (``1.42×``, or ``+3 %`` as a change) and its 95 % t-interval's
+    half-width over the repetitions, where there are several."""
+    if not values:
+        return "-"
+    mean, half = mean_ci(values)
+    if change:
+        return f"{(mean - 1) * 100:+.0f} %" + (f" ± {half * 100:.0f}" if half is not None else "")
+    return f"{mean:.2f}×" + (f" ± {half:.2f}" if half is not None else "")
 
 
 SATURATED_QUEUE_S = (
@@ -674,7 +1002,11 @@ def goals_own(
     router_queue = a_ro["queued_s"]
     per_run = (router_queue or 0.0) * turns
     saturated = per_run >= SATURATED_QUEUE_S
-    cells = [f"{inter:.2f}×", f"{(batch - 1) * 100:+.0f} %", f"{per_run:.1f}"]
+    cells = [
+        ratio_text(paired_ratios(lp, ro, "interactive")),
+        ratio_text(paired_ratios(lp, ro, "batch"), change=True),
+        f"{per_run:.1f}",
+    ]
     verdicts = []
     if inter < 0.98:
         verdicts.append(f"interactive {inter:.2f}× < 0.98× the router")
@@ -686,9 +1018,12 @@ def goals_own(
         verdicts.append(f"saturated (router queue {per_run:.1f} s/run): {inter:.2f}× < {target}×")
     if "engine-prio" in by_arm:
         vs_prio = ratio(lp, by_arm["engine-prio"], "interactive")
-        cells.append(f"{vs_prio:.2f}×")
+        cells.append(ratio_text(paired_ratios(lp, by_arm["engine-prio"], "interactive")))
         if vs_prio < 0.98:
             verdicts.append(f"interactive {vs_prio:.2f}× the engine-priority arm (< 0.98×)")
+    if "smg" in by_arm:  # the headline peer: shown, not (yet) part of the verdict
+        cells.append(ratio_text(paired_ratios(lp, by_arm["smg"], "interactive")))
+        cells.append(ratio_text(paired_ratios(lp, by_arm["smg"], "batch"), change=True))
     cells.append("met" if not verdicts else "**missed**: " + "; ".join(verdicts))
 
     def parts(a: dict[str, Any]) -> str:
@@ -698,8 +1033,11 @@ def goals_own(
             if a.get(k) is not None
         )
 
+    smg = (
+        f"; SMG {parts(aggregate(by_arm['smg'], 'interactive', scale))}" if "smg" in by_arm else ""
+    )
     why = [
-        f"interactive turn (s): router {parts(a_ro)}; luftpause {parts(a_lp)}",
+        f"interactive turn (s): router {parts(a_ro)}; luftpause {parts(a_lp)}{smg}",
         f"batch turn through luftpause (s): {parts(b_lp)}",
     ]
     return cells, verdicts, why
@@ -725,21 +1063,285 @@ def engine_lines(by_arm: dict[str, list[dict[str, Any]]], load: int) -> list[str
     return [f"Engines at {load}: " + "; ".join(parts) + ".", ""] if parts else []
 
 
+# ------------------------------------------------------------------ the SMG frontier
+
+
+@dataclass(frozen=True)
+class Point:
+    """One arm on the frontier plot: batch runs/min (x) against interactive runs/min (y),
+    model time, agents×60/mean; ``xh``/``yh``: 95 % t-interval half-widths (None: one
+    repetition)."""
+
+    name: str
+    x: float
+    y: float
+    xh: float | None = None
+    yh: float | None = None
+
+    @property
+    def kind(self) -> str:
+        for prefix in ("smg-cap", "smg-fifo"):
+            if self.name.startswith(prefix):
+                return prefix
+        return self.name
+
+    @property
+    def cap(self) -> int | None:
+        for prefix in ("smg-cap", "smg-fifo"):
+            if self.name.startswith(prefix) and self.name[len(prefix) :].isdigit():
+                return int(self.name[len(prefix) :])
+        return None
+
+
+FRONTIER_ORDER = ("luftpause", "luftpause-no-pk", "smg", "smg-cap", "smg-fifo", "router",
+                  "engine-prio")  # fmt: skip
+FRONTIER_LABEL = {
+    "luftpause": "luftpause",
+    "luftpause-no-pk": "luftpause, no prefix keeping",
+    "smg": "SMG (priority scheduler, engines' own capacity)",
+    "smg-cap": "SMG priority scheduler, capacity C",
+    "smg-fifo": "SMG FIFO cap (--max-concurrent-requests C)",
+    "router": "SGLang router (cache_aware)",
+    "engine-prio": "engine priority, no proxy",
+}
+
+
+def frontier_points(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[Point]:
+    """Every arm of one load point as a frontier point, in ``FRONTIER_ORDER`` (caps
+    ascending)."""
+    points = []
+    for name, results in by_arm.items():
+        x = aggregate(results, "batch", scale)["rate"]
+        y = aggregate(results, "interactive", scale)["rate"]
+        if not x or not y:
+            continue
+        (xm, xh), (ym, yh) = mean_ci(x), mean_ci(y)
+        points.append(Point(name, xm, ym, xh, yh))
+
+    def key(p: Point) -> tuple[int, int]:
+        kind = FRONTIER_ORDER.index(p.kind) if p.kind in FRONTIER_ORDER else len(FRONTIER_ORDER)
+        return kind, p.cap or 0
+
+    return sorted(points, key=key)
+
+
+def frontier_table(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[str]:
+    """The markdown table of one load point's frontier."""
+    lines = [
+        "| arm | cap C | interactive runs/min | batch runs/min | interactive p50 s "
+        "| batch p50 s | failed runs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in frontier_points(by_arm, scale):
+        results = by_arm[p.name]
+        inter, batch = aggregate(results, "interactive", scale), aggregate(results, "batch", scale)
+        lines.append(
+            f"| {p.name} | {p.cap if p.cap is not None else '-'} | {ci_text(inter['rate'])} | "
+            f"{ci_text(batch['rate'])} | {ci_text(inter['p50'])} | {ci_text(batch['p50'])} | "
+            f"{inter['errors'] + batch['errors']} |"
+        )
+    return lines
+
+
+def nice_axis(values: list[float], ticks: int = 5) -> tuple[float, float, list[float]]:
+    """An axis that holds ``values``: its ends and about ``ticks`` round tick values
+    (steps of 1, 2, 2.5 or 5 × a power of ten)."""
+    lo, hi = min(values), max(values)
+    if hi - lo < 1e-9:
+        lo, hi = lo - max(1.0, abs(lo) * 0.1), hi + max(1.0, abs(hi) * 0.1)
+    raw = (hi - lo) / ticks
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= raw * (1 - 1e-9))
+    start, end = math.floor(lo / step) * step, math.ceil(hi / step) * step
+    count = round((end - start) / step)
+    return start, end, [round(start + i * step, 10) for i in range(count + 1)]
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+SVG_STYLE = {  # kind -> (colour, marker, filled)
+    "luftpause": ("#d62728", "circle", True),
+    "luftpause-no-pk": ("#d62728", "circle", False),
+    "smg": ("#1f77b4", "circle", False),
+    "smg-cap": ("#1f77b4", "circle", True),
+    "smg-fifo": ("#ff7f0e", "square", True),
+    "router": ("#555555", "triangle", False),
+    "engine-prio": ("#555555", "diamond", False),
+}
+
+
+def _marker(kind: str, x: float, y: float, r: float = 5.0) -> str:
+    colour, shape, filled = SVG_STYLE.get(kind, ("#000000", "circle", False))
+    paint = f'fill="{colour if filled else "white"}" stroke="{colour}" stroke-width="1.5"'
+    corners = {
+        "square": ((-1, -1), (1, -1), (1, 1), (-1, 1)),
+        "triangle": ((0, -1.2), (1, 0.8), (-1, 0.8)),
+        "diamond": ((0, -1.2), (1, 0), (0, 1.2), (-1, 0)),
+    }.get(shape)
+    if corners is None:
+        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" {paint}/>'
+    pts = " ".join(f"{x + dx * r:.1f},{y + dy * r:.1f}" for dx, dy in corners)
+    return f'<polygon points="{pts}" {paint}/>'
+
+
+def frontier_svg(panels: list[tuple[str, list[Point]]], title: str, subtitle: str = "") -> str:
+    """A plain SVG: per panel (one load point), batch runs/min (x) against interactive
+    runs/min (y); SMG's capacity sweeps as lines through their caps, every other arm a
+    marker; whiskers are 95 % t-intervals over the repetitions."""
+    pw, ph, ml, mr, mt, mb = 640, 420, 64, 24, 44, 52
+    cols = 1 if len(panels) == 1 else 2
+    rows = math.ceil(len(panels) / cols)
+    legend_h = 22 * math.ceil(len(SVG_STYLE) / 2) + 16
+    top = 60 if subtitle else 40
+    width, height = pw * cols, top + ph * rows + legend_h
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2:.0f}" y="24" text-anchor="middle" font-size="15">'
+        f"{_esc(title)}</text>",
+    ]
+    if subtitle:
+        out.append(
+            f'<text x="{width / 2:.0f}" y="44" text-anchor="middle" fill="#555">'
+            f"{_esc(subtitle)}</text>"
+        )
+    for i, (name, points) in enumerate(panels):
+        ox, oy = pw * (i % cols), top + ph * (i // cols)
+        x0, x1, y0, y1 = ox + ml, ox + pw - mr, oy + mt, oy + ph - mb
+        out.append(
+            f'<text x="{(x0 + x1) / 2:.0f}" y="{oy + 24}" text-anchor="middle" '
+            f'font-size="13">{_esc(name)}</text>'
+        )
+        if not points:
+            continue
+        # Rates are never negative: whiskers (and the axes) stop at 0.
+        xs = [max(0.0, v) for p in points for v in (p.x - (p.xh or 0), p.x + (p.xh or 0))]
+        ys = [max(0.0, v) for p in points for v in (p.y - (p.yh or 0), p.y + (p.yh or 0))]
+        xlo, xhi, xticks = nice_axis(xs)
+        ylo, yhi, yticks = nice_axis(ys)
+
+        def sx(
+            v: float, xlo: float = xlo, xhi: float = xhi, x0: float = x0, x1: float = x1
+        ) -> float:
+            return x0 + (v - xlo) / (xhi - xlo) * (x1 - x0)
+
+        def sy(
+            v: float, ylo: float = ylo, yhi: float = yhi, y0: float = y0, y1: float = y1
+        ) -> float:
+            return y1 - (v - ylo) / (yhi - ylo) * (y1 - y0)
+
+        out.append(
+            f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" '
+            'fill="none" stroke="#999"/>'
+        )
+        for t in xticks:
+            out.append(
+                f'<line x1="{sx(t):.1f}" y1="{y0}" x2="{sx(t):.1f}" y2="{y1}" stroke="#eee"/>'
+            )
+            out.append(f'<text x="{sx(t):.1f}" y="{y1 + 16}" text-anchor="middle">{t:g}</text>')
+        for t in yticks:
+            out.append(
+                f'<line x1="{x0}" y1="{sy(t):.1f}" x2="{x1}" y2="{sy(t):.1f}" stroke="#eee"/>'
+            )
+            out.append(f'<text x="{x0 - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
+        out.append(
+            f'<text x="{(x0 + x1) / 2:.0f}" y="{y1 + 36}" text-anchor="middle">'
+            "batch runs/min (model time)</text>"
+        )
+        out.append(
+            f'<text x="{ox + 16}" y="{(y0 + y1) / 2:.0f}" text-anchor="middle" '
+            f'transform="rotate(-90 {ox + 16} {(y0 + y1) / 2:.0f})">interactive runs/min</text>'
+        )
+        for kind in ("smg-cap", "smg-fifo"):
+            line = [p for p in points if p.kind == kind]
+            if len(line) > 1:
+                colour = SVG_STYLE[kind][0]
+                pts = " ".join(f"{sx(p.x):.1f},{sy(p.y):.1f}" for p in line)
+                out.append(
+                    f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
+                )
+        for p in points:
+            colour = SVG_STYLE.get(p.kind, ("#000000", "", False))[0]
+            cx, cy = sx(p.x), sy(p.y)
+            if p.xh:
+                out.append(
+                    f'<line x1="{sx(max(0.0, p.x - p.xh)):.1f}" y1="{cy:.1f}" '
+                    f'x2="{sx(p.x + p.xh):.1f}" y2="{cy:.1f}" stroke="{colour}"/>'
+                )
+            if p.yh:
+                out.append(
+                    f'<line x1="{cx:.1f}" y1="{sy(max(0.0, p.y - p.yh)):.1f}" x2="{cx:.1f}" '
+                    f'y2="{sy(p.y + p.yh):.1f}" stroke="{colour}"/>'
+                )
+            out.append(_marker(p.kind, cx, cy))
+            if p.cap is not None:  # the other arms' markers are named by the legend
+                out.append(
+                    f'<text x="{cx + 8:.1f}" y="{cy - 7:.1f}" fill="{colour}" font-size="11">'
+                    f"C={p.cap}</text>"
+                )
+    ly = top + ph * rows + 8
+    for i, (kind, text) in enumerate(FRONTIER_LABEL.items()):
+        lx, yy = 24 + (i % 2) * (width / 2), ly + 22 * (i // 2) + 8
+        out.append(_marker(kind, lx, yy))
+        out.append(f'<text x="{lx + 14:.1f}" y="{yy + 4:.1f}">{_esc(text)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_plot(
+    path: Path,
+    results: dict[str, dict[int, dict[str, list[dict[str, Any]]]]],
+    plan: Plan,
+    code: str,
+) -> bool:
+    """The own-loop flood's frontier as an SVG file; False when there is no such bench."""
+    own = results.get("own")
+    if not own:
+        return False
+    panels = [
+        (f"{load} batch + {INTERACTIVE_AGENTS} interactive agents",
+         frontier_points(by_arm, plan.time_scale))
+        for load, by_arm in sorted(own.items())
+    ]  # fmt: skip
+    reps = f"{plan.reps} repetition{'s' if plan.reps != 1 else ''}"
+    title = "Own-loop flood: interactive against batch runs/min (agents×60/mean, model time)"
+    subtitle = (
+        f"time scale {plan.time_scale:g}, {reps}, whiskers 95 % t-intervals; "
+        f"code {code or 'unknown'}"
+    )
+    path.write_text(frontier_svg(panels, title, subtitle))
+    return True
+
+
 def code_version() -> str:
-    """The checkout's commit, marked when files differ from it (what a report measured)."""
+    """The checkout's commit (``git rev-parse --short HEAD``) and whether the working tree
+    matched it: what a report measured. Dirty: a tracked file changed, or an untracked
+    file under src/ or tools/ (code the run may have imported)."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all", "--", "."],
             cwd=ROOT,
             capture_output=True,
             text=True,
-        ).stdout.strip()
+        ).stdout.splitlines()
     except OSError:
         return ""
-    return f"{head} (with uncommitted changes)" if head and dirty else head
+    if not head:
+        return ""
+    changed = [
+        line[3:]
+        for line in status
+        if not line.startswith("??") or line[3:].startswith(("src/", "tools/"))
+    ]
+    if not changed:
+        return f"{head} (working tree clean)"
+    return f"{head} (working tree dirty: {len(changed)} file(s) differ from it)"
 
 
 def machine() -> str:
@@ -771,6 +1373,38 @@ def report(
     """The markdown report. ``rendered``: the ``--report-from`` command that re-rendered
     a saved run (the results are that run's; only the text around them is newer)."""
     sc = plan.time_scale
+    setups: dict[str, str] = {}
+    for per_load in results.values():
+        for by_arm in per_load.values():
+            for name, runs in by_arm.items():
+                for r in runs:
+                    if r.get("setup"):
+                        setups.setdefault(name, str(r["setup"]))
+    smg_lines = (
+        [
+            "- SMG arms (PyPI `smg` 1.13.0, the SGLang Model Gateway, in front of the same two "
+            "engines): the load generator sends `x-smg-priority: interactive` on interactive "
+            "turns and `bulk` on batch turns (SMG's class for background work), the run ID in "
+            f"`{SMG_KEY_HEADER}` (sticky sessions: a run stays on one engine, SMG's "
+            "`cache_aware` places its first turn) and the engine priorities luftpause sends "
+            "(interactive 10, batch 0: SMG forwards a body's `priority`). `smg`: the priority "
+            "scheduler on with the capacity the engines report (3,437 running requests each: "
+            "nothing waits in SMG); `smg-capC`: the same scheduler given a capacity of C slots "
+            "over both engines (SMG 1.13.0 takes it only from the workers' "
+            "`max_running_requests` label; `--max-concurrent-requests` does not bound the "
+            f"priority scheduler - checked), {SMG_INTERACTIVE_RESERVED} of them reserved for "
+            "`interactive` (one per interactive agent, so no interactive turn waits or "
+            "preempts); `smg-fifoC`: no priority scheduler, SMG's legacy admission with "
+            "`--max-concurrent-requests C` and a FIFO queue (class-blind). Queue timeouts "
+            f"{SMG_QUEUE_TIMEOUT_S:g} s, starvation thresholds SMG's defaults, both in model "
+            "time (÷ the time scale, rounded up). Command lines:",
+            *(f"  - `{name}`: `{text}`" for name, text in sorted(setups.items())),
+            "  - priority-scheduler config (`smg-priority.yaml`), time scale "
+            f"{sc:g}: `" + smg_scheduler_yaml(sc).replace("\n", " ").strip() + "`",
+        ]
+        if setups
+        else []
+    )
     header = [
         "# Benchmarks",
         "",
@@ -784,10 +1418,10 @@ def report(
         ),
         "- full mode (not what this file shows unless the command above says so): "
         "`python tools/bench/flood.py` - time scale 1, loads 24/48/96/144 for both floods, "
-        "2 repetitions, about 4 hours (estimated from the plan; never run here); "
-        "`--quick` is time scale 5, loads 48 and 144 (MCP: 48), 1 repetition, under 10 minutes",
-        f"- date: {started}; duration {minutes:.1f} min"
-        + (f"; code: commit {code}" if code else ""),
+        "2 repetitions, about 4.5 hours (estimated from the plan; never run here); "
+        "`--quick` is time scale 5, loads 48 and 144 (MCP: 48), 1 repetition, about 11 minutes",
+        f"- code measured: commit {code or 'unknown (not a git checkout)'}",
+        f"- date: {started}; duration {minutes:.1f} min",
         f"- machine: {machine()}; load average before the run "
         f"{' / '.join(f'{x:.2f}' for x in load_before)} (other work shares these cores: "
         "each table lists the 1-minute load average of its arms)",
@@ -800,9 +1434,15 @@ def report(
         "- luftpause arm: the scheduler's defaults (prefix keeping on); an arm "
         "`luftpause-no-pk`, where present (`--ablate-prefix-keeping`), is a second scheduler "
         "and dataplane with `keep_prefixes = false` on the same engines",
-        f"- repetitions: {plan.reps} per arm and load point, arms alternated (each point's "
-        "order reversed from one repetition to the next, and between neighbouring points); "
-        "a cell with several repetitions shows mean (min–max)",
+        *smg_lines,
+        f"- repetitions: {plan.reps} per arm and load point; the arms' order at a point is a "
+        "row of a Williams Latin square, the next row at the next repetition and the next "
+        "point (no arm keeps its position from one repetition to the next; over as many "
+        "repetitions as arms, every arm runs once in every position). A cell with several "
+        "repetitions shows **mean ± the half-width of its 95 % confidence interval** "
+        "(Student's t, n − 1 degrees of freedom: with 2 repetitions t = 12.7, with 3 4.30, "
+        "with 5 2.78); ratios between arms are taken per repetition (both arms ran in the "
+        "same round) and shown the same way",
         f"- window: max({plan.window_s:g} s, 1.5 s × batch agents) measured after "
         f"max({plan.warmup_s:g} s, 1 s × batch agents) of warm-up (floods), the agents "
         + ("starting spread over its first half; " if plan.ramp else "all starting at once; ")
@@ -817,7 +1457,10 @@ def report(
         "law), which does not carry the window's rounding of up to one run per agent - "
         "with 4 interactive agents that rounding alone is worth tens of percent, so **the "
         "goal ratios use agents×60/mean**. *p50 / floor* divides the arm's p50 run time by "
-        "the same run alone on an idle engine; *held* is time a turn waited in luftpause, "
+        "the same run alone on an idle engine; *held* is time a turn waited in luftpause "
+        "(SMG priority-scheduler arms: in SMG's queue, from its scheduler's metrics over the "
+        "whole arm, and taken out of *other*; `smg-fifoC` arms: that wait stays in *other*, "
+        "SMG has no figure for it), "
         "*queued* in the engine's waiting queue, *prefill*/*decode* the engine's work, "
         "*other* the rest of the turn's wall time "
         "(proxy, router, streaming, client, and CPU contention: the engines are Python "
@@ -860,9 +1503,30 @@ def report(
                 goal_rows.append(f"| {load} | " + " | ".join(cells) + " |")
                 out += [f"Where the time went at {load}: " + "; ".join(why) + ".", ""]
                 out += engine_lines(by_arm, load)
+                if bench == "own" and any(n.startswith("smg") for n in by_arm):
+                    out += [
+                        f"SMG's frontier at {load}: every arm's interactive against batch "
+                        "runs/min (agents×60/mean, model time), SMG's capacity sweeps by cap C"
+                        + (" (plot: the `--plot` SVG)" if len(by_arm) > 1 else "")
+                        + ".",
+                        "",
+                        *frontier_table(by_arm, sc),
+                        "",
+                    ]
+                vs_smg = (
+                    "; against SMG (not part of the verdict): interactive "
+                    + ratio_text(paired_ratios(by_arm["luftpause"], by_arm["smg"], "interactive"))
+                    + ", batch "
+                    + ratio_text(
+                        paired_ratios(by_arm["luftpause"], by_arm["smg"], "batch"), change=True
+                    )
+                    if "smg" in by_arm and "luftpause" in by_arm
+                    else ""
+                )
                 summary.append(
                     f"- {bench} {load}: "
                     + ("met" if not verdicts else "missed (" + "; ".join(verdicts) + ")")
+                    + vs_smg
                 )
             head = (
                 "| batch agents | interactive luftpause/router | batch luftpause vs router "
@@ -872,6 +1536,9 @@ def report(
             if any("engine-prio" in v for v in per_load.values()):
                 head += " interactive luftpause/engine-prio |"
                 sep += "---|"
+            if any("smg" in v for v in per_load.values()):
+                head += " interactive luftpause/SMG | batch luftpause vs SMG |"
+                sep += "---|---|"
             out += ["Goals:", "", head + " verdict |", sep + "---|", *goal_rows, ""]
         elif bench == "routing":
             by_arm = per_load[plan.routing_agents]
@@ -920,13 +1587,34 @@ def report(
 # ------------------------------------------------------------------ main
 
 
+def _caps(least: int) -> Any:
+    """An argparse type: a comma list of distinct whole numbers, each at least ``least``,
+    ascending."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            caps = sorted({int(x) for x in text.split(",") if x.strip()})
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected whole numbers, got {text!r}") from None
+        if not caps or caps[0] < least:
+            raise argparse.ArgumentTypeError(f"expected numbers of at least {least}, got {text!r}")
+        return tuple(caps)
+
+    return parse
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="time-scaled, fewer points (<10 min)")
+    parser.add_argument("--quick", action="store_true", help="time-scaled, fewer points (~11 min)")
     parser.add_argument(
         "--benches", default=",".join(BENCHES), help=f"comma list of {', '.join(BENCHES)}"
     )
-    parser.add_argument("--reps", type=int, help="repetitions per arm and load point")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        help="repetitions per arm and load point (default: 1 quick, 2 full); each cell shows "
+        "mean ± its 95 %% t-interval, so 3 or more give usable intervals",
+    )
     parser.add_argument("--loads", help="batch agents per load point, e.g. 24,48,96,144")
     parser.add_argument("--time-scale", type=float, help="engine/tool speed-up")
     parser.add_argument("--window-s", type=float, help="measured window, model seconds")
@@ -941,6 +1629,30 @@ def main() -> int:
         "--ablate-prefix-keeping",
         action="store_true",
         help="floods also run a luftpause arm with keep_prefixes = false (luftpause-no-pk)",
+    )
+    parser.add_argument(
+        "--smg-caps",
+        type=_caps(SMG_INTERACTIVE_RESERVED + 1),
+        metavar="C,C,...",
+        help="own-loop flood: one more SMG arm per C (smg-capC), its priority scheduler "
+        f"given C slots over both engines ({SMG_INTERACTIVE_RESERVED} reserved for "
+        f"interactive, so C > {SMG_INTERACTIVE_RESERVED}); sweeps SMG's frontier, e.g. "
+        "8,12,16 (default: none)",
+    )
+    parser.add_argument(
+        "--smg-fifo-caps",
+        type=_caps(1),
+        metavar="C,C,...",
+        help="own-loop flood: one more SMG arm per C (smg-fifoC): no priority scheduler, "
+        "--max-concurrent-requests C with a FIFO queue - a class-blind router queue cap "
+        "(default: none)",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.svg",
+        help="also write the own-loop flood's frontier (interactive against batch runs/min "
+        "per arm, SMG's caps as lines, 95 %% intervals as whiskers) as an SVG file",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks.md")
     parser.add_argument("--json", type=Path, help="also write every raw result here")
@@ -964,6 +1676,10 @@ def main() -> int:
         overrides["warmup_s"] = args.warmup_s
     if args.no_ramp:
         overrides["ramp"] = False
+    if args.smg_caps:
+        overrides["smg_caps"] = args.smg_caps
+    if args.smg_fifo_caps:
+        overrides["smg_fifo_caps"] = args.smg_fifo_caps
     if overrides:
         from dataclasses import replace
 
@@ -988,6 +1704,8 @@ def main() -> int:
         )
         args.out.write_text(text)
         print(text)
+        if args.plot and write_plot(args.plot, res, plan, saved.get("code", "")):
+            print(f"plot: {args.plot}", file=sys.stderr)
         return 0
     benches = {b.strip() for b in args.benches.split(",") if b.strip()}
     unknown = benches - set(BENCHES)
@@ -1031,9 +1749,11 @@ def main() -> int:
             clock = ArmClock(plan.reps * sum(len(arms) for _, _, arms in schedule))
             for rep in range(plan.reps):
                 for index, (bench, load, arms) in enumerate(schedule):
-                    # Each point's order flips from one repetition to the next (and
-                    # between neighbouring points), whatever the schedule's length.
-                    order = arms if (rep + index) % 2 == 0 else list(reversed(arms))
+                    # A Williams Latin square's row per repetition, shifted by the point:
+                    # no arm keeps its position from one repetition (or neighbouring
+                    # point) to the next, and over len(arms) repetitions every arm runs
+                    # once in every position.
+                    order = [arms[i] for i in arm_order(len(arms), rep + index)]
                     for arm in order:
                         print(
                             f"[{clock.start()}] {arm.bench} load {arm.load} {arm.name} rep {rep}",
@@ -1067,6 +1787,8 @@ def main() -> int:
     text = report(plan, command, results, floors, started, minutes, load_before, code=code)
     args.out.write_text(text)
     print(text)
+    if args.plot and write_plot(args.plot, results, plan, code):
+        print(f"plot: {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,207 @@
+"""tools/bench/flood.py's pure helpers: Student's t, confidence intervals, the arms' order,
+per-repetition ratios, SMG's configuration and the frontier plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("flood", ROOT / "tools/bench/flood.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["flood"] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+flood = _load()
+
+
+# Two-sided 95 % critical values t(0.975, df) from the usual tables, and the normal's.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 19: 2.093, 29: 2.045,
+         120: 1.980, 100000: 1.960}  # fmt: skip
+
+
+@pytest.mark.parametrize(("df", "expected"), sorted(T_975.items()))
+def test_t_quantile_matches_the_tables(df: int, expected: float) -> None:
+    assert flood.t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+    assert flood.t_quantile(0.025, df) == pytest.approx(-expected, abs=6e-4)
+
+
+def test_t_quantile_other_levels_and_the_cdf() -> None:
+    assert flood.t_quantile(0.95, 4) == pytest.approx(2.132, abs=6e-4)  # one-sided 95 %
+    assert flood.t_quantile(0.995, 2) == pytest.approx(9.925, abs=6e-4)  # two-sided 99 %
+    assert flood.t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-9)
+    # df = 1 is the Cauchy distribution: P(T <= 1) = 3/4.
+    assert flood.t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)
+    assert flood.t_cdf(-1.0, 1) == pytest.approx(0.25, abs=1e-12)
+    for bad in ((0.0, 3), (1.0, 3), (0.5, 0)):
+        with pytest.raises(ValueError):
+            flood.t_quantile(*bad)
+
+
+def test_mean_ci() -> None:
+    assert flood.mean_ci([5.0]) == (5.0, None)
+    # mean 2, sample sd 1, n 3: half-width = 4.303 / sqrt(3)
+    mean, half = flood.mean_ci([1.0, 2.0, 3.0])
+    assert mean == 2.0
+    assert half == pytest.approx(4.3027 / 3**0.5, abs=1e-3)
+    mean, half = flood.mean_ci([10.0, 12.0])  # sd sqrt(2), n 2: 12.706 * sqrt(2)/sqrt(2)
+    assert (mean, half) == (11.0, pytest.approx(12.706, abs=1e-3))
+    assert flood.mean_ci([4.0, 4.0, 4.0]) == (4.0, 0.0)
+    with pytest.raises(ValueError):
+        flood.mean_ci([])
+    assert flood.ci_text([]) == "-"
+    assert flood.ci_text([7.0]) == "7.0"
+    assert flood.ci_text([1.0, 2.0, 3.0]) == "2.0 ± 2.5"
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_arm_order_is_a_latin_square(n: int) -> None:
+    rows = [flood.arm_order(n, r) for r in range(n)]
+    for row in rows:
+        assert sorted(row) == list(range(n))
+    for pos in range(n):  # every arm once in every position over n rows
+        assert sorted(row[pos] for row in rows) == list(range(n))
+    if n > 1:
+        for r in range(3 * n):  # consecutive rows (wrapping): nobody keeps a position
+            a, b = flood.arm_order(n, r), flood.arm_order(n, r + 1)
+            assert all(x != y for x, y in zip(a, b, strict=True))
+    if n % 2 == 0:  # Williams: every ordered pair of neighbours once
+        pairs = [(row[i], row[i + 1]) for row in rows for i in range(n - 1)]
+        assert sorted(pairs) == sorted(itertools.permutations(range(n), 2))
+    assert flood.arm_order(n, 5 * n + 2) == flood.arm_order(n, 2)
+
+
+def test_no_arm_always_first_or_last_from_two_repetitions() -> None:
+    for n, index in itertools.product(range(2, 9), range(6)):
+        orders = [flood.arm_order(n, rep + index) for rep in range(2)]
+        assert orders[0][0] != orders[1][0] and orders[0][-1] != orders[1][-1]
+
+
+def _result(rep: int, inter: float, batch: float) -> dict[str, Any]:
+    def cls(rate: float) -> dict[str, Any]:
+        return {"runs_per_min": rate, "runs_per_min_closed": rate}
+
+    return {"rep": rep, "classes": {"interactive": cls(inter), "batch": cls(batch)}}
+
+
+def test_paired_ratios_pair_by_repetition() -> None:
+    a = [_result(1, 8.0, 90.0), _result(0, 6.0, 80.0)]
+    b = [_result(0, 3.0, 80.0), _result(1, 4.0, 100.0), _result(2, 5.0, 1.0)]
+    assert flood.paired_ratios(a, b, "interactive") == [2.0, 2.0]
+    assert flood.paired_ratios(a, b, "batch") == [1.0, 0.9]
+    assert flood.ratio(a, b, "batch") == pytest.approx(0.95)
+    assert flood.ratio([], b, "batch") != flood.ratio([], b, "batch")  # nan
+    assert flood.ratio_text([2.0, 2.0]) == "2.00× ± 0.00"
+    assert flood.ratio_text([1.1]) == "1.10×"
+    assert flood.ratio_text([1.0, 0.9], change=True).startswith("-5 % ± ")
+
+
+def test_split_capacity() -> None:
+    assert flood.split_capacity(8, 2) == [4, 4]
+    assert flood.split_capacity(13, 2) == [7, 6]
+    assert sum(flood.split_capacity(17, 3)) == 17
+
+
+def test_smg_scheduler_yaml_scales_times_and_names_every_field() -> None:
+    config = yaml.safe_load(flood.smg_scheduler_yaml(5.0))["classes"]
+    assert set(config) == {"system", "interactive", "default", "bulk"}
+    fields = {"reserved_floor", "reserved_per_slot", "queue_size", "queue_timeout_secs",
+              "starvation_threshold_secs", "can_preempt"}  # fmt: skip
+    assert all(set(c) == fields for c in config.values())
+    assert config["interactive"]["reserved_floor"] == flood.INTERACTIVE_AGENTS
+    assert config["bulk"]["reserved_floor"] == 0
+    assert config["bulk"]["starvation_threshold_secs"] == 24  # 120 model s at scale 5
+    assert config["interactive"]["starvation_threshold_secs"] == 1
+    assert config["bulk"]["queue_timeout_secs"] == 360
+    assert config["interactive"]["can_preempt"] is True and config["bulk"]["can_preempt"] is False
+    slow = yaml.safe_load(flood.smg_scheduler_yaml(1.0))["classes"]
+    assert slow["default"]["starvation_threshold_secs"] == 30
+    fast = yaml.safe_load(flood.smg_scheduler_yaml(50.0))["classes"]
+    assert fast["interactive"]["starvation_threshold_secs"] == 1  # never 0: SMG refuses it
+
+
+def test_smg_arms_config(tmp_path: Path) -> None:
+    plan = flood.Plan(
+        time_scale=5.0, reps=1, loads=(24,), mcp_loads=(24,), warmup_s=1, window_s=1,
+        light_window_s=1, routing_window_s=1, floor_runs=1, smg_caps=(8, 13),
+        smg_fifo_caps=(12,),
+    )  # fmt: skip
+    arms = flood.smg_arms_config(plan, tmp_path / "p.yaml")
+    assert list(arms) == ["smg", "smg-cap8", "smg-cap13", "smg-fifo12"]
+    flags, capacity = arms["smg-cap13"]
+    assert capacity == [7, 6] and "--priority-scheduler-enabled" in flags
+    assert flags[flags.index("--routing-key-headers") + 1] == flood.SMG_KEY_HEADER
+    flags, capacity = arms["smg-fifo12"]
+    assert capacity is None and "--priority-scheduler-enabled" not in flags
+    assert flags[flags.index("--max-concurrent-requests") + 1] == "12"
+    assert arms["smg"][1] is None
+    assert "POST /workers" in flood.smg_command(*arms["smg-cap8"])
+    assert "--worker-urls" in flood.smg_command(*arms["smg"])
+
+
+def test_caps_argument() -> None:
+    parse = flood._caps(5)
+    assert parse("16,8,12,8") == (8, 12, 16)
+    for bad in ("4,8", "x", ""):
+        with pytest.raises(Exception, match="expected"):
+            parse(bad)
+
+
+def test_nice_axis() -> None:
+    lo, hi, ticks = flood.nice_axis([61.3, 88.9])
+    assert lo <= 61.3 and hi >= 88.9 and ticks[0] == lo and ticks[-1] == hi
+    steps = {round(b - a, 9) for a, b in itertools.pairwise(ticks)}
+    assert len(steps) == 1 and 3 <= len(ticks) <= 8
+    lo, hi, ticks = flood.nice_axis([5.0, 5.0])  # one value: still an axis
+    assert lo < 5.0 < hi
+
+
+def test_frontier_points_and_svg() -> None:
+    def arm(inters: list[float], batches: list[float]) -> list[dict[str, Any]]:
+        out = []
+        for i, (x, y) in enumerate(zip(inters, batches, strict=True)):
+            r = _result(i, x, y)
+            for c in r["classes"].values():
+                c.update(run_s={"p50": 10.0, "p95": 12.0}, cached_share=0.5, error_count=0,
+                         turn={"turns": 4}, runs=3)  # fmt: skip
+            out.append(r)
+        return out
+
+    by_arm = {
+        "router": arm([20.0, 22.0], [300.0, 310.0]),
+        "smg-fifo8": arm([10.0, 11.0], [200.0, 190.0]),
+        "smg-cap16": arm([30.0, 31.0], [350.0, 340.0]),
+        "luftpause": arm([40.0, 42.0], [440.0, 450.0]),
+        "smg-cap8": arm([35.0, 36.0], [250.0, 240.0]),
+        "smg": arm([25.0, 24.0], [400.0, 410.0]),
+    }
+    points = flood.frontier_points(by_arm, 5.0)
+    assert [p.name for p in points] == [
+        "luftpause", "smg", "smg-cap8", "smg-cap16", "smg-fifo8", "router",
+    ]  # fmt: skip
+    lp = points[0]
+    assert (lp.x, lp.y) == (89.0, 8.2)  # model time: ÷ 5
+    assert lp.yh == pytest.approx(12.706 * 0.2, abs=1e-3)
+    assert points[2].cap == 8 and points[2].kind == "smg-cap" and points[0].cap is None
+    table = flood.frontier_table(by_arm, 5.0)
+    assert table[2].startswith("| luftpause | - | 8.2 ± 2.5 | 89.0 ± 12.7 |")
+    svg = flood.frontier_svg([("48 batch", points), ("empty", [])], "title <&>")
+    root = ET.fromstring(svg)  # well-formed XML
+    assert root.tag.endswith("svg")
+    text = "".join(root.itertext())
+    assert "C=8" in text and "C=16" in text and "title <&>" in text and "luftpause" in text
+    assert svg.count("<polyline") == 1  # the cap sweep; one FIFO point draws no line
