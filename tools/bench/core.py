@@ -10,8 +10,14 @@ ones start; replicas are probed and the clock ticks now and then. Only the time
 spent inside ``decide`` is counted; the workload generator is outside the timer.
 
 Goals (SPEC S1: per-event cost must not grow with the number of runs):
-  * >= 50,000 events/s at 10k runs x 64 replicas, on one core;
+  * >= 100,000 events/s at 10k runs x 64 replicas, on one core (issue #18; it was
+    50,000 while the core measured ~35,000);
   * per-event cost from 1k to 100k runs grows by at most 2x, per replica count.
+
+Where the time goes (``--profile``): the persistent-map updates and the few frozen
+records each event rebuilds (the new State, the turn, the run, the replica's
+counters; see the end of ``state.py`` for how they are built quickly). Time is
+shared machines' time: run it on a quiet machine, or compare runs interleaved.
 
 Usage: ``python tools/bench/core.py [--quick] [--json PATH] [--profile]``.
 """
@@ -58,7 +64,7 @@ CALLERS = 32
 ACTIVE = 240  # outstanding turns (held + in flight), the same in every cell
 PAUSED_AT_START = 200  # runs paused on a tool when timing starts (the rest are idle)
 CHUNKS = 7  # the timed events are split in chunks; the median chunk is reported
-GOAL_EVENTS_PER_S = 50_000.0
+GOAL_EVENTS_PER_S = 100_000.0
 GOAL_CELL = (10_000, 64)
 GOAL_GROWTH = 2.0
 STEP_S = 0.001  # simulated time between events

@@ -74,6 +74,13 @@ same actions in any process.
 
 ``decide`` never raises on a peer's input: malformed requests are rejected,
 events about unknown turns or runs are ignored.
+
+Speed (S1; ``tools/bench/core.py``): an event rebuilds each record it changes once.
+``_admit`` and ``end_turn`` write the run's new record in one go and change each
+replica's counters in one new record (``_bump_replicas``), rather than through the
+general helpers (``_touch_run``, ``_release_reservation``, ``_put_run``), which the
+rarer events still use; a turn that starts or gets its first token skips the
+transaction altogether (``_on_progress``). Records are built with ``state.new_*``.
 """
 
 from __future__ import annotations
@@ -106,6 +113,11 @@ from luftpause.scheduler.core.state import (
     State,
     TurnState,
     free_lane,
+    new_held,
+    new_replica,
+    new_run,
+    new_state,
+    new_turn,
     pin_lane,
 )
 from luftpause.scheduler.core.types import (
@@ -123,18 +135,17 @@ _MAX_ID = 256  # longest turn/run ID accepted from a peer
 
 def decide(state: State, event: Event) -> tuple[State, tuple[Action, ...]]:
     """Apply one event; return the new state and what the host must do."""
+    if isinstance(event, (TurnStarted, FirstTokenReceived)):  # (a tuple: faster than X | Y)
+        # Half of all events: one turn record changes, nothing is admitted or freed.
+        return _on_progress(state, event), ()
     tx = _Tx(state, max(state.now, event.at))
     match event:
         case TurnRequested():
             tx.on_requested(event)
-        case TurnAbandoned():
-            tx.on_abandoned(event)
-        case TurnStarted():
-            tx.on_started(event)
-        case FirstTokenReceived():
-            tx.on_first_token(event)
         case TurnFinished():
             tx.on_finished(event)
+        case TurnAbandoned():
+            tx.on_abandoned(event)
         case TurnFailed():
             tx.on_failed(event)
         case RunEnded():
@@ -153,6 +164,20 @@ def decide(state: State, event: Event) -> tuple[State, tuple[Action, ...]]:
             )
     tx.fill_dirty()
     return tx.freeze(), tuple(tx.actions)
+
+
+def _on_progress(state: State, ev: TurnStarted | FirstTokenReceived) -> State:
+    """A turn started (its engine request was sent) or got its first token."""
+    now = max(state.now, ev.at)
+    turns = state.turns
+    turn = turns.get(ev.turn_id)
+    if turn is not None:
+        if isinstance(ev, FirstTokenReceived):
+            if turn.first_token_at is None:
+                turns = turns.set(ev.turn_id, _turn_with(turn, True, now))
+        elif not turn.started:
+            turns = turns.set(ev.turn_id, _turn_with(turn, True, None))
+    return _state_with(state, now, turns)
 
 
 class _Tx:
@@ -202,24 +227,24 @@ class _Tx:
         self.dirty: set[str] = set()
 
     def freeze(self) -> State:
-        return State(
-            params=self.params,
-            now=self.now,
-            seq=self.seq,
-            replicas=self.replicas,
-            serving=self.serving,
-            runs=self.runs,
-            turns=self.turns,
-            held=self.held,
-            held_by_run=self.held_by_run,
-            unhealthy=self.unhealthy,
-            queues=self.queues,
-            waiting_callers=self.waiting_callers,
-            caller_in_flight=self.caller_in_flight,
-            turn_deadlines=self.turn_deadlines,
-            run_deadlines=self.run_deadlines,
-            swept_until=self.swept_until,
-            lost_dataplanes=self.lost_dataplanes,
+        return new_state(
+            self.params,
+            self.now,
+            self.seq,
+            self.replicas,
+            self.serving,
+            self.runs,
+            self.turns,
+            self.held,
+            self.held_by_run,
+            self.unhealthy,
+            self.queues,
+            self.waiting_callers,
+            self.caller_in_flight,
+            self.turn_deadlines,
+            self.run_deadlines,
+            self.swept_until,
+            self.lost_dataplanes,
         )
 
     # ------------------------------------------------------------------ requests
@@ -235,87 +260,165 @@ class _Tx:
             return
         if ev.turn_id in self.held:  # a re-sent Admit while held: keep its place
             return
-        if (ev.kind, ev.model) not in self.serving:  # S6: never queued
+        names = self.serving.get((ev.kind, ev.model))
+        if names is None:  # S6: never queued
             label = _KIND_LABEL[ev.kind]
             msg = f"no {label} replica serves model '{ev.model}'"
             self.actions.append(Reject(ev.turn_id, RejectCode.UNKNOWN_MODEL, msg))
             return
-        lane = self._lane_for(ev.run_id, ev.kind, ev.model)
+        # single-pass turns never enter run state (S13), even when they name a run
+        run = self.runs.get(ev.run_id) if ev.kind is EndpointKind.GENERATIVE else None
+        lane = self._lane_for(run, ev.kind, ev.model)
         self.seq += 1
-        held = HeldTurn(
-            turn_id=ev.turn_id,
-            run_id=ev.run_id,
-            model=ev.model,
-            service_class=ev.service_class,
-            caller=ev.caller,
-            kind=ev.kind,
-            dataplane_id=ev.dataplane_id,
-            requested_at=self.now,
-            seq=self.seq,
-            lane=lane,
-            slot=-1,
-            trace_id=ev.trace_id,
-        )
+        target = self._place(run, names, ev.kind, ev.service_class, lane, self.seq)
+        if target is not None:  # admitting touches the run (a turn is activity, S10)
+            self._admit(
+                run,
+                target,
+                ev.turn_id,
+                ev.run_id,
+                ev.model,
+                ev.service_class,
+                ev.caller,
+                ev.kind,
+                ev.dataplane_id,
+                self.now,
+                lane,
+                ev.trace_id,
+                requested=True,
+            )
+            return
         if ev.kind is EndpointKind.GENERATIVE:
             self._touch_run(ev.run_id, ev.service_class, ev.caller)
-        target = self._place(held)
-        if target is not None:
-            self._admit(held, target)
-        else:
-            self._hold(held)
+        self._hold(
+            ev.turn_id,
+            ev.run_id,
+            ev.model,
+            ev.service_class,
+            ev.caller,
+            ev.kind,
+            ev.dataplane_id,
+            self.now,
+            self.seq,
+            lane,
+            ev.trace_id,
+        )
 
-    def _lane_for(self, run_id: str, kind: EndpointKind, model: str) -> Lane:
-        if kind is EndpointKind.GENERATIVE:
-            run = self.runs.get(run_id)
-            if run is not None and run.replica is not None and run.phase is not RunPhase.IDLE:
-                rep = self.replicas.get(run.replica)
-                if (
-                    rep is not None
-                    and rep.spec.kind is EndpointKind.GENERATIVE
-                    and model in rep.spec.models
-                ):
-                    return pin_lane(run.replica)  # S3: strict affinity
+    def _lane_for(self, run: RunState | None, kind: EndpointKind, model: str) -> Lane:
+        if (
+            kind is EndpointKind.GENERATIVE
+            and run is not None
+            and run.replica is not None
+            and run.phase is not RunPhase.IDLE
+        ):
+            rep = self.replicas.get(run.replica)
+            if (
+                rep is not None
+                and rep.spec.kind is EndpointKind.GENERATIVE
+                and model in rep.spec.models
+            ):
+                return pin_lane(run.replica)  # S3: strict affinity
         return free_lane(kind, model)
 
-    def _place(self, held: HeldTurn) -> str | None:
-        """The replica a turn can be admitted to right now, if any."""
-        if held.lane[0] == "pin" and held.lane[1] not in self.unhealthy:
-            name = held.lane[1]
-            return name if _has_room(self.replicas[name], held.service_class) else None
+    def _place(
+        self,
+        run: RunState | None,
+        names: tuple[str, ...],
+        kind: EndpointKind,
+        service_class: ServiceClass,
+        lane: Lane,
+        seq: int,
+    ) -> str | None:
+        """The replica a new turn (arrival number ``seq``) can be admitted to right now,
+        of ``names``, the replicas of its kind serving its model; ``run``: its run, if
+        generative and known."""
+        replicas = self.replicas
+        if lane[0] == "pin" and lane[1] not in self.unhealthy:
+            name = lane[1]
+            return name if _has_room(replicas[name], service_class) else None
         # Free, or pinned to an unhealthy replica (S3: then the run may move).
-        run = self.runs.get(held.run_id) if held.kind is EndpointKind.GENERATIVE else None
-        names = self.serving[(held.kind, held.model)]
-        best: tuple[int, int, int] | None = None
+        generative = kind is EndpointKind.GENERATIVE
+        if run is not None:
+            last = run.replica
+            if last is not None and last in names:
+                rep = replicas[last]
+                if _has_room(rep, service_class) and self._may_start_run(rep, service_class):
+                    return last  # its prefix may still be cached there
+        # Least loaded: runs living there (generating or paused on a tool: they come
+        # back), then turns in flight; ties rotate with the arrival order. The room and
+        # new-run tests of _has_room and _may_start_run, inlined: this loop runs over
+        # every replica of the model for each turn of a new run.
+        interactive = service_class is ServiceClass.INTERACTIVE
+        limit_runs = generative and not interactive and self.params.keep_prefixes
+        n = len(names)
         choice = None
+        best_pinned = best_load = best_rot = 0
         for i, name in enumerate(names):
-            rep = self.replicas[name]
-            if not _has_room(rep, held.service_class):
+            rep = replicas[name]
+            if not rep.healthy:
                 continue
-            if held.kind is EndpointKind.GENERATIVE and not self._may_start_run(
-                rep, held.service_class
-            ):
-                continue
-            if run is not None and run.replica == name:
-                return name  # its prefix may still be cached there
-            # Least loaded: runs living there (generating or paused on a tool: they come
-            # back), then turns in flight; ties rotate with the arrival order.
-            key = (rep.pinned_runs, rep.in_flight + rep.reserved, (i + 1 - held.seq) % len(names))
-            if best is None or key < best:
-                best, choice = key, name
+            cap = rep.cap
+            load = rep.in_flight + rep.reserved
+            pinned = rep.pinned_runs
+            if cap is not None:
+                if interactive:
+                    if rep.in_flight >= cap and not rep.spec.orders_classes:
+                        continue
+                elif load >= cap or (limit_runs and pinned >= cap):
+                    continue
+            if choice is not None:  # (pinned, load, rotation) must be less than the best
+                if pinned != best_pinned:
+                    if pinned > best_pinned:
+                        continue
+                elif load != best_load:
+                    if load > best_load:
+                        continue
+                elif (i + 1 - seq) % n > best_rot:
+                    continue
+            choice, best_pinned, best_load, best_rot = name, pinned, load, (i + 1 - seq) % n
         return choice
 
-    def _hold(self, held: HeldTurn) -> None:
-        qkey = (held.lane, held.service_class, held.caller)
-        fifo, slot = self.queues.get(qkey, _EMPTY_FIFO).push(held.turn_id)
+    def _hold(
+        self,
+        turn_id: str,
+        run_id: str,
+        model: str,
+        service_class: ServiceClass,
+        caller: str,
+        kind: EndpointKind,
+        dataplane_id: str,
+        requested_at: float,
+        seq: int,
+        lane: Lane,
+        trace_id: str,
+    ) -> None:
+        qkey = (lane, service_class, caller)
+        fifo, slot = self.queues.get(qkey, _EMPTY_FIFO).push(turn_id)
         self.queues = self.queues.set(qkey, fifo)
-        wkey = (held.lane, held.service_class)
+        wkey = (lane, service_class)
         callers = self.waiting_callers.get(wkey, _EMPTY_SET)
-        if held.caller not in callers:
-            self.waiting_callers = self.waiting_callers.set(wkey, callers.set(held.caller, None))
-        self.held = self.held.set(held.turn_id, _held_with(held, slot=slot))
-        if held.kind is EndpointKind.GENERATIVE:  # single-pass turns have no run (S13)
-            mine = self.held_by_run.get(held.run_id, _EMPTY_SET)
-            self.held_by_run = self.held_by_run.set(held.run_id, mine.set(held.turn_id, None))
+        if caller not in callers:
+            self.waiting_callers = self.waiting_callers.set(wkey, callers.set(caller, None))
+        self.held = self.held.set(
+            turn_id,
+            new_held(
+                turn_id,
+                run_id,
+                model,
+                service_class,
+                caller,
+                kind,
+                dataplane_id,
+                requested_at,
+                seq,
+                lane,
+                slot,
+                trace_id,
+            ),
+        )
+        if kind is EndpointKind.GENERATIVE:  # single-pass turns have no run (S13)
+            mine = self.held_by_run.get(run_id, _EMPTY_SET)
+            self.held_by_run = self.held_by_run.set(run_id, mine.set(turn_id, None))
 
     def _unhold(self, held: HeldTurn) -> None:
         qkey = (held.lane, held.service_class, held.caller)
@@ -353,71 +456,142 @@ class _Tx:
                 lane = free_lane(held.kind, held.model)
             if lane != held.lane:
                 self._unhold(held)
-                self._hold(_held_with(held, lane=lane))
+                self._hold(
+                    held.turn_id,
+                    held.run_id,
+                    held.model,
+                    held.service_class,
+                    held.caller,
+                    held.kind,
+                    held.dataplane_id,
+                    held.requested_at,
+                    held.seq,
+                    lane,
+                    held.trace_id,
+                )
                 self.dirty.update(self.serving[(held.kind, held.model)])
 
-    def _admit(self, held: HeldTurn, replica: str) -> None:
+    def _admit(
+        self,
+        run: RunState | None,
+        replica: str,
+        turn_id: str,
+        run_id: str,
+        model: str,
+        service_class: ServiceClass,
+        caller: str,
+        kind: EndpointKind,
+        dataplane_id: str,
+        requested_at: float,
+        lane: Lane,
+        trace_id: str,
+        *,
+        requested: bool,
+    ) -> None:
+        """Admit a turn to ``replica``: one that was held, or (``requested``) one that
+        arrives in this event, whose run is touched here (S10: a turn is activity).
+        ``run``: the turn's run as it is (None if unknown, or the turn is single-pass
+        and arrives now)."""
         now = self.now
         deadline = now + self.params.turn_timeout_s
+        # Prefix keeping: a turn taken from its run's pin lane here (the run is back from
+        # a tool) should find the run's previous prompt on this replica cached.
+        expect_cached = 0
+        if (
+            run is not None
+            and lane[0] == "pin"
+            and lane[1] == replica
+            and run.last_prompt_on == replica
+        ):
+            expect_cached = run.last_prompt
         self.turns = self.turns.set(
-            held.turn_id,
-            TurnState(
-                turn_id=held.turn_id,
-                run_id=held.run_id,
-                replica=replica,
-                model=held.model,
-                service_class=held.service_class,
-                caller=held.caller,
-                kind=held.kind,
-                dataplane_id=held.dataplane_id,
-                admitted_at=now,
-                deadline=deadline,
-                expect_cached=self._expect_cached(held, replica),
-                trace_id=held.trace_id,
+            turn_id,
+            new_turn(
+                turn_id,
+                run_id,
+                replica,
+                model,
+                service_class,
+                caller,
+                kind,
+                dataplane_id,
+                now,
+                deadline,
+                False,  # started
+                None,  # first_token_at
+                expect_cached,
+                trace_id,
             ),
         )
-        self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, held.turn_id)
-        self._bump_replica(replica, in_flight=1)
-        if held.kind is EndpointKind.GENERATIVE:
-            self._count_caller(held.caller, 1)
-            if held.run_id not in self.runs:
-                # Ended (RunEnded) while this turn was held: serve the turn, keep the counts
-                # sound, and forget the run again once its last turn is over.
-                self._touch_run(held.run_id, held.service_class, held.caller)
-                ended = _run_with(self.runs[held.run_id], ended=True)
-                self._put_run(held.run_id, ended)
-            run = self.runs.get(held.run_id)
-            if run is not None:
-                self._release_reservation(run)
-                run = self.runs[held.run_id]
-                self._put_run(
-                    run.run_id,
-                    _run_with(
-                        run,
-                        phase=RunPhase.GENERATING,
-                        replica=replica,
-                        service_class=held.service_class,
-                        caller=held.caller,
-                        last_active=now,
-                        in_flight=run.in_flight + 1,
-                        turns=run.turns + 1,
-                        moves=run.moves + (run.replica is not None and run.replica != replica),
-                    ),
-                )
-                self._move_run_held(run.run_id, replica)  # S3: it is generating there now
-        self.actions.append(Admit(held.turn_id, replica, now - held.requested_at))
+        self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, turn_id)
+        self.actions.append(Admit(turn_id, replica, now - requested_at))
+        if kind is not EndpointKind.GENERATIVE:
+            self._bump_replica(replica, 1)
+            return
+        self._count_caller(caller, 1)
+        if requested:
+            ended = False  # a new turn after RunEnded: the run lives on
+            self._schedule_run_expiry(run_id)
+        elif run is None:
+            # Ended (RunEnded) while this turn was held: serve the turn, keep the counts
+            # sound, and forget the run again once its last turn is over.
+            ended = True
+            self._schedule_run_expiry(run_id)
+        else:
+            ended = run.ended
+        # The run's reservation ends (it is back) and it is pinned here now (S3); each
+        # replica's counters change once.
+        before = None if run is None or run.phase is RunPhase.IDLE else run.replica  # S3
+        moved = before != replica
+        reserved_on = None if run is None else run.reserved_on
+        if reserved_on is not None and reserved_on not in self.replicas:
+            reserved_on = None
+        if moved and before is not None and before not in self.replicas:
+            before = None
+        if reserved_on is None and (before is None or not moved):
+            self._bump_replica(replica, 1, 0, 1 if moved else 0)
+        else:
+            self._bump_replicas(
+                (replica, 1, 0, 1 if moved else 0),
+                (reserved_on, 0, -1, 0),
+                (before if moved else None, 0, 0, -1),
+            )
+        if run is None:
+            run = new_run(
+                run_id,
+                RunPhase.GENERATING,
+                replica,
+                service_class,
+                caller,
+                now,
+                1,  # in_flight
+                None,  # reserved_on
+                ended,
+                0,  # last_prompt
+                None,  # last_prompt_on
+                1,  # turns
+                0,  # moves
+            )
+        else:
+            run = new_run(
+                run_id,
+                RunPhase.GENERATING,
+                replica,
+                service_class,
+                caller,
+                now,
+                run.in_flight + 1,
+                None,
+                ended,
+                run.last_prompt,
+                run.last_prompt_on,
+                run.turns + 1,
+                run.moves + (run.replica is not None and run.replica != replica),
+            )
+        self.runs = self.runs.set(run_id, run)
+        self._move_run_held(run_id, replica)  # S3: it is generating there now
 
     # ------------------------------------------------------------ turn reports
-
-    def _expect_cached(self, held: HeldTurn, replica: str) -> int:
-        """Prefix keeping: a turn taken from its run's pin lane here (the run is back from
-        a tool) should find the run's previous prompt on this replica cached."""
-        if held.lane != pin_lane(replica):
-            return 0
-        run = self.runs.get(held.run_id)
-        if run is None or run.last_prompt_on != replica:
-            return 0
-        return run.last_prompt
 
     def on_abandoned(self, ev: TurnAbandoned) -> None:
         held = self.held.get(ev.turn_id)
@@ -435,24 +609,12 @@ class _Tx:
             # Admitted but its client left before the engine request: free the slot.
             self.end_turn(ev.turn_id, paused_on_tool=False)
 
-    def on_started(self, ev: TurnStarted) -> None:
-        turn = self.turns.get(ev.turn_id)
-        if turn is not None and not turn.started:
-            self.turns = self.turns.set(ev.turn_id, _turn_with(turn, started=True))
-
-    def on_first_token(self, ev: FirstTokenReceived) -> None:
-        turn = self.turns.get(ev.turn_id)
-        if turn is not None and turn.first_token_at is None:
-            self.turns = self.turns.set(
-                ev.turn_id, _turn_with(turn, started=True, first_token_at=self.now)
-            )
-
     def on_finished(self, ev: TurnFinished) -> None:
         turn = self.end_turn(
             ev.turn_id, paused_on_tool=ev.paused_on_tool, prompt_tokens=ev.prompt_tokens
         )
-        if turn is not None and self.params.keep_prefixes:
-            self._prefix_feedback(turn, ev)
+        if turn is not None and self.params.keep_prefixes and ev.prompt_tokens > 0:
+            self._prefix_feedback(turn, ev)  # (nothing to judge without reported usage)
 
     def on_failed(self, ev: TurnFailed) -> None:
         turn = self.end_turn(ev.turn_id, paused_on_tool=False)
@@ -506,47 +668,83 @@ class _Tx:
         if turn is None:
             return None
         self.turns = self.turns.delete(turn_id)
-        if turn.replica in self.replicas:
-            self._bump_replica(turn.replica, in_flight=-1)
-        if turn.kind is not EndpointKind.GENERATIVE:
-            return turn
-        self._count_caller(turn.caller, -1)
-        run = self.runs.get(turn.run_id)
-        if run is None:
-            return turn  # the run ended meanwhile
+        here = turn.replica if turn.replica in self.replicas else None
+        run = None
+        if turn.kind is EndpointKind.GENERATIVE:
+            self._count_caller(turn.caller, -1)
+            run = self.runs.get(turn.run_id)
+        if run is None or (run.ended and run.in_flight <= 1):
+            if here is not None:
+                self._bump_replica(here, -1)
+            if run is not None:  # RunEnded arrived while this turn ran: its last one
+                self._release_reservation(run)
+                self._drop_run(run.run_id)
+                self._move_run_held(run.run_id, None)
+            return turn  # (or a single-pass turn, or its run ended meanwhile)
         in_flight = max(0, run.in_flight - 1)
-        if run.ended and in_flight == 0:  # RunEnded arrived while this turn ran
-            self._release_reservation(run)
-            self._drop_run(run.run_id)
-            self._move_run_held(run.run_id, None)
-            return turn
         if in_flight > 0:
             phase = RunPhase.GENERATING
         elif paused_on_tool:
             phase = RunPhase.PAUSED_ON_TOOL
         else:
             phase = RunPhase.IDLE
-        self._release_reservation(run)
-        run = self.runs[turn.run_id]
+        # Counters: the turn's slot frees, the run's reservation (if any) ends, a paused
+        # interactive run reserves a slot for its return (S4), and the run is pinned
+        # here or nowhere (S3); each replica's record is rebuilt once.
+        released = run.reserved_on
+        if released is not None and released not in self.replicas:
+            released = None
         reserved_on = None
         if (
             phase is RunPhase.PAUSED_ON_TOOL
             and run.service_class is ServiceClass.INTERACTIVE
-            and turn.replica in self.replicas
+            and here is not None
         ):
-            reserved_on = turn.replica  # S4: keep a slot for its return
-            self._bump_replica(turn.replica, reserved=1)
+            reserved_on = here  # S4: keep a slot for its return
+        before = None if run.phase is RunPhase.IDLE else run.replica  # S3: where it is pinned
+        after = None if phase is RunPhase.IDLE else turn.replica
+        if before == after:
+            before = after = None
+        else:
+            if before is not None and before not in self.replicas:
+                before = None
+            if after is not None and after not in self.replicas:
+                after = None
+        if released is None and (before is None or before == here) and (after in (None, here)):
+            if here is not None:
+                self._bump_replica(
+                    here,
+                    -1,
+                    0 if reserved_on is None else 1,
+                    (0 if before is None else -1) + (0 if after is None else 1),
+                )
+        else:
+            self._bump_replicas(
+                (here, -1, 0 if reserved_on is None else 1, 0),
+                (released, 0, -1, 0),
+                (before, 0, 0, -1),
+                (after, 0, 0, 1),
+            )
+        last_prompt: int = run.last_prompt
+        last_prompt_on: str | None = run.last_prompt_on
         if prompt_tokens > 0:
-            run = _run_with(run, last_prompt=prompt_tokens, last_prompt_on=turn.replica)
-        self._put_run(
+            last_prompt, last_prompt_on = prompt_tokens, turn.replica
+        self.runs = self.runs.set(
             run.run_id,
-            _run_with(
-                run,
-                phase=phase,
-                replica=turn.replica,
-                last_active=self.now,
-                in_flight=in_flight,
-                reserved_on=reserved_on,
+            new_run(
+                run.run_id,
+                phase,
+                turn.replica,
+                run.service_class,
+                run.caller,
+                self.now,
+                in_flight,
+                reserved_on,
+                run.ended,
+                last_prompt,
+                last_prompt_on,
+                run.turns,
+                run.moves,
             ),
         )
         if phase is RunPhase.IDLE:
@@ -559,13 +757,20 @@ class _Tx:
     def _touch_run(self, run_id: str, service_class: ServiceClass, caller: str) -> None:
         run = self.runs.get(run_id)
         if run is None:
-            run = RunState(
-                run_id=run_id,
-                phase=RunPhase.IDLE,
-                replica=None,
-                service_class=service_class,
-                caller=caller,
-                last_active=self.now,
+            run = new_run(
+                run_id,
+                RunPhase.IDLE,
+                None,
+                service_class,
+                caller,
+                self.now,
+                0,
+                None,
+                False,
+                0,
+                None,
+                0,
+                0,
             )
         else:  # ended=False: a new turn after RunEnded, the run lives on
             run = _run_with(run, caller=caller, last_active=self.now, ended=False)
@@ -573,7 +778,8 @@ class _Tx:
         self._schedule_run_expiry(run_id)
 
     def _put_run(self, run_id: str, run: RunState) -> None:
-        """Every run write goes here, so each replica's count of pinned runs stays true."""
+        """Every run write goes here, so each replica's count of pinned runs stays true
+        (but for ``_admit`` and ``end_turn``, which count it themselves)."""
         before = _pinned_to(self.runs.get(run_id))
         self.runs = self.runs.set(run_id, run)
         self._repin(before, _pinned_to(run))
@@ -689,20 +895,56 @@ class _Tx:
             self.dirty.update(self.replicas.keys())
 
     def _bump_replica(
-        self, name: str, *, in_flight: int = 0, reserved: int = 0, pinned: int = 0
+        self, name: str, in_flight: int = 0, reserved: int = 0, pinned: int = 0
     ) -> None:
+        if in_flight < 0 or reserved < 0 or pinned < 0:
+            self.dirty.add(name)  # room may have grown
         rep = self.replicas[name]
+        in_flight += rep.in_flight  # the new counts, never below zero
+        reserved += rep.reserved
+        pinned += rep.pinned_runs
         self.replicas = self.replicas.set(
             name,
-            _replica_with(
-                rep,
-                in_flight=max(0, rep.in_flight + in_flight),
-                reserved=max(0, rep.reserved + reserved),
-                pinned_runs=max(0, rep.pinned_runs + pinned),
+            new_replica(
+                rep.spec,
+                rep.healthy,
+                rep.cap,
+                in_flight if in_flight > 0 else 0,
+                reserved if reserved > 0 else 0,
+                pinned if pinned > 0 else 0,
+                rep.queued_probes,
+                rep.running,
+                rep.waiting,
+                rep.kv_usage,
+                rep.probed_at,
+                rep.reports_cache,
+                rep.prefix_misses,
+                rep.missed_since_probe,
             ),
         )
-        if in_flight < 0 or reserved < 0 or pinned < 0:
-            self.dirty.add(name)
+
+    def _bump_replicas(self, *bumps: tuple[str | None, int, int, int]) -> None:
+        """Several ``_bump_replica`` (name, in_flight, reserved, pinned) at once, one new
+        record per replica (a None name is skipped). Counters stay sound (never below
+        zero on the way), so summing the changes first gives the same counts; a replica
+        is dirty if any change lowered one of its counters, as one by one."""
+        merged: dict[str, list[int]] = {}
+        dirty: set[str] = set()
+        for name, in_flight, reserved, pinned in bumps:
+            if name is None:
+                continue
+            if in_flight < 0 or reserved < 0 or pinned < 0:
+                dirty.add(name)
+            m = merged.get(name)
+            if m is None:
+                merged[name] = [in_flight, reserved, pinned]
+            else:
+                m[0] += in_flight
+                m[1] += reserved
+                m[2] += pinned
+        for name, (in_flight, reserved, pinned) in merged.items():
+            self._bump_replica(name, in_flight, reserved, pinned)
+        self.dirty |= dirty
 
     def _count_caller(self, caller: str, delta: int) -> None:
         n = self.caller_in_flight.get(caller, 0) + delta
@@ -717,6 +959,9 @@ class _Tx:
         # Admitting may end a reservation elsewhere and so dirty another replica:
         # loop until none is left. Each pass admits or leaves, so this terminates.
         while self.dirty:
+            if not self.waiting_callers:  # nothing is held: nothing to admit anywhere
+                self.dirty.clear()
+                return
             name = min(self.dirty)
             self.dirty.discard(name)
             self._fill(name)
@@ -731,7 +976,21 @@ class _Tx:
                 held = self._best_held(rep, cls, self._may_start_run(rep, cls))
                 if held is not None:
                     self._unhold(held)
-                    self._admit(held, name)
+                    self._admit(
+                        self.runs.get(held.run_id),
+                        name,
+                        held.turn_id,
+                        held.run_id,
+                        held.model,
+                        held.service_class,
+                        held.caller,
+                        held.kind,
+                        held.dataplane_id,
+                        held.requested_at,
+                        held.lane,
+                        held.trace_id,
+                        requested=False,
+                    )
                     break
             else:
                 return
@@ -765,10 +1024,10 @@ class _Tx:
         keep = self.params.keep_prefixes
         lanes = [own]
         if new_runs:
-            lanes.extend(free_lane(rep.spec.kind, m) for m in rep.spec.models)
-        if new_runs and rep.spec.kind is EndpointKind.GENERATIVE:
+            lanes += [free_lane(rep.spec.kind, m) for m in rep.spec.models]
+        if new_runs and rep.spec.kind is EndpointKind.GENERATIVE and self.unhealthy:
             # S3: turns pinned to an unhealthy replica may move here (if we serve the model).
-            lanes.extend(pin_lane(name) for name in sorted(self.unhealthy) if name != rep.spec.name)
+            lanes += [pin_lane(name) for name in sorted(self.unhealthy) if name != rep.spec.name]
         for lane in lanes:
             callers = self.waiting_callers.get((lane, cls))
             if callers is None:
@@ -984,7 +1243,9 @@ Buckets = Map[int, Map[str, None]]
 
 
 def _bucket_add(buckets: Buckets, due: float, key: str) -> Buckets:
-    second = int(due) + (0 if due == int(due) else 1)  # ceil: never before it is due
+    second = int(due)
+    if second != due:
+        second += 1  # ceil: never before it is due
     return buckets.set(second, buckets.get(second, _EMPTY_SET).set(key, None))
 
 
@@ -993,24 +1254,6 @@ def _due(buckets: Buckets, after: int, until: int) -> list[int]:
     if until - after <= len(buckets):
         return [s for s in range(after + 1, until + 1) if s in buckets]
     return sorted(s for s in buckets if after < s <= until)
-
-
-def _held_with(h: HeldTurn, *, lane: Lane | None = None, slot: int = -1) -> HeldTurn:
-    """A copy of a held turn in another lane and/or FIFO slot (-1: not yet placed)."""
-    return HeldTurn(
-        h.turn_id,
-        h.run_id,
-        h.model,
-        h.service_class,
-        h.caller,
-        h.kind,
-        h.dataplane_id,
-        h.requested_at,
-        h.seq,
-        h.lane if lane is None else lane,
-        slot,
-        h.trace_id,
-    )
 
 
 class _Keep:
@@ -1037,21 +1280,22 @@ def _run_with(
     moves: int | _Keep = _KEEP,
 ) -> RunState:
     """A copy of ``r`` with some fields changed. Hand-written rather than
-    ``dataclasses.replace``, which costs several microseconds per call on this path."""
-    return RunState(
-        run_id=r.run_id,
-        phase=r.phase if isinstance(phase, _Keep) else phase,
-        replica=r.replica if isinstance(replica, _Keep) else replica,
-        service_class=r.service_class if isinstance(service_class, _Keep) else service_class,
-        caller=r.caller if isinstance(caller, _Keep) else caller,
-        last_active=r.last_active if isinstance(last_active, _Keep) else last_active,
-        in_flight=r.in_flight if isinstance(in_flight, _Keep) else in_flight,
-        reserved_on=r.reserved_on if isinstance(reserved_on, _Keep) else reserved_on,
-        ended=r.ended if isinstance(ended, _Keep) else ended,
-        last_prompt=r.last_prompt if isinstance(last_prompt, _Keep) else last_prompt,
-        last_prompt_on=r.last_prompt_on if isinstance(last_prompt_on, _Keep) else last_prompt_on,
-        turns=r.turns if isinstance(turns, _Keep) else turns,
-        moves=r.moves if isinstance(moves, _Keep) else moves,
+    ``dataclasses.replace``, which costs several microseconds per call; the hot paths
+    (``_admit``, ``end_turn``) call ``new_run`` with every field instead."""
+    return new_run(
+        r.run_id,
+        r.phase if isinstance(phase, _Keep) else phase,
+        r.replica if isinstance(replica, _Keep) else replica,
+        r.service_class if isinstance(service_class, _Keep) else service_class,
+        r.caller if isinstance(caller, _Keep) else caller,
+        r.last_active if isinstance(last_active, _Keep) else last_active,
+        r.in_flight if isinstance(in_flight, _Keep) else in_flight,
+        r.reserved_on if isinstance(reserved_on, _Keep) else reserved_on,
+        r.ended if isinstance(ended, _Keep) else ended,
+        r.last_prompt if isinstance(last_prompt, _Keep) else last_prompt,
+        r.last_prompt_on if isinstance(last_prompt_on, _Keep) else last_prompt_on,
+        r.turns if isinstance(turns, _Keep) else turns,
+        r.moves if isinstance(moves, _Keep) else moves,
     )
 
 
@@ -1075,40 +1319,62 @@ def _replica_with(
     missed_since_probe: bool | _Keep = _KEEP,
 ) -> ReplicaState:
     """A copy of ``rep`` with some counters changed (hand-written, as ``_run_with``)."""
-    return ReplicaState(
-        spec=rep.spec,
-        healthy=rep.healthy if isinstance(healthy, _Keep) else healthy,
-        cap=rep.cap if isinstance(cap, _Keep) else cap,
-        in_flight=rep.in_flight if isinstance(in_flight, _Keep) else in_flight,
-        reserved=rep.reserved if isinstance(reserved, _Keep) else reserved,
-        pinned_runs=rep.pinned_runs if isinstance(pinned_runs, _Keep) else pinned_runs,
-        queued_probes=rep.queued_probes,
-        running=rep.running,
-        waiting=rep.waiting,
-        kv_usage=rep.kv_usage,
-        probed_at=rep.probed_at,
-        reports_cache=rep.reports_cache if isinstance(reports_cache, _Keep) else reports_cache,
-        prefix_misses=rep.prefix_misses if isinstance(prefix_misses, _Keep) else prefix_misses,
-        missed_since_probe=(
-            rep.missed_since_probe if isinstance(missed_since_probe, _Keep) else missed_since_probe
-        ),
+    return new_replica(
+        rep.spec,
+        rep.healthy if isinstance(healthy, _Keep) else healthy,
+        rep.cap if isinstance(cap, _Keep) else cap,
+        rep.in_flight if isinstance(in_flight, _Keep) else in_flight,
+        rep.reserved if isinstance(reserved, _Keep) else reserved,
+        rep.pinned_runs if isinstance(pinned_runs, _Keep) else pinned_runs,
+        rep.queued_probes,
+        rep.running,
+        rep.waiting,
+        rep.kv_usage,
+        rep.probed_at,
+        rep.reports_cache if isinstance(reports_cache, _Keep) else reports_cache,
+        rep.prefix_misses if isinstance(prefix_misses, _Keep) else prefix_misses,
+        rep.missed_since_probe if isinstance(missed_since_probe, _Keep) else missed_since_probe,
     )
 
 
-def _turn_with(t: TurnState, *, started: bool, first_token_at: float | None = None) -> TurnState:
-    return TurnState(
-        turn_id=t.turn_id,
-        run_id=t.run_id,
-        replica=t.replica,
-        model=t.model,
-        service_class=t.service_class,
-        caller=t.caller,
-        kind=t.kind,
-        dataplane_id=t.dataplane_id,
-        admitted_at=t.admitted_at,
-        deadline=t.deadline,
-        started=started,
-        first_token_at=first_token_at if first_token_at is not None else t.first_token_at,
-        expect_cached=t.expect_cached,
-        trace_id=t.trace_id,
+def _turn_with(t: TurnState, started: bool, first_token_at: float | None) -> TurnState:
+    """``t`` with ``started``, and its first token at ``first_token_at`` (None: as was)."""
+    return new_turn(
+        t.turn_id,
+        t.run_id,
+        t.replica,
+        t.model,
+        t.service_class,
+        t.caller,
+        t.kind,
+        t.dataplane_id,
+        t.admitted_at,
+        t.deadline,
+        started,
+        first_token_at if first_token_at is not None else t.first_token_at,
+        t.expect_cached,
+        t.trace_id,
+    )
+
+
+def _state_with(s: State, now: float, turns: Map[str, TurnState]) -> State:
+    """``s`` at time ``now`` with another turn map (the rest shared)."""
+    return new_state(
+        s.params,
+        now,
+        s.seq,
+        s.replicas,
+        s.serving,
+        s.runs,
+        turns,
+        s.held,
+        s.held_by_run,
+        s.unhealthy,
+        s.queues,
+        s.waiting_callers,
+        s.caller_in_flight,
+        s.turn_deadlines,
+        s.run_deadlines,
+        s.swept_until,
+        s.lost_dataplanes,
     )
