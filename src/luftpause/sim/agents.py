@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,70 @@ LOOKUP_TOOL: dict[str, Any] = {
 TOOLS = [LOOKUP_TOOL]
 MAX_TURNS = 10  # as the load generator's agents: a run needing more fails
 RETRY_S = 1.0  # after a failed run, the agent starts its next this much later
+
+
+def when_admitted(
+    arm: Arm,
+    replicas: dict[str, Replica],
+    ask: Ask,
+    text: str,
+    *,
+    reply_tokens: int,
+    max_new_tokens: int | None,
+    replied: Callable[[str, float, FinishedRequest], None],
+    failed: Callable[[str, str], None],
+) -> Callable[[str, float], None]:
+    """What a turn does once the arm admits it: its request goes to the replica's engine,
+    which reports the first token and the end to the arm and to ``replied(replica,
+    held_s, done)``; a prompt longer than the engine's context is its 400, ``failed``."""
+
+    def admitted(replica: str, held_s: float) -> None:
+        request = EngineRequest(
+            ask.turn_id,
+            text,
+            reply_tokens=reply_tokens,
+            max_new_tokens=max_new_tokens,
+            priority=arm.priority(ask.cls),
+        )
+        arm.started(ask.turn_id)
+        try:
+            replicas[replica].submit(
+                request,
+                lambda: arm.first_token(ask.turn_id),
+                lambda done: replied(replica, held_s, done),
+            )
+        except SubmitError as exc:  # the prompt outgrew the context: the engine's 400
+            arm.finished(ask, TurnEnd(False, "error", 0, 0, 0))
+            failed("http_400", str(exc))
+
+    return admitted
+
+
+def turn_record(
+    wall_s: float,
+    held_s: float | None,
+    replica: str,
+    done: FinishedRequest,
+    tool_calls: int,
+    planned: tuple[int, int] | None = None,
+) -> TurnRecord:
+    """A simulated turn as the load generator records one (``planned``: the prompt and
+    reply lengths a replayed plan asked for)."""
+    t = done.timing
+    return TurnRecord(
+        wall_s=wall_s,
+        held_s=held_s,
+        queued_s=t.queued_s,
+        prefill_s=t.prefill_s,
+        decode_s=t.decode_s,
+        prompt_tokens=done.prompt_tokens,
+        cached_tokens=done.cached_tokens,
+        completion_tokens=done.completion_tokens,
+        replica=replica,
+        tool_calls=tool_calls,
+        planned_prompt_tokens=planned[0] if planned else None,
+        planned_completion_tokens=planned[1] if planned else None,
+    )
 
 
 @dataclass
@@ -143,25 +208,18 @@ class Agent:
         )
         asked_at = self.world.now
 
-        def admitted(replica: str, held_s: float) -> None:
-            request = EngineRequest(
-                ask.turn_id,
-                prompt,
-                reply_tokens=plan.reply_tokens,
-                max_new_tokens=self.group.max_tokens,
-                priority=self.arm.priority(ask.cls),
-            )
-            self.arm.started(ask.turn_id)
-            try:
-                self.replicas[replica].submit(
-                    request,
-                    lambda: self.arm.first_token(ask.turn_id),
-                    lambda done: self._replied(run, ask, asked_at, held_s, replica, done),
-                )
-            except SubmitError as exc:  # the prompt outgrew the context: the engine's 400
-                self.arm.finished(ask, TurnEnd(False, "error", 0, 0, 0))
-                self._failed(run, "http_400", str(exc))
-
+        admitted = when_admitted(
+            self.arm,
+            self.replicas,
+            ask,
+            prompt,
+            reply_tokens=plan.reply_tokens,
+            max_new_tokens=self.group.max_tokens,
+            replied=lambda replica, held_s, done: self._replied(
+                run, ask, asked_at, held_s, replica, done
+            ),
+            failed=lambda reason, why: self._failed(run, reason, why),
+        )
         run.pending_call = plan.tool_call if plan.kind is ReplyKind.TOOL_CALL else None
         self.arm.request(ask, admitted, lambda why: self._failed(run, "http_404", why))
 
@@ -185,18 +243,12 @@ class Agent:
                 cached_tokens=done.cached_tokens,
             ),
         )
-        t = done.timing
         run.record.turn_records.append(
-            TurnRecord(
-                wall_s=self.world.now - asked_at,
-                held_s=held_s if self.arm.holds else None,
-                queued_s=t.queued_s,
-                prefill_s=t.prefill_s,
-                decode_s=t.decode_s,
-                prompt_tokens=done.prompt_tokens,
-                cached_tokens=done.cached_tokens,
-                completion_tokens=done.completion_tokens,
-                replica=replica,
+            turn_record(
+                self.world.now - asked_at,
+                held_s if self.arm.holds else None,
+                replica,
+                done,
                 tool_calls=1 if call is not None else 0,
             )
         )

@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
+from luftpause.fakes.engine.model import FinishedRequest
 from luftpause.loadgen.mix import Group
 from luftpause.loadgen.shaped import pad, shared_text
-from luftpause.loadgen.stats import ErrorRecord, RunRecord, TurnRecord
+from luftpause.loadgen.stats import ErrorRecord, RunRecord
 from luftpause.loadgen.workload import Profile, RunPlan, run_rng
-from luftpause.sim.agents import RETRY_S, Records
+from luftpause.sim.agents import RETRY_S, Records, turn_record, when_admitted
 from luftpause.sim.arms import Arm, Ask, TurnEnd
 from luftpause.sim.fleet import Replica
 from luftpause.sim.world import World
@@ -170,25 +170,18 @@ class ShapedAgent:
         )
         asked_at = self.world.now
 
-        def admitted(replica: str, held_s: float) -> None:
-            request = EngineRequest(
-                ask.turn_id,
-                play.text,
-                reply_tokens=turn.completion_tokens,
-                max_new_tokens=turn.completion_tokens,
-                priority=self.arm.priority(ask.cls),
-            )
-            self.arm.started(ask.turn_id)
-            try:
-                self.replicas[replica].submit(
-                    request,
-                    lambda: self.arm.first_token(ask.turn_id),
-                    lambda done: self._replied(play, ask, asked_at, held_s, replica, done),
-                )
-            except SubmitError as exc:  # longer than the engine's context: its 400
-                self.arm.finished(ask, TurnEnd(False, "error", 0, 0, 0))
-                play.ended(play, "http_400", str(exc))
-
+        admitted = when_admitted(
+            self.arm,
+            self.replicas,
+            ask,
+            play.text,
+            reply_tokens=turn.completion_tokens,
+            max_new_tokens=turn.completion_tokens,
+            replied=lambda replica, held_s, done: self._replied(
+                play, ask, asked_at, held_s, replica, done
+            ),
+            failed=lambda reason, why: play.ended(play, reason, why),
+        )
         self.arm.request(ask, admitted, lambda why: play.ended(play, "http_404", why))
 
     def _replied(
@@ -212,23 +205,16 @@ class ShapedAgent:
                 cached_tokens=done.cached_tokens,
             ),
         )
-        t = done.timing
         record = play.record
         record.turns += 1
         record.turn_records.append(
-            TurnRecord(
-                wall_s=self.world.now - asked_at,
-                held_s=held_s if self.arm.holds else None,
-                queued_s=t.queued_s,
-                prefill_s=t.prefill_s,
-                decode_s=t.decode_s,
-                prompt_tokens=done.prompt_tokens,
-                cached_tokens=done.cached_tokens,
-                completion_tokens=done.completion_tokens,
-                replica=replica,
+            turn_record(
+                self.world.now - asked_at,
+                held_s if self.arm.holds else None,
+                replica,
+                done,
                 tool_calls=0 if last else 1,
-                planned_prompt_tokens=turn.prompt_tokens,
-                planned_completion_tokens=turn.completion_tokens,
+                planned=(turn.prompt_tokens, turn.completion_tokens),
             )
         )
         if last:
