@@ -176,6 +176,9 @@ class SchedulerSettings(_Frozen):
     dataplane_grace_s: Seconds = 15.0
     cap_raise_step: Annotated[int, Field(ge=1)] = 1  # S2: slots added per quiet probe at the cap
     queue_probes: Annotated[int, Field(ge=1)] = 2  # S2: probes in a row with a queue to cap
+    # S2, a flood from idle: turns a replica takes before its engine first queues, doubled
+    # per quiet probe that finds the engine running them all; 0 = unlimited until then
+    initial_cap: Annotated[int, Field(ge=0)] = 16
     # Prefix keeping (docs/scheduling.md): continuing turns first (after S5), new batch
     # runs gated by the runs pinned to a capped replica, and a turn back from a tool that
     # finds less than this share of its run's previous prompt cached lowers the cap.

@@ -15,6 +15,10 @@ replaying the event log gives the same actions and the same state.
 recorded before the core was optimised for speed (issue #18), so the optimised core
 is shown to decide exactly as the straightforward one did. A change of rule changes
 it; then check the change is intended and record the printed digest.
+
+The history runs twice: with ``Params.initial_cap`` off it must still give the digest
+recorded before the ramp from idle existed (its new status field left out), so the
+ramp changes nothing once off; with the default ramp on it has a digest of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import hashlib
 import json
 import random
 from collections import Counter
+from dataclasses import replace
+
+import pytest
 
 from luftpause.scheduler.core import (
     Action,
@@ -71,15 +78,19 @@ SPECS = (
 PARAMS = Params(turn_timeout_s=40.0, run_idle_expiry_s=90.0, dataplane_grace_s=8.0)
 EVENTS = 6000
 SEED = 18
-EXPECTED_DIGEST = "b8b4f76fae00736446eb3c933eed69c755aaf699e4ca88008948d4e1b03ac0a8"
+# (initial_cap, digest): off, as recorded before the ramp existed; the default ramp
+DIGESTS = (
+    (None, "b8b4f76fae00736446eb3c933eed69c755aaf699e4ca88008948d4e1b03ac0a8"),
+    (PARAMS.initial_cap, "7643313bafc9d1e2886870b1523f2e315ed262ee041eb3f9d916b8711a7d1ffe"),
+)
 
 
 class Host:
     """Feeds the core and plays every peer: dataplanes, engines, clients, probes."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, params: Params = PARAMS) -> None:
         self.rng = random.Random(seed)
-        self.state: State = initial_state(SPECS, PARAMS)
+        self.state: State = initial_state(SPECS, params)
         self.now = 0.0
         self.n = 0
         self.log: list[Event] = []
@@ -263,12 +274,21 @@ def digest(outs: list[tuple[Action, ...]], final: State) -> str:
     h = hashlib.sha256()
     for actions in outs:
         h.update(repr(actions).encode())
-    h.update(json.dumps(status(final, final.now), sort_keys=True).encode())
+    snapshot = status(final, final.now)
+    if final.params.initial_cap is None:  # as recorded before the ramp's field existed
+        for rep in snapshot["replicas"]:
+            assert rep.pop("capacity_ramping") is False
+    h.update(json.dumps(snapshot, sort_keys=True).encode())
     return h.hexdigest()
 
 
-def test_a_long_history_stays_sound_answers_each_turn_once_and_replays() -> None:
-    host = Host(SEED)
+@pytest.mark.parametrize(("initial_cap", "expected"), DIGESTS, ids=("ramp-off", "ramp-on"))
+def test_a_long_history_stays_sound_answers_each_turn_once_and_replays(
+    initial_cap: int | None, expected: str
+) -> None:
+    """S1, S2 (with and without the ramp from idle), S3, S4, S9, S10, S11."""
+    params = replace(PARAMS, initial_cap=initial_cap)
+    host = Host(SEED, params)
     for _ in range(EVENTS):
         host.step()
     kinds = Counter(type(a).__name__ for out in host.outs for a in out)
@@ -285,11 +305,11 @@ def test_a_long_history_stays_sound_answers_each_turn_once_and_replays() -> None
         assert host.answers[turn_id] == want, (turn_id, host.answers[turn_id])
 
     # determinism: the same log, replayed into a fresh state, decides the same
-    state = initial_state(SPECS, PARAMS)
+    state = initial_state(SPECS, params)
     for ev, out in zip(host.log, host.outs, strict=True):
         state, actions = decide(state, ev)
         assert actions == out, ev
     assert state == host.state
 
     got = digest(host.outs, host.state)
-    assert got == EXPECTED_DIGEST, f"the history decided differently: digest {got}"
+    assert got == expected, f"the history decided differently: digest {got}"

@@ -64,11 +64,16 @@ class Sim:
     """A tiny host: holds the state and the clock, checks invariants after each event."""
 
     def __init__(
-        self, *specs: ReplicaSpec, params: Params | None = None, queue_probes: int = 1
+        self,
+        *specs: ReplicaSpec,
+        params: Params | None = None,
+        queue_probes: int = 1,
+        initial_cap: int | None = None,
     ) -> None:
         # One probe with a queue sets the cap here, so each rule's test stays short;
-        # the S2 persistence rule (default 2 probes) has tests of its own below.
-        params = replace(params or Params(), queue_probes=queue_probes)
+        # the S2 persistence rule (default 2 probes) has tests of its own below. A
+        # replica starts unlimited here: the ramp from idle has tests of its own too.
+        params = replace(params or Params(), queue_probes=queue_probes, initial_cap=initial_cap)
         self.state: State = initial_state(specs, params)
         self.t = 0.0
 
@@ -318,6 +323,86 @@ def test_s2_probe_without_load_removes_cap() -> None:
     sim.req("t3", "r3")
     assert admits(sim.probe("a", True)) == {"t2": "a", "t3": "a"}
     assert sim.replica("a")["capacity"] is None
+
+
+def test_s2_a_replica_ramps_from_idle_until_its_engine_first_queues() -> None:
+    """S2, a flood from idle: before the engine has queued, a replica takes at most
+    ``initial_cap`` turns; each quiet probe that finds the engine running all of them
+    doubles the limit; the first lasting queue sets the cap from the running count and
+    ends the ramp, after which the cap rises by ``cap_raise_step`` as S2 says."""
+    sim = Sim(gen("a"), params=SPEC_RULES, initial_cap=4, queue_probes=2)
+    sim.probe("a", True, running=0, waiting=0)
+    assert sim.replica("a")["capacity"] == 4 and sim.replica("a")["capacity_ramping"]
+    got = [admits(sim.req(f"t{i}", f"r{i}")) for i in range(12)]
+    assert [g for g in got if g] == [{f"t{i}": "a"} for i in range(4)]
+    assert sim.view()["held_total"] == 8
+    # below the limit the engine is not shown to take more: nothing moves
+    assert sim.probe("a", True, running=3, waiting=0) == ()
+    assert sim.replica("a")["capacity"] == 4
+    # running all four, nothing queued: doubled
+    assert admitted_order(sim.probe("a", True, running=4, waiting=0)) == ["t4", "t5", "t6", "t7"]
+    assert sim.replica("a")["capacity"] == 8
+    # one probe with a queue (a burst being prefilled) neither sets a cap nor raises it
+    assert sim.probe("a", True, running=6, waiting=2) == ()
+    assert sim.replica("a") | {"capacity": 8, "capacity_ramping": True} == sim.replica("a")
+    # a queue that stays: the engine's capacity is found
+    sim.probe("a", True, running=6, waiting=2)
+    assert sim.replica("a")["capacity"] == 6
+    assert not sim.replica("a")["capacity_ramping"]
+    # from now on, step by step
+    for t in ("t0", "t1", "t2"):
+        sim.finish(t)
+    assert sim.replica("a")["in_flight"] == 6  # three held turns took the freed slots
+    sim.probe("a", True, running=6, waiting=0)
+    assert sim.replica("a")["capacity"] == 7
+
+
+def test_s2_the_ramp_holds_only_batch_where_the_engine_orders_classes() -> None:
+    """S2, S4: on a replica whose engine orders its queue by class an interactive turn
+    always fits, ramp or not; batch turns wait for the ramp."""
+    spec = ReplicaSpec("a", GEN, frozenset({"m"}), orders_classes=True)
+    sim = Sim(spec, params=SPEC_RULES, initial_cap=2)
+    sim.probe("a", True, running=0, waiting=0)
+    assert [admits(sim.req(f"b{i}", f"rb{i}")) for i in range(3)][2] == {}
+    assert admits(sim.req("i0", "ri0", cls=INT)) == {"i0": "a"}
+    assert admits(sim.req("i1", "ri1", cls=INT)) == {"i1": "a"}
+    assert sim.view()["held_total"] == 1
+
+
+def test_s2_a_replica_without_load_numbers_leaves_the_ramp_unlimited() -> None:
+    """S2: a replica that reports no load is not limited, ramp or not; one that later
+    reports load starts unlimited (it has no ramp to return to) until its engine queues."""
+    sim = Sim(gen("a"), params=SPEC_RULES, initial_cap=2)
+    sim.probe("a", True)
+    assert sim.replica("a")["capacity"] is None
+    assert not sim.replica("a")["capacity_ramping"]
+    for i in range(5):
+        assert admits(sim.req(f"t{i}", f"r{i}")) == {f"t{i}": "a"}
+    sim.probe("a", True, running=5, waiting=0)
+    assert sim.replica("a")["capacity"] is None
+
+
+def test_s2_s11_a_restarted_scheduler_ramps_above_what_its_dataplanes_resync() -> None:
+    """S2, S11: a restarted scheduler starts on the ramp; turns a dataplane resyncs stay
+    admitted above the limit, and the engine running them all with no queue doubles it."""
+    sim = Sim(gen("a"), params=SPEC_RULES, initial_cap=4)
+    # the engine still runs 6 turns from before the restart, nothing queued: doubled
+    sim.probe("a", True, running=6, waiting=0)
+    assert sim.replica("a")["capacity"] == 8
+    sim(
+        DataplaneResynced(
+            sim.t,
+            "dp",
+            runs=tuple(RunSnapshot(f"r{i}", RunPhase.GENERATING, "a", BAT, "c") for i in range(10)),
+            in_flight=tuple(
+                TurnSnapshot(f"t{i}", f"r{i}", "a", "m", BAT, "c", started=True) for i in range(10)
+            ),
+        )
+    )
+    assert sim.replica("a")["in_flight"] == 10
+    assert sim.req("t10", "r10") == ()
+    assert admits(sim.probe("a", True, running=10, waiting=0)) == {"t10": "a"}
+    assert sim.replica("a")["capacity"] == 16
 
 
 def test_s2_unhealthy_replica_gets_no_turns() -> None:
@@ -1455,6 +1540,7 @@ def test_status_view_shape() -> None:
         "healthy": True,
         "in_flight": 1,
         "capacity": 1,
+        "capacity_ramping": False,
         "engine_orders_classes": False,
         "reserved_for_interactive": 0,
         "runs_pinned": 1,

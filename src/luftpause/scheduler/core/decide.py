@@ -49,9 +49,17 @@ never lowers the cap; it raises it by
 (``running`` ≥ cap), so capacity is found step by step instead of letting the
 next burst straight back into the engine's queue. Only the engine's numbers
 raise it: luftpause's own in-flight count says what it sent, not what the
-engine can run. A probe without load numbers removes the cap. The scheduler
-keeps nothing on disk, so a restarted one starts uncapped and sets each cap
-again from the first queue it sees (``queue_probes`` probes under load).
+engine can run. A probe without load numbers removes the cap.
+
+The ramp from idle (S2, ``Params.initial_cap``): before its engine has first
+queued, a replica's cap is a ramp that starts at ``initial_cap`` and doubles on
+each quiet probe that finds the engine running at it (the raise rule above, by
+the cap instead of the step). The first lasting queue sets the cap from the
+running count and ends the ramp; a probe without load numbers ends it too. So a
+flood from idle meets a limit before two probes have seen a queue, and a light
+load, which never reaches it, meets none. The scheduler keeps nothing on disk,
+so a restarted one starts on the ramp again and sets each cap from the first
+queue it sees (``queue_probes`` probes under load).
 
 Health (S9, D6): a probe sets it; a turn that failed because the dataplane
 could not connect to its replica (``TurnFailed.replica_unreachable``) clears it
@@ -830,12 +838,15 @@ class _Tx:
             return
         cap = rep.cap
         queued = rep.queued_probes
+        ramping = rep.ramping
         if ev.running is None or ev.waiting is None:
-            cap, queued = None, 0  # S2: a replica that reports no load is not limited
+            # S2: a replica that reports no load is not limited
+            cap, queued, ramping = None, 0, False
         elif ev.waiting > 0:
             queued += 1
             if queued >= self.params.queue_probes:
                 cap = max(1, ev.running)  # the engine keeps a queue: hold the rest ourselves
+                ramping = False  # its capacity is found: from now on the cap rises by steps
         else:
             queued = 0
             if (
@@ -853,25 +864,28 @@ class _Tx:
                 )
                 and not rep.missed_since_probe  # prefix keeping: the cache is full already
             ):
-                cap += self.params.cap_raise_step  # quiet at the cap: probe for more
+                # quiet at the cap: probe for more (doubling while it ramps from idle)
+                step = self.params.cap_raise_step
+                cap += max(cap, step) if ramping else step
         self._set_health(ev.replica, healthy=ev.healthy)
         self.replicas = self.replicas.set(
             ev.replica,
-            ReplicaState(
-                spec=rep.spec,
-                healthy=ev.healthy,
-                cap=cap,
-                in_flight=rep.in_flight,
-                reserved=rep.reserved,
-                pinned_runs=rep.pinned_runs,
-                queued_probes=queued,
-                running=ev.running,
-                waiting=ev.waiting,
-                kv_usage=ev.kv_usage,
-                probed_at=self.now,
-                reports_cache=rep.reports_cache,
-                prefix_misses=rep.prefix_misses,
-                missed_since_probe=False,
+            new_replica(
+                rep.spec,
+                ev.healthy,
+                cap,
+                rep.in_flight,
+                rep.reserved,
+                rep.pinned_runs,
+                queued,
+                ev.running,
+                ev.waiting,
+                ev.kv_usage,
+                self.now,
+                rep.reports_cache,
+                rep.prefix_misses,
+                False,
+                ramping,
             ),
         )
         if cap != rep.cap:
@@ -920,6 +934,7 @@ class _Tx:
                 rep.reports_cache,
                 rep.prefix_misses,
                 rep.missed_since_probe,
+                rep.ramping,
             ),
         )
 
@@ -1334,6 +1349,7 @@ def _replica_with(
         rep.reports_cache if isinstance(reports_cache, _Keep) else reports_cache,
         rep.prefix_misses if isinstance(prefix_misses, _Keep) else prefix_misses,
         rep.missed_since_probe if isinstance(missed_since_probe, _Keep) else missed_since_probe,
+        rep.ramping,
     )
 
 

@@ -103,6 +103,7 @@ class ReplicaState:
     reports_cache: bool = False  # a turn here has reported cached prompt tokens
     prefix_misses: int = 0  # continuing turns that found their prefix evicted (cumulative)
     missed_since_probe: bool = False  # one did since the last probe: the cap may not rise
+    ramping: bool = False  # S2: the cap is Params.initial_cap's ramp; no queue seen yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +195,14 @@ def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float 
         params=params,
         now=now,
         seq=0,
-        replicas=Map({s.name: ReplicaState(spec=s) for s in replicas}),
+        replicas=Map(
+            {
+                s.name: ReplicaState(
+                    spec=s, cap=params.initial_cap, ramping=params.initial_cap is not None
+                )
+                for s in replicas
+            }
+        ),
         serving=Map({k: tuple(v) for k, v in serving.items()}),
         runs=Map(),
         turns=Map(),
@@ -294,6 +302,7 @@ def new_replica(
     reports_cache: bool,
     prefix_misses: int,
     missed_since_probe: bool,
+    ramping: bool,
 ) -> ReplicaState:
     r: Any = _new(_ReplicaDraft)
     r.spec = spec
@@ -310,6 +319,7 @@ def new_replica(
     r.reports_cache = reports_cache
     r.prefix_misses = prefix_misses
     r.missed_since_probe = missed_since_probe
+    r.ramping = ramping
     r.__class__ = ReplicaState
     return r  # type: ignore[no-any-return]
 

@@ -67,6 +67,11 @@ class Params:
     dataplane_grace_s: float = 15.0
     run_idle_expiry_s: float = 1800.0  # S10
     cap_raise_step: int = 1  # S2: slots added per quiet probe while running at the cap
+    # S2, a flood from idle: before a replica's engine has first queued, it takes at most
+    # this many turns (batch only, where the engine orders its queue by class), and the
+    # limit doubles on each quiet probe that finds the engine running all of them. The
+    # first queue sets the cap as S2 says and ends the ramp. None: no limit until then.
+    initial_cap: int | None = 16
     queue_probes: int = 2  # S2: consecutive probes with a queue before the cap is set
     # Prefix keeping (docs/scheduling.md): on a capped replica, turns of runs pinned there
     # go first (after S5's caller order), new batch runs start only while fewer runs than

@@ -23,6 +23,7 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "healthy": rep.healthy,
                 "in_flight": rep.in_flight,
                 "capacity": rep.cap,  # null: not limited
+                "capacity_ramping": rep.ramping,  # S2: initial_cap's ramp, no queue seen yet
                 "engine_orders_classes": rep.spec.orders_classes,
                 "reserved_for_interactive": rep.reserved,
                 "runs_pinned": rep.pinned_runs,

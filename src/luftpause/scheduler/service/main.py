@@ -73,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
             keep_prefixes=settings.keep_prefixes,
             prefix_miss_share=settings.prefix_miss_share,
             queue_probes=settings.queue_probes,
+            initial_cap=settings.initial_cap or None,
         )
         host = Host(initial_state(replica_specs(config), params, clock()), clock)
         svc.task(host.run(), name="writer")
