@@ -11,6 +11,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from luftpause.config import SchedulerSettings
 from luftpause.loadgen.mix import Group, MixError
 from luftpause.scheduler.core import (
     Admit,
@@ -134,11 +135,11 @@ def test_cli_reports_every_arm_and_writes_json(tmp_path: Path) -> None:
         "--warmup-s", "10", "--json", str(tmp_path / "sim.json"),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    for arm in ("## luftpause", "## router", "## engine-prio", "## Arms side by side"):
+    for arm in ("## luftpause", "## router", "## engine-prio", "## smg", "## Arms side by side"):
         assert arm in out.stdout
     assert out.stderr == ""
     data = json.loads((tmp_path / "sim.json").read_text())
-    assert [r["arm"] for r in data["results"]] == ["luftpause", "router", "engine-prio"]
+    assert [r["arm"] for r in data["results"]] == ["luftpause", "router", "engine-prio", "smg"]
     assert data["config"]["groups"][0]["cls"] == "interactive"
 
 
@@ -147,7 +148,8 @@ def test_cli_reports_every_arm_and_writes_json(tmp_path: Path) -> None:
     [
         ((), "no load"),
         (("--group", "2:batch:c:subagents"), "own-loop agents only"),
-        (("--group", "2:batch", "--arms", "luftpause,smg"), "unknown arm(s) smg"),
+        (("--group", "2:batch", "--arms", "luftpause,smg-max"), "unknown arm(s) smg-max"),
+        (("--group", "2:batch", "--arms", "smg-cap3"), "capacity must be more than 4"),
         (("--group", "2:nightly"), "class must be interactive or batch"),
         (("--agents", "2", "--context-chars", "40000"), "do not fit the engine's context"),
     ],
@@ -160,8 +162,10 @@ def test_cli_refuses_bad_input_with_a_clear_error(args: tuple[str, ...], message
 
 
 def test_params_are_the_services_defaults() -> None:
-    """The luftpause arm runs the core with the scheduler's default policy constants."""
+    """The luftpause arm runs the core with the scheduler's default policy constants,
+    the ramp from idle (S2) included, which the service's settings share."""
     assert SimConfig(groups=SMALL.groups).params == Params()
+    assert SchedulerSettings().initial_cap == Params().initial_cap
 
 
 def test_sweep_values_are_checked() -> None:

@@ -2,6 +2,8 @@
 
     python tools/bench/sim_fidelity.py                       # against docs/data/benchmarks.json
     python tools/bench/sim_fidelity.py --flood other.json --out docs/simulator.md
+    python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-smg.json \
+        --out docs/simulator.md --part smg       # the SGLang Model Gateway's arms too
 
 Reads the raw results of an own-loop flood (``tools/bench/flood.py --json``: every
 arm at every load point, in real seconds at the flood's time scale) and runs
@@ -10,7 +12,10 @@ arm at every load point, in real seconds at the flood's time scale) and runs
 window for that N (``flood.Plan``). For each load point, arm and class it prints
 the closed-loop runs/min and the p50 run time of both, in the engine model's time,
 and the simulator's difference. With ``--out`` the table replaces the part of that
-file between ``<!-- fidelity:start -->`` and ``<!-- fidelity:end -->``.
+file between ``<!-- fidelity:start -->`` and ``<!-- fidelity:end -->`` (with
+``--part NAME``, ``<!-- fidelity-NAME:start -->`` …). Every arm of the flood that the
+simulator has is compared: luftpause, router, engine-prio, and SMG's (``smg``,
+``smg-capC``, ``smg-fifoC``).
 
 The flood's figures are one run of the real stack (the mean of its repetitions);
 the simulator's are one seed. Nothing is asserted: this is a measurement.
@@ -28,13 +33,22 @@ from pathlib import Path
 from typing import Any
 
 from luftpause.loadgen.mix import Group
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.arms import ARMS
+from luftpause.sim.main import SimConfig, simulate, sized_arm
 
 ROOT = Path(__file__).resolve().parents[2]
-ARMS = ("luftpause", "router", "engine-prio")
 CLASSES = ("interactive", "batch")
 INTERACTIVE_AGENTS = 4
-START, END = "<!-- fidelity:start -->", "<!-- fidelity:end -->"
+
+
+def markers(part: str) -> tuple[str, str]:
+    name = f"fidelity-{part}" if part else "fidelity"
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def simulated(arm: str) -> bool:
+    """The simulator has this flood arm (``luftpause-no-pk`` and the like it has not)."""
+    return arm in ARMS or sized_arm(arm) is not None
 
 
 def plan_for(plan: dict[str, Any], load: int) -> tuple[float, float, float]:
@@ -77,7 +91,11 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="the simulator's seed (default: 0)")
     parser.add_argument("--out", type=Path, help="write the table into this file's marked part")
+    parser.add_argument(
+        "--part", default="", help="with --out: the part marked <!-- fidelity-PART:start -->"
+    )
     args = parser.parse_args()
+    start_mark, end_mark = markers(args.part)
     try:
         flood = json.loads(args.flood.read_text())
         plan, own = flood["plan"], flood["results"]["own"]
@@ -104,8 +122,8 @@ def main() -> int:
             ramp_s=ramp,
             seed=args.seed,
         )
-        for arm in ARMS:
-            if arm not in own[load]:
+        for arm in own[load]:
+            if not simulated(arm):
                 continue
             print(f"[{k}/{len(loads)}] {load} batch agents: {arm}", file=sys.stderr, flush=True)
             real = real_figures(own[load][arm], scale)
@@ -116,7 +134,9 @@ def main() -> int:
     flood_path = args.flood.relative_to(ROOT) if args.flood.is_relative_to(ROOT) else args.flood
     elapsed = time.perf_counter() - started
     lines = [
-        f"Command: `python tools/bench/sim_fidelity.py --flood {flood_path}` (simulator at "
+        f"Command: `python tools/bench/sim_fidelity.py --flood {flood_path}"
+        + (f" --part {args.part}" if args.part else "")
+        + f"` (simulator at "
         f"{commit}, seed {args.seed}, {elapsed:.0f} s); flood: `{flood.get('command', '?')}` "
         f"at commit {flood.get('code', '?')}, time scale {scale:g}, mean of "
         f"{plan.get('reps', '?')} repetitions. Rates are closed-loop runs/min (agents × 60 / "
@@ -144,13 +164,13 @@ def main() -> int:
     table = "\n".join(lines)
     print(table)
     if args.out is not None:
-        text = args.out.read_text() if args.out.exists() else f"{START}\n{END}\n"
-        if START not in text or END not in text:
-            print(f"sim_fidelity: {args.out} has no {START} … {END} part to replace")
+        text = args.out.read_text() if args.out.exists() else f"{start_mark}\n{end_mark}\n"
+        if start_mark not in text or end_mark not in text:
+            print(f"sim_fidelity: {args.out} has no {start_mark} … {end_mark} part to replace")
             return 2
-        head, rest = text.split(START, 1)
-        _, tail = rest.split(END, 1)
-        args.out.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+        head, rest = text.split(start_mark, 1)
+        _, tail = rest.split(end_mark, 1)
+        args.out.write_text(f"{head}{start_mark}\n{table}\n{end_mark}{tail}")
     return 0
 
 

@@ -28,9 +28,18 @@ from luftpause.scheduler.core import (
 from luftpause.sim.fleet import Replica
 from luftpause.sim.world import World
 
-ARMS = ("luftpause", "router", "engine-prio")
+ARMS = ("luftpause", "router", "engine-prio", "smg")
+# Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap.
+SIZED_ARMS = ("smg-cap", "smg-fifo")
 # Body priorities of the engine-prio arm (as tools/bench/flood.py sends them).
 ENGINE_PRIORITY = {"interactive": 10, "batch": 0}
+# SGLang Model Gateway 1.13's priority scheduler as tools/bench/flood.py configures it:
+# slots reserved for interactive (one per interactive agent of the flood), and its
+# built-in starvation thresholds in model seconds (a queue head waiting longer goes
+# ahead of the classes above it). Batch turns are sent as its ``bulk`` class.
+SMG_INTERACTIVE_RESERVED = 4
+SMG_STARVATION_S = {"system": 5.0, "interactive": 5.0, "default": 30.0, "bulk": 120.0}
+SMG_CLASS = {"interactive": "interactive", "batch": "bulk"}
 
 
 @dataclass(frozen=True)
@@ -244,3 +253,128 @@ class EnginePriorityArm:
 
     def finished(self, ask: Ask, end: TurnEnd) -> None:
         return None
+
+
+@dataclass
+class _Queued:
+    ask: Ask
+    admitted: Admitted
+    since: float
+
+
+class SmgArm:
+    """The SGLang Model Gateway (PyPI ``smg`` 1.13) in front of the replicas, as
+    ``tools/bench/flood.py`` runs it, modelled from its documented behaviour and what the
+    flood measured of it (``docs/simulator.md`` says what is left out).
+
+    Placement: sticky sessions keyed on the run ID: a run's turns go to the replica of its
+    first turn, which goes to the replica with the fewest requests (``cache_aware`` for a
+    prompt it has not seen). Every turn carries its class's engine priority, as the flood's
+    SMG arms send it. Admission, one of three:
+
+    * ``capacity=None`` (the ``smg`` arm): the priority scheduler with the capacity the fake
+      engines report (3,437 running requests each), so nothing ever waits in it;
+    * ``priority=True`` (``smg-capC``): the priority scheduler with ``capacity`` slots over
+      all replicas, ``reserved`` of them kept for interactive turns; queues by class,
+      interactive first, first come first served within a class, except that a queue head
+      that has waited longer than its class's starvation threshold goes first;
+    * ``priority=False`` (``smg-fifoC``): the legacy admission, ``capacity`` slots and one
+      first-come-first-served queue, blind to classes.
+    """
+
+    holds = True
+
+    def __init__(
+        self,
+        world: World,
+        replicas: Sequence[Replica],
+        capacity: int | None = None,
+        priority: bool = True,
+        reserved: int = SMG_INTERACTIVE_RESERVED,
+        name: str = "smg",
+    ) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError("an SMG arm's capacity must be at least 1")
+        if capacity is not None and priority and capacity <= reserved:
+            raise ValueError(
+                f"SMG's priority scheduler needs more slots ({capacity}) than it reserves for "
+                f"interactive turns ({reserved})"
+            )
+        self.world = world
+        self.replicas = list(replicas)
+        self.capacity = capacity
+        self.by_class = priority
+        self.reserved = reserved if priority else 0
+        self.name = name
+        self.in_flight = 0
+        self.interactive_in_flight = 0
+        # one FIFO per class (priority scheduler) or a single one (legacy admission)
+        self._queues: dict[str, list[_Queued]] = {"interactive": [], "batch": []}
+        self._pins: dict[str, str] = {}
+
+    def start(self) -> None:
+        return None
+
+    def request(self, ask: Ask, admitted: Admitted, refused: Refused) -> None:
+        queue = self._queues[ask.cls if self.by_class else "batch"]
+        queue.append(_Queued(ask, admitted, self.world.now))
+        self._dispatch()
+
+    def priority(self, cls: str) -> int:
+        return ENGINE_PRIORITY[cls]
+
+    def started(self, turn_id: str) -> None:
+        return None
+
+    def first_token(self, turn_id: str) -> None:
+        return None
+
+    def finished(self, ask: Ask, end: TurnEnd) -> None:
+        self.in_flight -= 1
+        if ask.cls == "interactive":
+            self.interactive_in_flight -= 1
+        if not end.paused_on_tool:
+            self._pins.pop(ask.run_id, None)  # the run is over; its next run starts afresh
+        self._dispatch()
+
+    def _fits(self, cls: str) -> bool:
+        if self.capacity is None:
+            return True
+        free = self.capacity - self.in_flight
+        if cls == "interactive":
+            return free > 0
+        # the slots reserved for interactive turns and not used by them stay free
+        return free > max(0, self.reserved - self.interactive_in_flight)
+
+    def _next(self) -> _Queued | None:
+        """The queue head to admit next, if it fits."""
+        now = self.world.now
+        heads = [(cls, q[0]) for cls, q in self._queues.items() if q]
+        if not heads:
+            return None
+        # class order, a starved head first (SMG's starvation promotion)
+        heads.sort(
+            key=lambda h: (
+                now - h[1].since <= SMG_STARVATION_S[SMG_CLASS[h[0]]],
+                h[0] != "interactive",
+            )
+        )
+        for cls, head in heads:
+            # a batch head that does not fit leaves the slots reserved for interactive
+            # turns to an interactive head; an interactive head fits wherever one does
+            if self._fits(head.ask.cls):
+                self._queues[cls].pop(0)
+                return head
+        return None
+
+    def _dispatch(self) -> None:
+        while (head := self._next()) is not None:
+            ask = head.ask
+            self.in_flight += 1
+            if ask.cls == "interactive":
+                self.interactive_in_flight += 1
+            replica = self._pins.get(ask.run_id)
+            if replica is None:
+                replica = min(self.replicas, key=lambda r: (r.in_flight, r.name)).name
+                self._pins[ask.run_id] = replica
+            head.admitted(replica, self.world.now - head.since)

@@ -42,7 +42,15 @@ from luftpause.loadgen.trace import TraceRun, load_trace
 from luftpause.loadgen.workload import PROFILES, Profile
 from luftpause.scheduler.core import Admit, Event, Params
 from luftpause.sim.agents import Agent, Records
-from luftpause.sim.arms import ARMS, Arm, EnginePriorityArm, LuftpauseArm, RouterArm
+from luftpause.sim.arms import (
+    ARMS,
+    SIZED_ARMS,
+    Arm,
+    EnginePriorityArm,
+    LuftpauseArm,
+    RouterArm,
+    SmgArm,
+)
 from luftpause.sim.fleet import Replica
 from luftpause.sim.shaped import ShapedAgent
 from luftpause.sim.world import World
@@ -97,7 +105,21 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         return RouterArm(replicas)
     if name == "engine-prio":
         return EnginePriorityArm(replicas)
-    raise ValueError(f"unknown arm {name!r}; arms are {', '.join(ARMS)}")
+    if name == "smg":
+        return SmgArm(world, replicas)
+    size = sized_arm(name)
+    if size is not None:
+        return SmgArm(world, replicas, size[1], priority=size[0] == "smg-cap", name=name)
+    raise ValueError(f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC")
+
+
+def sized_arm(name: str) -> tuple[str, int] | None:
+    """``smg-cap16`` -> ("smg-cap", 16); None for a name that is not a sized arm."""
+    for prefix in SIZED_ARMS:
+        rest = name.removeprefix(prefix)
+        if rest != name and rest.isdigit() and int(rest) > 0:
+            return prefix, int(rest)
+    return None
 
 
 def simulate(
@@ -267,7 +289,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--arms",
         default=",".join(ARMS),
         metavar="ARM[,ARM...]",
-        help=f"arms to run, in order (default: {','.join(ARMS)})",
+        help=f"arms to run, in order (default: {','.join(ARMS)}); also smg-capC (SMG's "
+        "priority scheduler with C slots over all replicas) and smg-fifoC (its FIFO cap of C)",
     )
     sim.add_argument(
         "--replicas", type=positive_int, default=2, help="engine replicas (default: 2)"
@@ -395,10 +418,17 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def arms_from_args(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in ARMS and sized_arm(a) is None]
     if unknown or not arms:
         raise MixError(
-            f"unknown arm(s) {', '.join(unknown) or '(none given)'}; arms are {', '.join(ARMS)}"
+            f"unknown arm(s) {', '.join(unknown) or '(none given)'}; arms are "
+            f"{', '.join(ARMS)}, and smg-capC / smg-fifoC for a capacity of C slots"
+        )
+    small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]
+    if small:
+        raise MixError(
+            f"{', '.join(small)}: SMG's priority scheduler reserves 4 slots for interactive "
+            "turns, so its capacity must be more than 4"
         )
     return list(dict.fromkeys(arms))
 
