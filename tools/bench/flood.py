@@ -214,11 +214,20 @@ class Stack:
         stop_all(self.services)
 
 
-def _config(path: Path, stack: Stack, probe_s: float, keep_prefixes: bool = True) -> Path:
+def _config(
+    path: Path,
+    stack: Stack,
+    probe_s: float,
+    keep_prefixes: bool = True,
+    initial_cap: int | None = None,
+) -> Path:
+    """A stack file for one scheduler and dataplane on the stack's engines;
+    ``initial_cap`` None leaves the scheduler's default ramp from idle."""
     text = (
         f"[scheduler]\nprobe_period_s = {probe_s:g}\n"
         f"keep_prefixes = {str(keep_prefixes).lower()}\n"
-        "[dataplane]\nreport_reconnect_s = 0.2\n"
+        + ("" if initial_cap is None else f"initial_cap = {initial_cap}\n")
+        + "[dataplane]\nreport_reconnect_s = 0.2\n"
     )
     for i, url in enumerate(stack.engines):
         text += (
@@ -316,13 +325,18 @@ def smg_command(flags: list[str], capacity: list[int] | None) -> str:
     return text
 
 
-def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) -> Stack:
-    s = Stack(tmp, plan)
-    ts = f"{plan.time_scale:g}"
+def probe_period(plan: Plan) -> float:
+    """The scheduler's probe period, scaled with the engines (2 s of model time)."""
+    return max(0.05, 2.0 / plan.time_scale)
+
+
+def start_engines(s: Stack) -> None:
+    """The two fake engines (priority scheduling on, as in every arm) and the fake tools."""
+    ts = f"{s.plan.time_scale:g}"
     for name in ("engine-a", "engine-b"):
         svc = s.start(
             "fake-engine", "--name", name, "--port", "0", "--time-scale", ts,
-            "--priority-scheduling", "--chunk-tokens", str(plan.chunk_tokens),
+            "--priority-scheduling", "--chunk-tokens", str(s.plan.chunk_tokens),
             "--tool-results", str(TOOL_CALLS), "--log-level", "WARNING",
             name=name,
         )  # fmt: skip
@@ -331,8 +345,12 @@ def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) 
         "fake-mcp", "--port", "0", "--time-scale", ts, "--log-level", "WARNING", name="fake-mcp"
     )
     s.tools_url = f"{tools.urls['http']}/mcp"
-    # The scheduler's probe period scales with the engines (2 s of model time).
-    probe_s = max(0.05, 2.0 / plan.time_scale)
+
+
+def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) -> Stack:
+    s = Stack(tmp, plan)
+    start_engines(s)
+    probe_s = probe_period(plan)
     s.dataplane = _luftpause(s, _config(tmp / "stack.toml", s, probe_s), "")
     if ablate:
         config = _config(tmp / "stack-no-pk.toml", s, probe_s, keep_prefixes=False)
