@@ -1,0 +1,133 @@
+"""SGLang Model Gateway's frontier in the simulator, with luftpause placed on it.
+
+    python tools/bench/sim_frontier.py --loads 48,96,144 --seeds 3 \\
+        --smg-caps 8,12,16,24,36 --smg-fifo-caps 36 \\
+        --out docs/simulator-smg.md --plot docs/simulator-smg-frontier.svg
+
+The own-loop flood's plan at each load point (4 interactive agents beside N batch
+agents, its warm-up, ramp and window: ``flood.FULL``), run by ``luftpause sim`` for
+every arm: luftpause, the router, engine priority, SMG with its engines' capacity,
+SMG's priority scheduler at each capacity C (``smg-capC``) and its FIFO cap
+(``smg-fifoC``). Each seed is one repetition; a cell shows the mean and its 95 %
+t-interval over the seeds, as ``tools/bench/flood.py`` shows repetitions, and the
+frontier table and SVG are drawn by the flood's own code. Rates are closed-loop
+runs/min (agents × 60 / mean run time) in the engine model's time. A measurement:
+nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from flood import FULL, frontier_points, frontier_svg, frontier_table
+
+from luftpause.loadgen.mix import Group
+from luftpause.sim.main import SimConfig, arms_from_args, simulate
+
+INTERACTIVE_AGENTS = 4
+BASE_ARMS = ("luftpause", "router", "engine-prio", "smg")
+
+
+def caps(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"sim_frontier: {what} takes whole numbers, not {text!r}") from None
+    if any(v < 1 for v in values):
+        raise SystemExit(f"sim_frontier: {what} must be positive")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--loads", default="96", help="batch agents per load point (default: 96)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds (repetitions) per arm")
+    p.add_argument("--smg-caps", default="8,12,16,24,36", help="SMG priority-scheduler caps")
+    p.add_argument("--smg-fifo-caps", default="36", help="SMG FIFO caps (empty: none)")
+    p.add_argument("--out", type=Path, help="also write the tables here")
+    p.add_argument("--plot", type=Path, help="also write the frontier as SVG")
+    p.add_argument("--json", type=Path, help="also write every result")
+    args = p.parse_args(argv)
+    loads = caps(args.loads, "--loads")
+    if args.seeds < 1:
+        p.error("--seeds must be at least 1")
+    arms = arms_from_args(
+        ",".join(
+            [*BASE_ARMS]
+            + [f"smg-cap{c}" for c in caps(args.smg_caps, "--smg-caps")]
+            + [f"smg-fifo{c}" for c in caps(args.smg_fifo_caps, "--smg-fifo-caps")]
+        )
+    )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    command = "python tools/bench/sim_frontier.py " + " ".join(argv or sys.argv[1:])
+    started = time.monotonic()
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    total, done = len(loads) * len(arms) * args.seeds, 0
+    for load in loads:
+        warmup = max(FULL.warmup_s, 1.0 * load)
+        config = SimConfig(
+            groups=(
+                Group("interactive", INTERACTIVE_AGENTS, "interactive", "interactive"),
+                Group("batch", load, "batch", "batch"),
+            ),
+            duration_s=max(FULL.window_s, 1.5 * load),
+            warmup_s=warmup,
+            ramp_s=warmup / 2,
+        )
+        by_arm: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+        for seed in range(args.seeds):
+            for arm in arms:
+                by_arm[arm].append(simulate(replace(config, seed=seed), arm))
+                done += 1
+                print(
+                    f"[{done}/{total}] {load} batch agents, {arm}, seed {seed} "
+                    f"({time.monotonic() - started:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        results[str(load)] = by_arm
+    lines = [
+        f"Command: `{command.strip()}` at commit {commit or 'unknown'}; simulator, seeds "
+        f"0–{args.seeds - 1} as repetitions (mean ± 95 % t-interval), "
+        f"{time.monotonic() - started:.0f} s of wall time. Closed-loop runs/min and p50 run "
+        "times in the engine model's time.",
+        "",
+    ]
+    for point, arms_at in results.items():
+        lines += [f"### {point} batch + {INTERACTIVE_AGENTS} interactive agents", ""]
+        lines += frontier_table(arms_at, 1.0)
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    if args.plot:
+        panels = [
+            (f"{point} batch + {INTERACTIVE_AGENTS} interactive", frontier_points(arms_at, 1.0))
+            for point, arms_at in results.items()
+        ]
+        args.plot.write_text(
+            frontier_svg(
+                panels,
+                "SMG's frontier and luftpause, in the simulator",
+                f"luftpause sim at {commit}, {args.seeds} seeds; runs/min in model time",
+            )
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"command": command.strip(), "commit": commit, "results": results})
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
