@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(VENV)/bin/luftpause up $(if $(CONFIG),--config $(CONFIG),)
 
+# Unit and component tests run on two workers (they start no processes of their own);
+# the integration tier runs alone, its processes timed against each other.
 test: $(STAMP) lint typecheck contracts proto-check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 tests/unit tests/component
+	$(PY) -m pytest -q tests/integration
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests tools examples
