@@ -195,17 +195,27 @@ class LuftpauseArm:
         )
 
 
+class _Unhosted:
+    """An arm with no scheduler to start or to tell how a turn is going."""
+
+    def start(self) -> None:
+        return None
+
+    def started(self, turn_id: str) -> None:
+        return None
+
+    def first_token(self, turn_id: str) -> None:
+        return None
+
+
 @dataclass
-class RouterArm:
+class RouterArm(_Unhosted):
     """No admission: back to the run's last replica, else the one with the fewest requests."""
 
     replicas: Sequence[Replica]
     name: str = "router"
     holds: bool = False
     _last: dict[str, str] = field(default_factory=dict)
-
-    def start(self) -> None:
-        return None
 
     def request(self, ask: Ask, admitted: Admitted, refused: Refused) -> None:
         last = self._last.get(ask.run_id)
@@ -217,39 +227,24 @@ class RouterArm:
     def priority(self, cls: str) -> int:
         return 0
 
-    def started(self, turn_id: str) -> None:
-        return None
-
-    def first_token(self, turn_id: str) -> None:
-        return None
-
     def finished(self, ask: Ask, end: TurnEnd) -> None:
         if not end.paused_on_tool:
             self._last.pop(ask.run_id, None)  # the run is over; its next run starts afresh
 
 
 @dataclass
-class EnginePriorityArm:
+class EnginePriorityArm(_Unhosted):
     """Straight to the engines: agent i on replica i mod N, the class as body priority."""
 
     replicas: Sequence[Replica]
     name: str = "engine-prio"
     holds: bool = False
 
-    def start(self) -> None:
-        return None
-
     def request(self, ask: Ask, admitted: Admitted, refused: Refused) -> None:
         admitted(self.replicas[ask.agent % len(self.replicas)].name, 0.0)
 
     def priority(self, cls: str) -> int:
         return ENGINE_PRIORITY[cls]
-
-    def started(self, turn_id: str) -> None:
-        return None
-
-    def first_token(self, turn_id: str) -> None:
-        return None
 
     def finished(self, ask: Ask, end: TurnEnd) -> None:
         return None
@@ -262,7 +257,7 @@ class _Queued:
     since: float
 
 
-class SmgArm:
+class SmgArm(_Unhosted):
     """The SGLang Model Gateway (PyPI ``smg`` 1.13) in front of the replicas, as
     ``tools/bench/flood.py`` runs it, modelled from its documented behaviour and what the
     flood measured of it (``docs/simulator.md`` says what is left out).
@@ -312,9 +307,6 @@ class SmgArm:
         self._queues: dict[str, list[_Queued]] = {"interactive": [], "batch": []}
         self._pins: dict[str, str] = {}
 
-    def start(self) -> None:
-        return None
-
     def request(self, ask: Ask, admitted: Admitted, refused: Refused) -> None:
         queue = self._queues[ask.cls if self.by_class else "batch"]
         queue.append(_Queued(ask, admitted, self.world.now))
@@ -322,12 +314,6 @@ class SmgArm:
 
     def priority(self, cls: str) -> int:
         return ENGINE_PRIORITY[cls]
-
-    def started(self, turn_id: str) -> None:
-        return None
-
-    def first_token(self, turn_id: str) -> None:
-        return None
 
     def finished(self, ask: Ask, end: TurnEnd) -> None:
         self.in_flight -= 1
