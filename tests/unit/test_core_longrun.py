@@ -81,7 +81,7 @@ SEED = 18
 # (initial_cap, digest): off, as recorded before the ramp existed; the default ramp
 DIGESTS = (
     (None, "b8b4f76fae00736446eb3c933eed69c755aaf699e4ca88008948d4e1b03ac0a8"),
-    (PARAMS.initial_cap, "7643313bafc9d1e2886870b1523f2e315ed262ee041eb3f9d916b8711a7d1ffe"),
+    (PARAMS.initial_cap, "3835516d27712b9abdc3a5f08ccc96ce8b6bf939c96cd1e697547d0439ca1778"),
 )
 
 

@@ -382,6 +382,23 @@ def test_s2_a_replica_without_load_numbers_leaves_the_ramp_unlimited() -> None:
     assert sim.replica("a")["capacity"] is None
 
 
+def test_s2_s9_a_replica_that_was_down_ramps_again() -> None:
+    """S2, S9: a replica whose probe fails may come back as a restarted engine, idle and
+    cold: it ramps from idle again instead of keeping its old cap or losing every
+    limit; a healthy replica that reports no load numbers stays unlimited."""
+    sim = Sim(gen("a"), params=SPEC_RULES, initial_cap=4)
+    sim.probe("a", True, running=6, waiting=3)
+    assert sim.replica("a")["capacity"] == 6 and not sim.replica("a")["capacity_ramping"]
+    sim.probe("a", False)  # down: no numbers
+    assert sim.replica("a")["capacity"] == 4 and sim.replica("a")["capacity_ramping"]
+    sim.probe("a", True, running=0, waiting=0)  # back, empty
+    got = [admits(sim.req(f"t{i}", f"r{i}")) for i in range(6)]
+    assert [g for g in got if g] == [{f"t{i}": "a"} for i in range(4)]
+    assert len(admits(sim.probe("a", True, running=4, waiting=0))) == 2  # doubled to 8
+    sim.probe("a", True)  # healthy, no numbers: not limited
+    assert sim.replica("a")["capacity"] is None and not sim.replica("a")["capacity_ramping"]
+
+
 def test_s2_s11_a_restarted_scheduler_ramps_above_what_its_dataplanes_resync() -> None:
     """S2, S11: a restarted scheduler starts on the ramp; turns a dataplane resyncs stay
     admitted above the limit, and the engine running them all with no queue doubles it."""

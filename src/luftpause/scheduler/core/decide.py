@@ -55,7 +55,9 @@ The ramp from idle (S2, ``Params.initial_cap``): before its engine has first
 queued, a replica's cap is a ramp that starts at ``initial_cap`` and doubles on
 each quiet probe that finds the engine running at it (the raise rule above, by
 the cap instead of the step). The first lasting queue sets the cap from the
-running count and ends the ramp; a probe without load numbers ends it too. So a
+running count and ends the ramp; a healthy probe without load numbers ends it
+too, and an unhealthy one starts it again (the engine may come back restarted,
+idle and cold, with every run pinned to it returning at once). So a
 flood from idle meets a limit before two probes have seen a queue, and a light
 load, which never reaches it, meets none. The scheduler keeps nothing on disk,
 so a restarted one starts on the ramp again and sets each cap from the first
@@ -840,8 +842,13 @@ class _Tx:
         queued = rep.queued_probes
         ramping = rep.ramping
         if ev.running is None or ev.waiting is None:
-            # S2: a replica that reports no load is not limited
-            cap, queued, ramping = None, 0, False
+            if not ev.healthy and self.params.initial_cap is not None:
+                # down: it may come back as a restarted engine, idle and cold, so it
+                # ramps from idle again (S2)
+                cap, queued, ramping = self.params.initial_cap, 0, True
+            else:
+                # S2: a replica that reports no load is not limited
+                cap, queued, ramping = None, 0, False
         elif ev.waiting > 0:
             queued += 1
             if queued >= self.params.queue_probes:
