@@ -28,7 +28,7 @@ from typing import Any
 
 from flood import FULL, frontier_points, frontier_svg, frontier_table
 
-from luftpause.loadgen.mix import Group
+from luftpause.loadgen.mix import Group, MixError
 from luftpause.sim.main import SimConfig, arms_from_args, simulate
 
 INTERACTIVE_AGENTS = 4
@@ -58,13 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     loads = caps(args.loads, "--loads")
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
-    arms = arms_from_args(
-        ",".join(
-            [*BASE_ARMS]
-            + [f"smg-cap{c}" for c in caps(args.smg_caps, "--smg-caps")]
-            + [f"smg-fifo{c}" for c in caps(args.smg_fifo_caps, "--smg-fifo-caps")]
+    try:
+        arms = arms_from_args(
+            ",".join(
+                [*BASE_ARMS]
+                + [f"smg-cap{c}" for c in caps(args.smg_caps, "--smg-caps")]
+                + [f"smg-fifo{c}" for c in caps(args.smg_fifo_caps, "--smg-fifo-caps")]
+            )
         )
-    )
+    except MixError as exc:
+        p.error(str(exc))
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
