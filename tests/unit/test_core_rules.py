@@ -118,6 +118,23 @@ class Sim:
         self.t = at
         return self(ClockTicked(at))
 
+    def resync_generating(self, replica: str, n: int) -> tuple[Action, ...]:
+        """A dataplane resyncs ``n`` batch runs generating on ``replica``, one turn each
+        in flight there (``r0``/``t0`` …)."""
+        return self(
+            DataplaneResynced(
+                self.t,
+                "dp",
+                runs=tuple(
+                    RunSnapshot(f"r{i}", RunPhase.GENERATING, replica, BAT, "c") for i in range(n)
+                ),
+                in_flight=tuple(
+                    TurnSnapshot(f"t{i}", f"r{i}", replica, "m", BAT, "c", started=True)
+                    for i in range(n)
+                ),
+            )
+        )
+
     def view(self) -> dict[str, Any]:
         return status(self.state, self.t)
 
@@ -277,16 +294,7 @@ def test_s2_s11_caps_are_learned_again_after_a_restart() -> None:
     sim.probe("a", True, running=None, waiting=None)
     sim.probe("b", True, running=None, waiting=None)
     sim.tick(1.0)
-    sim(
-        DataplaneResynced(
-            sim.t,
-            "dp",
-            runs=tuple(RunSnapshot(f"r{i}", RunPhase.GENERATING, "a", BAT, "c") for i in range(6)),
-            in_flight=tuple(
-                TurnSnapshot(f"t{i}", f"r{i}", "a", "m", BAT, "c", started=True) for i in range(6)
-            ),
-        )
-    )
+    sim.resync_generating("a", 6)
     assert sim.replica("a")["capacity"] is None
     sim.t = 2.0
     sim.probe("a", True, running=4, waiting=2)
@@ -406,16 +414,7 @@ def test_s2_s11_a_restarted_scheduler_ramps_above_what_its_dataplanes_resync() -
     # the engine still runs 6 turns from before the restart, nothing queued: doubled
     sim.probe("a", True, running=6, waiting=0)
     assert sim.replica("a")["capacity"] == 8
-    sim(
-        DataplaneResynced(
-            sim.t,
-            "dp",
-            runs=tuple(RunSnapshot(f"r{i}", RunPhase.GENERATING, "a", BAT, "c") for i in range(10)),
-            in_flight=tuple(
-                TurnSnapshot(f"t{i}", f"r{i}", "a", "m", BAT, "c", started=True) for i in range(10)
-            ),
-        )
-    )
+    sim.resync_generating("a", 10)
     assert sim.replica("a")["in_flight"] == 10
     assert sim.req("t10", "r10") == ()
     assert admits(sim.probe("a", True, running=10, waiting=0)) == {"t10": "a"}

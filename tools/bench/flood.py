@@ -85,6 +85,7 @@ from luftpause.procs import (
     launch_smg,
     stop_all,
 )
+from luftpause.sim.arms import SMG_STARVATION_S
 
 MODEL = "llama-3.2-1b"
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,9 +103,8 @@ SMG_KEY_HEADER = "x-smg-routing-key"  # the run ID: sticky sessions keep a run o
 # default (128 slots, or 25 % of capacity) exceeds the small capacities swept here.
 SMG_INTERACTIVE_RESERVED = INTERACTIVE_AGENTS
 SMG_QUEUE_TIMEOUT_S = 1800.0  # model seconds: no turn fails for waiting in SMG's queues
-# SMG's built-in starvation thresholds (model seconds): a queue head waiting longer is
-# admitted out of priority order.
-SMG_STARVATION_S = {"system": 5.0, "interactive": 5.0, "default": 30.0, "bulk": 120.0}
+# SMG's built-in starvation thresholds are SMG_STARVATION_S (model seconds; one table
+# with the simulator's SMG arms, luftpause.sim.arms).
 SMG_QUEUE_SIZE = {"system": 64, "interactive": 256, "default": 512, "bulk": 1024}
 SMG_COMMON_FLAGS = (
     "--sticky-sessions", "--routing-key-headers", SMG_KEY_HEADER,

@@ -26,12 +26,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flood import FULL, frontier_points, frontier_svg, frontier_table
+from flood import FULL, INTERACTIVE_AGENTS, frontier_points, frontier_svg, frontier_table
 
 from luftpause.loadgen.mix import Group, MixError
 from luftpause.sim.main import SimConfig, arms_from_args, simulate
 
-INTERACTIVE_AGENTS = 4
 BASE_ARMS = ("luftpause", "router", "engine-prio", "smg")
 
 
@@ -76,15 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     total, done = len(loads) * len(arms) * args.seeds, 0
     for load in loads:
-        warmup = max(FULL.warmup_s, 1.0 * load)
         config = SimConfig(
             groups=(
                 Group("interactive", INTERACTIVE_AGENTS, "interactive", "interactive"),
                 Group("batch", load, "batch", "batch"),
             ),
-            duration_s=max(FULL.window_s, 1.5 * load),
-            warmup_s=warmup,
-            ramp_s=warmup / 2,
+            duration_s=FULL.window_for(load),
+            warmup_s=FULL.warmup_for(load),
+            ramp_s=FULL.ramp_for(load),
         )
         by_arm: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
         for seed in range(args.seeds):
