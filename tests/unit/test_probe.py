@@ -118,6 +118,36 @@ async def test_unreachable_engine_is_unhealthy() -> None:
     assert seen[0].healthy is False
 
 
+async def test_one_timed_out_health_check_is_not_yet_unhealthy() -> None:
+    """S9/S3: a health check that times out once reports nothing (a busy engine keeps its
+    runs); the second in a row marks the replica unhealthy; an answer resets the count."""
+    answers = iter(["timeout", "ok", "timeout", "timeout", "ok"])
+
+    def handle(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/health":
+            if next(answers) == "timeout":
+                raise httpx.ReadTimeout("slow", request=req)
+            return httpx.Response(200, text="ok")
+        return httpx.Response(200, text=SGLANG)
+
+    ep = Endpoint(
+        name="e", url="http://e:1", models=("m",), health_path="/health",
+        metrics=MetricsFlavour.SGLANG,
+    )  # fmt: skip
+    prober, seen = _prober(httpx.MockTransport(handle), ep)
+    await prober.probe_all()
+    assert seen == []  # one timeout: no evidence either way
+    await prober.probe_all()
+    assert [p.healthy for p in seen] == [True]
+    await prober.probe_all()
+    assert [p.healthy for p in seen] == [True]  # the count started again
+    await prober.probe_all()
+    assert [p.healthy for p in seen] == [True, False]
+    assert seen[-1].running is None
+    await prober.probe_all()
+    assert [p.healthy for p in seen] == [True, False, True]
+
+
 async def test_router_load_is_read_from_its_engines() -> None:
     """S7: a router replica's load is the sum over the engines in load_from."""
 

@@ -4,7 +4,11 @@ A probe GETs the endpoint's health path (none configured: healthy) and its
 Prometheus metrics, or those of the engines named in ``load_from`` when the
 replica is a router. SGLang and vLLM names both parse, including vLLM's old
 and new KV-usage gauges. Hosted endpoints get ``Authorization: Bearer <key>``.
-The probe timeout equals the period.
+The probe timeout equals the period. A refused connection or an error status
+marks a replica unhealthy at once; a health check that only times out does so
+the second time in a row (``TIMEOUTS_TO_UNHEALTHY``): an engine busy enough to
+answer late once is slow, not dead, and marking it down would let every run
+pinned there move off its cached prefix (S3).
 
 If the metrics read fails while the health check passes, the last good load is
 reported again (the cap stays sticky) and a warning is logged; a replica
@@ -38,6 +42,9 @@ KV = {
     MetricsFlavour.SGLANG: ("sglang:token_usage",),
     MetricsFlavour.VLLM: ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 }
+
+
+TIMEOUTS_TO_UNHEALTHY = 2
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,7 @@ class Prober:
         self.client = client or httpx.AsyncClient(timeout=period_s)
         self._last_load: dict[str, Load] = {}
         self._last_healthy: dict[str, bool] = {}
+        self._timeouts: dict[str, int] = {}  # health checks timed out in a row
 
     async def run_forever(self) -> None:
         while True:
@@ -109,7 +117,15 @@ class Prober:
         key = self.api_keys.get(endpoint.name)
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        healthy, why = await self._health(endpoint, headers)
+        healthy, why, timed_out = await self._health(endpoint, headers)
+        name = endpoint.name
+        if timed_out:
+            self._timeouts[name] = self._timeouts.get(name, 0) + 1
+            if self._timeouts[name] < TIMEOUTS_TO_UNHEALTHY:
+                log.info("replica %s: health check timed out once; not judged yet", name)
+                return  # no evidence either way: nothing is reported
+        else:
+            self._timeouts.pop(name, None)
         load: Load | None = None
         if healthy and endpoint.metrics is not MetricsFlavour.NONE:
             load = await self._load(endpoint, headers)
@@ -119,7 +135,6 @@ class Prober:
             else:
                 log.warning("replica %s is unhealthy: %s", endpoint.name, why)
             self._last_healthy[endpoint.name] = healthy
-        name = endpoint.name
         self.post(
             lambda at: ReplicaProbed(
                 at=at,
@@ -131,18 +146,20 @@ class Prober:
             )
         )
 
-    async def _health(self, endpoint: Endpoint, headers: dict[str, str]) -> tuple[bool, str]:
+    async def _health(self, endpoint: Endpoint, headers: dict[str, str]) -> tuple[bool, str, bool]:
+        """(healthy, why not, whether it only timed out)."""
         if not endpoint.health_path:
-            return True, ""
+            return True, "", False
         try:
             resp = await self.client.get(
                 endpoint.url + endpoint.health_path, headers=headers, timeout=self.period_s
             )
         except httpx.HTTPError as exc:
-            return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return False, why, isinstance(exc, httpx.TimeoutException)
         if resp.is_success:
-            return True, ""
-        return False, f"{endpoint.health_path} answered {resp.status_code}"
+            return True, "", False
+        return False, f"{endpoint.health_path} answered {resp.status_code}", False
 
     async def _load(self, endpoint: Endpoint, headers: dict[str, str]) -> Load | None:
         sources = endpoint.load_from or (endpoint.url,)
