@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
+import io
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +14,11 @@ from typing import Any
 
 import httpx
 
+from luftpause.loadgen.main import add_arguments
+from luftpause.loadgen.main import main as loadgen_main
+
 MODEL = "llama-3.2-1b"
+LOADGEN_TIMEOUT_S = 60.0  # a load generator run in a test stops by itself well before
 
 
 @dataclass
@@ -134,3 +142,22 @@ async def eventually(check: Any, timeout: float = 15.0, what: str = "condition")
                 await asyncio.sleep(0.05)
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
+
+
+async def loadgen_here(tmp: Path, *argv: str) -> tuple[int, str, dict[str, Any]]:
+    """The same command in a thread of this process (saves a start-up's imports)."""
+    out = tmp / "result.json"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([*argv, "--json", str(out)])
+
+    def call() -> tuple[int, str]:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = loadgen_main(args)
+        return rc, buf.getvalue()
+
+    async with asyncio.timeout(LOADGEN_TIMEOUT_S):
+        rc, stdout = await asyncio.to_thread(call)
+    result = json.loads(out.read_text()) if out.exists() else {}
+    return rc, stdout, result

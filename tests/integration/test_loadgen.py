@@ -8,7 +8,6 @@ errors counted), never for timings.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import io
@@ -19,10 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fullstack import Stack, start_stack
+from fullstack import Stack, loadgen_here, start_stack
 
-from luftpause.loadgen.main import add_arguments
-from luftpause.loadgen.main import main as loadgen_main
 from luftpause.procs import free_port
 
 pytestmark = pytest.mark.integration
@@ -68,25 +65,6 @@ async def loadgen(
         raise AssertionError("loadgen did not stop by itself") from None
     result = json.loads(out.read_text()) if out.exists() else {}
     return proc.returncode or 0, stdout.decode(), stderr.decode(), result
-
-
-async def loadgen_here(tmp: Path, *argv: str) -> tuple[int, str, dict[str, Any]]:
-    """The same command in a thread of this process (saves a start-up's imports)."""
-    out = tmp / "result.json"
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args([*argv, "--json", str(out)])
-
-    def call() -> tuple[int, str]:
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            rc = loadgen_main(args)
-        return rc, buf.getvalue()
-
-    async with asyncio.timeout(RUN_TIMEOUT_S):
-        rc, stdout = await asyncio.to_thread(call)
-    result = json.loads(out.read_text()) if out.exists() else {}
-    return rc, stdout, result
 
 
 async def test_own_loop_groups_through_the_dataplane(stack: Stack, tmp_path: Path) -> None:
