@@ -116,26 +116,31 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 accepted += 1
         return accepted
 
-    @contextlib.contextmanager
-    def _stream_of(self, dataplane_id: str) -> Iterator[None]:
-        """A dataplane's report stream (Report or Link) is open for the ``with`` body:
-        once its last stream is gone its turns are released unless it comes back (S11)."""
+    def stream_opened(self, dataplane_id: str) -> None:
+        """A report stream of ``dataplane_id`` (Report, Link, or the Link over TCP) opened."""
         if dataplane_id:
             self._streams[dataplane_id] += 1
             if self._streams[dataplane_id] == 1:
                 self.host.post(lambda at: DataplaneConnected(at=at, dataplane_id=dataplane_id))
+
+    def stream_closed(self, dataplane_id: str) -> None:
+        """It ended (the dataplane closed it, died, or the link broke): once its last
+        stream is gone its turns are released unless it comes back (S11)."""
+        if dataplane_id:
+            self._streams[dataplane_id] -= 1
+            if self._streams[dataplane_id] <= 0:
+                del self._streams[dataplane_id]
+                log.info("dataplane %s stopped reporting", dataplane_id)
+                self.host.post(lambda at: DataplaneDisconnected(at=at, dataplane_id=dataplane_id))
+
+    @contextlib.contextmanager
+    def _stream_of(self, dataplane_id: str) -> Iterator[None]:
+        """A dataplane's report stream is open for the ``with`` body."""
+        self.stream_opened(dataplane_id)
         try:
             yield
         finally:
-            # The stream ended (the dataplane closed it, died, or the link broke).
-            if dataplane_id:
-                self._streams[dataplane_id] -= 1
-                if self._streams[dataplane_id] <= 0:
-                    del self._streams[dataplane_id]
-                    log.info("dataplane %s stopped reporting", dataplane_id)
-                    self.host.post(
-                        lambda at: DataplaneDisconnected(at=at, dataplane_id=dataplane_id)
-                    )
+            self.stream_closed(dataplane_id)
 
     async def Report(
         self, request_iterator: AsyncIterator[pb.ReportBatch], context: Any
@@ -149,42 +154,14 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     async def Link(self, request_iterator: AsyncIterator[pb.LinkUp], context: Any) -> None:
         """Reports and admissions on one stream (see the .proto). Each admission request
         is answered by the writer as soon as it is decided; answers go out with whatever
-        else was decided since the last write. Abandoning a turn, or the stream ending,
-        withdraws its request, exactly as cancelling an Admit call does."""
-        waiting: dict[str, Callable[[], None]] = {}  # turn ID -> abandon its request
+        else was decided since the last write."""
         out: asyncio.Queue[pb.AdmitAnswer | _Ended] = asyncio.Queue()
-
-        def ask(request: pb.AdmitRequest) -> None:
-            self._join_known_run(request)
-            span = tracing.start_admit(request)
-
-            def answer(outcome: Admitted | Reject) -> None:
-                waiting.pop(request.turn_id, None)
-                try:
-                    tracing.decided(span, outcome)
-                    span.end()
-                    response = self._response(request, outcome)
-                except Exception:
-                    log.exception("answering turn %s failed", request.turn_id)
-                    out.put_nowait(_Ended(failed=True))
-                    return
-                out.put_nowait(pb.AdmitAnswer(turn_id=request.turn_id, response=response))
-
-            waiting[request.turn_id] = self.host.request(
-                request.turn_id, lambda at: convert.turn_requested(request, at), answer
-            )
+        session = LinkSession(self, out.put_nowait, lambda: out.put_nowait(_Ended(failed=True)))
 
         async def read() -> None:
             try:
                 async for up in request_iterator:
-                    self._accept(up.events)
-                    for turn_id in up.abandoned:
-                        abandon = waiting.pop(turn_id, None)
-                        if abandon is not None:
-                            abandon()
-                    for request in up.admit:
-                        if request.turn_id not in waiting:  # asked twice: one answer is enough
-                            ask(request)
+                    session.up(up)
             finally:
                 out.put_nowait(_Ended(failed=False))
 
@@ -212,9 +189,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 # handler when the client goes, and that can land while the end of the
                 # stream is being handled here, cutting a wait short.
                 reader.cancel()  # it applies nothing more once cancelled
-                for abandon in waiting.values():
-                    abandon()  # turns still held for this stream: abandoned
-                waiting.clear()
+                session.close()  # turns still held for this stream: abandoned
                 await asyncio.gather(reader, return_exceptions=True)
 
     async def RunEnded(self, request: pb.RunEndedRequest, context: Any) -> pb.RunEndedResponse:
@@ -236,6 +211,63 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             len(request.in_flight),
         )
         return pb.ResyncResponse(runs=len(request.runs), turns=len(request.in_flight))
+
+
+class LinkSession:
+    """One Link stream's admissions, whatever carries it (the Link rpc, or the Link over
+    plain TCP): each admission request is asked of the writer, and its answer handed to
+    ``send`` as soon as it is decided. Abandoning a turn, or closing the session (the
+    stream ended), withdraws its request, exactly as cancelling an Admit call does.
+    ``fail`` is called if an answer cannot be built (logged): the stream must end."""
+
+    def __init__(
+        self,
+        servicer: SchedulerServicer,
+        send: Callable[[pb.AdmitAnswer], None],
+        fail: Callable[[], None],
+    ) -> None:
+        self.servicer = servicer
+        self.send = send
+        self.fail = fail
+        self.waiting: dict[str, Callable[[], None]] = {}  # turn ID -> abandon its request
+
+    def up(self, up: pb.LinkUp) -> None:
+        """Apply one LinkUp: reports, then abandoned turns, then admission requests."""
+        self.servicer._accept(up.events)
+        for turn_id in up.abandoned:
+            abandon = self.waiting.pop(turn_id, None)
+            if abandon is not None:
+                abandon()
+        for request in up.admit:
+            if request.turn_id not in self.waiting:  # asked twice: one answer is enough
+                self._ask(request)
+
+    def _ask(self, request: pb.AdmitRequest) -> None:
+        servicer = self.servicer
+        servicer._join_known_run(request)
+        span = tracing.start_admit(request)
+
+        def answer(outcome: Admitted | Reject) -> None:
+            self.waiting.pop(request.turn_id, None)
+            try:
+                tracing.decided(span, outcome)
+                span.end()
+                response = servicer._response(request, outcome)
+            except Exception:
+                log.exception("answering turn %s failed", request.turn_id)
+                self.fail()
+                return
+            self.send(pb.AdmitAnswer(turn_id=request.turn_id, response=response))
+
+        self.waiting[request.turn_id] = servicer.host.request(
+            request.turn_id, lambda at: convert.turn_requested(request, at), answer
+        )
+
+    def close(self) -> None:
+        """The stream ended: turns still waiting on it are abandoned."""
+        waiting, self.waiting = self.waiting, {}
+        for abandon in waiting.values():
+            abandon()
 
 
 @dataclass(frozen=True)
