@@ -106,10 +106,19 @@ def _service_lines(
         s = config.scheduler
         grpc = s.grpc_port if args.port is None else args.port
         http = s.http_port if args.http_port is None else args.http_port
+        from luftpause.scheduler.service.main import link_port_of
+
         problems += _found(
-            _port_problem("--port", args.port), _port_problem("--http-port", args.http_port)
+            _port_problem("--port", args.port),
+            _port_problem("--http-port", args.http_port),
+            _port_problem("--link-port", args.link_port),
         )
-        lines.append(f"  listens on   {args.host or s.host}: gRPC {grpc}, status HTTP {http}")
+        link = link_port_of(s, args)
+        link_text = "off" if link is None else "a free port" if link == 0 else str(link)
+        lines.append(
+            f"  listens on   {args.host or s.host}: gRPC {grpc}, status HTTP {http}, "
+            f"Link over TCP {link_text}"
+        )
         lines.append(
             f"  probes       every {s.probe_period_s:g} s; turn timeout {s.turn_timeout_s:g} s"
         )

@@ -167,6 +167,10 @@ class SchedulerSettings(_Frozen):
     host: str = "127.0.0.1"
     grpc_port: Port = 5000
     http_port: Port = 5001
+    # The Link over plain TCP (the admission round trip without HTTP/2), advertised to
+    # dataplanes on resync; off: dataplanes use the Link rpc on grpc_port.
+    tcp_link: bool = True
+    link_port: Port = 5002
     probe_period_s: Seconds = 2.0  # also the probe timeout (S9)
     clock_tick_s: Seconds = 1.0  # S10
     turn_timeout_s: Seconds = 600.0  # a turn never reported finished is dropped (S10)
@@ -217,6 +221,8 @@ class DataplaneSettings(_Frozen):
     report_reconnect_s: Seconds = 1.0
     # Reports wait up to this long to share a write to the scheduler (0 = each at once).
     report_flush_ms: Annotated[float, Field(ge=0, le=1000)] = 5.0
+    # Use the scheduler's Link over plain TCP where it offers one (false: the Link rpc).
+    tcp_link: bool = True
     tool_call_id_memory_s: Seconds = 1800.0
     tool_call_id_sweep_s: Seconds = 60.0
     run_idle_prune_s: Seconds = 1800.0

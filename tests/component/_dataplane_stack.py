@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import grpc
 import httpx
 import pytest
 from starlette.requests import Request
@@ -32,7 +31,7 @@ from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.scheduler.core import EndpointKind as CoreKind
 from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, RunPhase, initial_state
-from luftpause.scheduler.service.grpc_server import start_grpc
+from luftpause.scheduler.service.grpc_server import SchedulerServer, start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.serving import bind_socket, bound_port, uvicorn_server, wait_started
 from luftpause.tool_calls import ToolCallMemory
@@ -172,7 +171,7 @@ def free_port() -> int:
 @dataclass
 class Stack:
     host: Host
-    server: grpc.aio.Server
+    server: SchedulerServer
     writer: asyncio.Task[None]
     dp: Dataplane
     client: httpx.AsyncClient
@@ -189,14 +188,14 @@ class Stack:
 
 async def start_scheduler(
     address: str, url: str = "http://unused"
-) -> tuple[Host, grpc.aio.Server, asyncio.Task[None]]:
+) -> tuple[Host, SchedulerServer, asyncio.Task[None]]:
     specs = (
         ReplicaSpec("engine-a", CoreKind.GENERATIVE, frozenset({MODEL})),
         ReplicaSpec("classifier", CoreKind.SINGLE_PASS, frozenset({"clf"})),
     )
     host = Host(initial_state(specs, Params(queue_probes=1), time.monotonic()), time.monotonic)
     writer = asyncio.create_task(host.run())
-    server, _ = await start_grpc(host, {e.name: e.url for e in endpoints(url)}, address)
+    server = await start_grpc(host, {e.name: e.url for e in endpoints(url)}, address)
     for name in ("engine-a", "classifier"):
         await host.apply(lambda at, n=name: ReplicaProbed(at=at, replica=n, healthy=True))
     return host, server, writer

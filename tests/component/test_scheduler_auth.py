@@ -18,7 +18,7 @@ from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grp
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.scheduler.core import EndpointKind, Params, ReplicaProbed, ReplicaSpec, initial_state
-from luftpause.scheduler.service.grpc_server import start_grpc
+from luftpause.scheduler.service.grpc_server import SchedulerServer, start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.status_http import status_app
 
@@ -26,10 +26,11 @@ TOKEN = "s3cret"
 SPECS = (ReplicaSpec("a", EndpointKind.GENERATIVE, frozenset({"m"})),)
 
 
-async def _scheduler() -> tuple[Host, grpc.aio.Server, int, asyncio.Task[None]]:
+async def _scheduler() -> tuple[Host, SchedulerServer, int, asyncio.Task[None]]:
     host = Host(initial_state(SPECS, Params(), time.monotonic()), time.monotonic)
     writer = asyncio.create_task(host.run())
-    server, port = await start_grpc(host, {"a": "http://a.invalid"}, "127.0.0.1:0", TOKEN)
+    listeners = await start_grpc(host, {"a": "http://a.invalid"}, "127.0.0.1:0", TOKEN)
+    server, port = listeners, listeners.port
     await host.apply(lambda at: ReplicaProbed(at=at, replica="a", healthy=True))
     return host, server, port, writer
 

@@ -22,7 +22,12 @@ from luftpause.scheduler.core import (
     ReplicaSpec,
     initial_state,
 )
-from luftpause.scheduler.service.grpc_server import SERVICE_NAME, SchedulerServicer, start_grpc
+from luftpause.scheduler.service.grpc_server import (
+    SERVICE_NAME,
+    SchedulerServer,
+    SchedulerServicer,
+    start_grpc,
+)
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.status_http import status_app
 
@@ -39,7 +44,7 @@ class Sched:
     host: Host
     stub: pb_grpc.SchedulerStub
     channel: grpc.aio.Channel
-    server: grpc.aio.Server
+    server: SchedulerServer
     writer: asyncio.Task[None]
 
     async def probe(self, replica: str, running: int | None, waiting: int | None) -> None:
@@ -60,7 +65,8 @@ async def start_sched() -> Sched:
     # One probe with a queue caps here (the persistence rule is the core's, tested there).
     host = Host(initial_state(SPECS, Params(queue_probes=1), time.monotonic()), time.monotonic)
     writer = asyncio.create_task(host.run())
-    server, port = await start_grpc(host, URLS, "127.0.0.1:0")
+    server = await start_grpc(host, URLS, "127.0.0.1:0")
+    port = server.port
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     sched = Sched(host, pb_grpc.SchedulerStub(channel), channel, server, writer)
     for name in ("a", "b", "cls"):

@@ -83,6 +83,7 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
         settings.report_reconnect_s,
         token=secrets.token,
         report_flush_s=settings.report_flush_ms / 1000,
+        tcp_link=settings.tcp_link,
     )
     http = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(

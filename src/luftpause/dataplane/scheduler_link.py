@@ -9,6 +9,12 @@ answers the scheduler sends back. When the stream breaks (scheduler killed or
 restarted) the link waits ``reconnect_s`` and starts over. Reports queued before
 a resync are dropped: the resync already carries their effect.
 
+Where the scheduler offers the Link over plain TCP (its resync answer names a
+port), the link uses that instead of the Link rpc (``tcp_link.py``): the same
+messages without HTTP/2, and an admission request written from the turn's own
+task rather than handed to the writer; if that port cannot be reached from here,
+the rpc is used.
+
 Admission requests go out at once. Reports may wait up to ``report_flush_s`` to
 share a write with the next ones (or go with the next admission request): they
 are bookkeeping, and a write costs more CPU on both sides than the message in it.
@@ -33,6 +39,7 @@ from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from luftpause.auth import bearer
 from luftpause.dataplane.runs import GENERATING, PAUSED_ON_TOOL, RunTable
+from luftpause.dataplane.tcp_link import LinkBroken, LinkRefused, TcpLinkCall
 
 log = logging.getLogger("luftpause.dataplane.scheduler")
 
@@ -86,8 +93,11 @@ class SchedulerLink:
         reconnect_s: float = 1.0,
         token: str | None = None,
         report_flush_s: float = REPORT_FLUSH_S,
+        tcp_link: bool = True,
     ) -> None:
         self.address = address
+        self.tcp_link = tcp_link  # use the Link over TCP where the scheduler offers it
+        self.transport = ""  # what carries the open link: "tcp", "grpc" ("" while down)
         self.dataplane_id = dataplane_id
         self.runs = runs
         self.reconnect_s = reconnect_s
@@ -109,7 +119,7 @@ class SchedulerLink:
         self._written: list[asyncio.Future[None]] = []  # resolved by the next write
         self._flush: asyncio.TimerHandle | None = None
         self._closing = False
-        self._call: grpc.aio.StreamStreamCall | None = None
+        self._call: grpc.aio.StreamStreamCall | TcpLinkCall | None = None
         self._pending_run_ends: set[str] = set()
         # Reports are queued from the snapshot on, until the link breaks (then the next
         # snapshot covers them). Whenever ``ready`` is set, so is this.
@@ -139,9 +149,19 @@ class SchedulerLink:
                     log.warning("scheduler link lost (%s); reconnecting", exc.code().name)
                 else:
                     log.debug("scheduler at %s unreachable: %s", self.address, exc.code().name)
+            except LinkRefused as exc:
+                log.error(
+                    "the scheduler at %s refused this dataplane's token on the Link: give both "
+                    "the same LUFTPAUSE_TOKEN (%s)",
+                    self.address,
+                    exc,
+                )
+            except (LinkBroken, OSError) as exc:
+                log.warning("scheduler link lost (%s); reconnecting", exc)
             except Exception:
                 log.exception("scheduler link failed; reconnecting")
             self._reporting = False
+            self.transport = ""
             if self.ready.is_set():
                 self.ready.clear()
                 self.on_state_change(False)
@@ -159,20 +179,28 @@ class SchedulerLink:
         self._abandoned.clear()
         snapshot = self.snapshot()
         self._reporting = True
-        await self.stub.Resync(snapshot, timeout=10.0, wait_for_ready=False, metadata=self._auth)
+        resynced = await self.stub.Resync(
+            snapshot, timeout=10.0, wait_for_ready=False, metadata=self._auth
+        )
         for run_id in sorted(self._pending_run_ends):
             await self.stub.RunEnded(
                 pb.RunEndedRequest(run_id=run_id), timeout=10.0, metadata=self._auth
             )
         self._pending_run_ends.clear()
         self.connects += 1
+        call: grpc.aio.StreamStreamCall | TcpLinkCall | None = None
+        if self.tcp_link and resynced.link_port:
+            call = await self._open_tcp(resynced.link_port)
+        if call is None:
+            call = self.stub.Link(metadata=((DATAPLANE_ID_KEY, self.dataplane_id), *self._auth))
+        self.transport = "tcp" if isinstance(call, TcpLinkCall) else "grpc"
         log.info(
-            "scheduler link up (%s): resynced %d runs, %d in-flight turns",
+            "scheduler link up (%s, %s): resynced %d runs, %d in-flight turns",
             self.address,
+            f"Link over TCP at {call.where}" if isinstance(call, TcpLinkCall) else "Link rpc",
             len(snapshot.runs),
             len(snapshot.in_flight),
         )
-        call = self.stub.Link(metadata=((DATAPLANE_ID_KEY, self.dataplane_id), *self._auth))
         self._call = call
         self._admit = [request for request, _ in self._waiting.values()]
         self._wake.set()
@@ -180,36 +208,75 @@ class SchedulerLink:
         self.on_state_change(True)
         writer = asyncio.create_task(self._write(call), name="scheduler-link-writer")
         try:
-            async for down in call:
-                for answer in down.answers:
-                    entry = self._waiting.pop(answer.turn_id, None)
-                    if entry is not None and not entry[1].done():
-                        entry[1].set_result(answer.response)
+            if isinstance(call, TcpLinkCall):
+                await call.wait_closed()  # answers arrive through _answered meanwhile
+            else:
+                async for down in call:
+                    self._answered(down)
         finally:
             self._call = None
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
+            if isinstance(call, TcpLinkCall):
+                call.close()
 
-    async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _open_tcp(self, port: int) -> TcpLinkCall | None:
+        """The Link over TCP on the scheduler's host; None (use the rpc) if it cannot be
+        reached from here, e.g. behind a proxy that forwards only the gRPC port."""
+        host = self.address.rsplit(":", 1)[0].strip("[]")
+        auth = self._auth[0][1] if self._auth else ""
+        try:
+            return await TcpLinkCall.open(host, port, self.dataplane_id, auth, self._answered)
+        except (OSError, TimeoutError, LinkBroken) as exc:
+            log.warning(
+                "the scheduler's Link over TCP at %s:%d cannot be reached (%s); using the "
+                "Link rpc on %s",
+                host,
+                port,
+                exc or type(exc).__name__,
+                self.address,
+            )
+            return None
+
+    def _answered(self, down: pb.LinkDown) -> None:
+        for answer in down.answers:
+            entry = self._waiting.pop(answer.turn_id, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(answer.response)
+
+    async def _write(self, call: grpc.aio.StreamStreamCall | TcpLinkCall) -> None:
         """The one writer of ``call``: each write takes everything queued so far. On
         close it writes what is left and half-closes the stream."""
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._flush is not None:
-                self._flush.cancel()
-                self._flush = None
-            up = pb.LinkUp(events=self._events, abandoned=self._abandoned, admit=self._admit)
+            up = self._take()
             written, self._written = self._written, []
-            self._events, self._abandoned, self._admit = [], [], []
-            if up.events or up.abandoned or up.admit:
-                await call.write(up)
+            if up is not None:
+                if isinstance(call, TcpLinkCall):
+                    call.write(up)
+                else:
+                    await call.write(up)
             for future in written:
                 if not future.done():
                     future.set_result(None)
             if self._closing:
-                await call.done_writing()
+                if isinstance(call, TcpLinkCall):
+                    call.done_writing()
+                else:
+                    await call.done_writing()
                 return
+
+    def _take(self) -> pb.LinkUp | None:
+        """Everything queued, as one LinkUp (None: nothing); the flush timer is off."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        if not (self._events or self._abandoned or self._admit):
+            return None
+        up = pb.LinkUp(events=self._events, abandoned=self._abandoned, admit=self._admit)
+        self._events, self._abandoned, self._admit = [], [], []
+        return up
 
     def snapshot(self) -> pb.ResyncRequest:
         req = pb.ResyncRequest(dataplane_id=self.dataplane_id)
@@ -244,9 +311,16 @@ class SchedulerLink:
         req.dataplane_id = self.dataplane_id
         answer: asyncio.Future[pb.AdmitResponse] = asyncio.get_running_loop().create_future()
         self._waiting[req.turn_id] = (req, answer)
-        if self._call is not None:  # else it goes out once the next link is up
+        call = self._call
+        if call is not None:  # else it goes out once the next link is up
             self._admit.append(req)
-            self._wake.set()
+            if isinstance(call, TcpLinkCall) and not self._closing:
+                # Written now, from this task, with whatever else is queued (in order).
+                up = self._take()
+                if up is not None:
+                    call.write(up)
+            else:
+                self._wake.set()
         try:
             return _outcome(await answer)
         except asyncio.CancelledError:
@@ -293,9 +367,14 @@ class SchedulerLink:
         if call is not None and not call.done():
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(_ended(call)), flush_s)
+        if isinstance(call, TcpLinkCall):
+            call.close()
         await self.channel.close()
 
 
-async def _ended(call: grpc.aio.StreamStreamCall) -> None:
+async def _ended(call: grpc.aio.StreamStreamCall | TcpLinkCall) -> None:
+    if isinstance(call, TcpLinkCall):
+        await call.wait_closed()
+        return
     await call.wait_for_connection()
     await call.code()

@@ -38,6 +38,8 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.service import convert, tracing
 from luftpause.scheduler.service.host import Host, Stamp
+from luftpause.scheduler.service.link_session import LinkSession
+from luftpause.scheduler.service.tcp_link import TcpLink
 from luftpause.tool_calls import ToolCallMemory
 
 log = logging.getLogger("luftpause.scheduler.grpc")
@@ -68,6 +70,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         # Every dataplane's tool calls -> their runs (D2 across dataplanes and restarts).
         self.tool_calls = tool_calls or ToolCallMemory(host.clock, TOOL_CALL_MEMORY_S)
         self._swept_at = host.clock()
+        self.link_port = 0  # the Link over TCP, advertised in ResyncResponse (0: none)
 
     async def Admit(self, request: pb.AdmitRequest, context: Any) -> pb.AdmitResponse:
         return await self._answer(request)
@@ -210,64 +213,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             len(request.runs),
             len(request.in_flight),
         )
-        return pb.ResyncResponse(runs=len(request.runs), turns=len(request.in_flight))
-
-
-class LinkSession:
-    """One Link stream's admissions, whatever carries it (the Link rpc, or the Link over
-    plain TCP): each admission request is asked of the writer, and its answer handed to
-    ``send`` as soon as it is decided. Abandoning a turn, or closing the session (the
-    stream ended), withdraws its request, exactly as cancelling an Admit call does.
-    ``fail`` is called if an answer cannot be built (logged): the stream must end."""
-
-    def __init__(
-        self,
-        servicer: SchedulerServicer,
-        send: Callable[[pb.AdmitAnswer], None],
-        fail: Callable[[], None],
-    ) -> None:
-        self.servicer = servicer
-        self.send = send
-        self.fail = fail
-        self.waiting: dict[str, Callable[[], None]] = {}  # turn ID -> abandon its request
-
-    def up(self, up: pb.LinkUp) -> None:
-        """Apply one LinkUp: reports, then abandoned turns, then admission requests."""
-        self.servicer._accept(up.events)
-        for turn_id in up.abandoned:
-            abandon = self.waiting.pop(turn_id, None)
-            if abandon is not None:
-                abandon()
-        for request in up.admit:
-            if request.turn_id not in self.waiting:  # asked twice: one answer is enough
-                self._ask(request)
-
-    def _ask(self, request: pb.AdmitRequest) -> None:
-        servicer = self.servicer
-        servicer._join_known_run(request)
-        span = tracing.start_admit(request)
-
-        def answer(outcome: Admitted | Reject) -> None:
-            self.waiting.pop(request.turn_id, None)
-            try:
-                tracing.decided(span, outcome)
-                span.end()
-                response = servicer._response(request, outcome)
-            except Exception:
-                log.exception("answering turn %s failed", request.turn_id)
-                self.fail()
-                return
-            self.send(pb.AdmitAnswer(turn_id=request.turn_id, response=response))
-
-        self.waiting[request.turn_id] = servicer.host.request(
-            request.turn_id, lambda at: convert.turn_requested(request, at), answer
+        return pb.ResyncResponse(
+            runs=len(request.runs), turns=len(request.in_flight), link_port=self.link_port
         )
-
-    def close(self) -> None:
-        """The stream ended: turns still waiting on it are abandoned."""
-        waiting, self.waiting = self.waiting, {}
-        for abandon in waiting.values():
-            abandon()
 
 
 @dataclass(frozen=True)
@@ -337,22 +285,42 @@ def _refuse(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     return grpc.stream_stream_rpc_method_handler(unary, **kinds)
 
 
+@dataclass
+class SchedulerServer:
+    """The scheduler's listeners for dataplanes: gRPC, and the Link over TCP."""
+
+    grpc: grpc.aio.Server
+    port: int
+    link: TcpLink | None = None
+
+    @property
+    def link_port(self) -> int:
+        return self.link.port if self.link is not None else 0
+
+    async def stop(self, grace: float) -> None:
+        if self.link is not None:
+            self.link.close()
+        await self.grpc.stop(grace=grace)
+
+
 async def start_grpc(
     host: Host,
     urls: Mapping[str, str],
     address: str,
     token: str | None = None,
     tool_call_memory_s: float = TOOL_CALL_MEMORY_S,
-) -> tuple[grpc.aio.Server, int]:
-    """Start the gRPC server on ``address`` (port 0 picks one); return it and its port.
-    With ``token``, every Scheduler call must carry it (X2). Tool call IDs are
-    remembered ``tool_call_memory_s`` (the dataplane's ``tool_call_id_memory_s``)."""
+    link_port: int | None = 0,
+) -> SchedulerServer:
+    """Start the gRPC server on ``address`` (port 0 picks one) and, unless ``link_port``
+    is None, the Link over TCP on the same host at ``link_port`` (0 picks one; its port
+    is advertised to dataplanes in ResyncResponse). With ``token``, every Scheduler
+    call and Link connection must carry it (X2). Tool call IDs are remembered
+    ``tool_call_memory_s`` (the dataplane's ``tool_call_id_memory_s``)."""
     server = grpc.aio.server(
         options=KEEPALIVE_SERVER, interceptors=[TokenCheck(token)] if token else None
     )
-    pb_grpc.add_SchedulerServicer_to_server(  # type: ignore[no-untyped-call]
-        SchedulerServicer(host, urls, ToolCallMemory(host.clock, tool_call_memory_s)), server
-    )
+    servicer = SchedulerServicer(host, urls, ToolCallMemory(host.clock, tool_call_memory_s))
+    pb_grpc.add_SchedulerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
@@ -361,7 +329,12 @@ async def start_grpc(
         raise SystemExit(f"cannot listen on {address}: {exc}") from None
     if port == 0:
         raise SystemExit(f"cannot listen on {address}: address in use or unavailable")
+    listeners = SchedulerServer(server, port)
+    if link_port is not None:
+        listen_host = address.rsplit(":", 1)[0].strip("[]")
+        listeners.link = TcpLink(servicer, token)
+        servicer.link_port = await listeners.link.start(listen_host, link_port)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    return server, port
+    return listeners

@@ -8,7 +8,7 @@ import os
 import time
 
 from luftpause.config import EndpointKind as ConfigKind
-from luftpause.config import StackConfig, load_secrets
+from luftpause.config import SchedulerSettings, StackConfig, load_secrets
 from luftpause.scheduler.core import EndpointKind, Params, ReplicaSpec, initial_state
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="status HTTP port (default: scheduler.http_port, 5001); 0 picks a free port",
     )
+    parser.add_argument(
+        "--link-port",
+        type=int,
+        help="port of the Link over TCP, which dataplanes learn on resync (default: "
+        "scheduler.link_port, 5002; with --port 0, a free port); 0 picks a free port",
+    )
 
 
 def replica_specs(config: StackConfig) -> tuple[ReplicaSpec, ...]:
@@ -43,6 +49,16 @@ def replica_specs(config: StackConfig) -> tuple[ReplicaSpec, ...]:
     )
 
 
+def link_port_of(settings: SchedulerSettings, args: argparse.Namespace) -> int | None:
+    """The Link-over-TCP port (None: off). ``--port 0`` (a free gRPC port, as tests and
+    side-by-side stacks start it) picks a free one for the Link too, unless given."""
+    if not settings.tcp_link:
+        return None
+    if args.link_port is not None:
+        return int(args.link_port)
+    return 0 if args.port == 0 else settings.link_port
+
+
 def main(args: argparse.Namespace) -> int:
     boot = Bootstrap("scheduler", args, os.environ)
     config: StackConfig = load_config_or_exit(args.config)
@@ -55,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     host_addr = args.host or settings.host
     grpc_port = settings.grpc_port if args.port is None else args.port
     http_port = settings.http_port if args.http_port is None else args.http_port
+    link_port = link_port_of(settings, args)
     if not config.endpoints:
         log.warning("no endpoints configured: every turn will be rejected as an unknown model")
     if secrets.token is None:
@@ -81,14 +98,18 @@ def main(args: argparse.Namespace) -> int:
         svc.on_stop(prober.client.aclose)
         await prober.probe_all()  # know the pool before admitting anything
         urls = {e.name: e.url for e in config.endpoints}
-        grpc_server, bound_grpc = await start_grpc(
+        listeners = await start_grpc(
             host,
             urls,
             f"{host_addr}:{grpc_port}",
             secrets.token,
             config.dataplane.tool_call_id_memory_s,
+            link_port,
         )
-        svc.add_listener("grpc", bound_grpc, lambda: grpc_server.stop(grace=1.0))
+        bound_grpc = listeners.port
+        svc.add_listener("grpc", bound_grpc, lambda: listeners.stop(grace=1.0))
+        if listeners.link is not None:
+            svc.add_listener("link", listeners.link_port, _nothing)
         sock = svc.bind(http_port)
         started = time.time()
         app = status_app(
@@ -103,9 +124,11 @@ def main(args: argparse.Namespace) -> int:
         svc.task(host.tick_forever(settings.clock_tick_s), name="clock")
         svc.on_ready(
             lambda: log.info(
-                "scheduler listening: gRPC %s:%d, status http://%s:%d/status, %d replicas",
+                "scheduler listening: gRPC %s:%d, Link over TCP %s, status http://%s:%d/status, "
+                "%d replicas",
                 host_addr,
                 bound_grpc,
+                f"{host_addr}:{listeners.link_port}" if listeners.link else "off",
                 host_addr,
                 svc.ports["http"],
                 len(config.endpoints),
@@ -115,3 +138,7 @@ def main(args: argparse.Namespace) -> int:
     # The admit span continues AdmitRequest.traceparent; no gRPC server spans (see
     # luftpause.telemetry).
     return boot.run(host_addr, start, instrumentations=(Instrumentation.ASGI,))
+
+
+async def _nothing() -> None:
+    """The Link's listener stops with the gRPC server's (``SchedulerServer.stop``)."""

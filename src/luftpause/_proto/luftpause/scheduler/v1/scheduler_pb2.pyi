@@ -216,12 +216,30 @@ class ResyncRequest(_message.Message):
     def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunSnapshot, _Mapping]]] = ..., in_flight: _Optional[_Iterable[_Union[TurnSnapshot, _Mapping]]] = ...) -> None: ...
 
 class ResyncResponse(_message.Message):
-    __slots__ = ("runs", "turns")
+    __slots__ = ("runs", "turns", "link_port")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    LINK_PORT_FIELD_NUMBER: _ClassVar[int]
     runs: int
     turns: int
-    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ...) -> None: ...
+    link_port: int
+    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ..., link_port: _Optional[int] = ...) -> None: ...
+
+class LinkHello(_message.Message):
+    __slots__ = ("dataplane_id", "authorization")
+    DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
+    dataplane_id: str
+    authorization: str
+    def __init__(self, dataplane_id: _Optional[str] = ..., authorization: _Optional[str] = ...) -> None: ...
+
+class LinkWelcome(_message.Message):
+    __slots__ = ("refused", "message")
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    refused: bool
+    message: str
+    def __init__(self, refused: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class LinkUp(_message.Message):
     __slots__ = ("events", "abandoned", "admit")

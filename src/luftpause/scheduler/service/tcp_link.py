@@ -1,0 +1,183 @@
+"""The Link over plain TCP: the dataplane's admission round trip without HTTP/2.
+
+Every turn waits for one admission answer, so the Link's round trip is on every
+turn's path. Over gRPC it costs about 0.3 ms between two Python processes on
+loopback before any of our code runs; framed protobuf on a TCP connection read
+by an ``asyncio.Protocol`` costs about a sixth of that. The messages and their
+meaning are the Link rpc's (see ``LinkHello`` in scheduler.proto); only the
+carriage differs:
+
+* the dataplane learns the port from ``ResyncResponse.link_port`` and connects to
+  the host it reached the scheduler at; its first frame is a ``LinkHello`` (its
+  ID and, with ``LUFTPAUSE_TOKEN``, the token), answered by a ``LinkWelcome``;
+* a wrong token is refused in the welcome and the connection closed;
+* each ``LinkUp`` frame is applied at once, from the protocol's callback, and
+  answers decided in one pass of the event loop go out in one ``LinkDown`` frame;
+* the dataplane half-closing, or the connection closing, ends the stream: held
+  turns are abandoned, and the dataplane's turns are released after the grace
+  unless it comes back (S11), as when the Link rpc ends.
+
+Nothing here decides anything: ``LinkSession`` (link_session.py) does what the rpc
+does with each message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, cast
+
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
+from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause.auth import REFUSED, bearer_ok
+from luftpause.linkwire import FrameError, FrameReader, frame, tune
+from luftpause.scheduler.service.link_session import LinkSession
+
+if TYPE_CHECKING:
+    from luftpause.scheduler.service.grpc_server import SchedulerServicer
+
+log = logging.getLogger("luftpause.scheduler.link")
+
+
+class _LinkProtocol(asyncio.Protocol):
+    def __init__(
+        self, servicer: SchedulerServicer, token: str | None, open_: set[_LinkProtocol]
+    ) -> None:
+        self.servicer = servicer
+        self.token = token
+        self.open = open_  # the server's open connections, closed when it stops
+        self.reader = FrameReader()
+        self.transport: asyncio.Transport | None = None
+        self.session: LinkSession | None = None
+        self.dataplane_id = ""
+        self._answers: list[pb.AdmitAnswer] = []
+        self._closed = False
+
+    # ------------------------------------------------------------ transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        self.open.add(self)
+        tune(self.transport.get_extra_info("socket"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.reader.feed(data)
+        except FrameError as exc:
+            self._drop(f"not a Link frame ({exc})")
+            return
+        for message in frames:
+            if self._closed:
+                return
+            try:
+                if self.session is None:
+                    self._hello(pb.LinkHello.FromString(message))
+                else:
+                    self.session.up(pb.LinkUp.FromString(message))
+            except DecodeError as exc:
+                self._drop(f"a frame did not parse ({exc})")
+                return
+
+    def eof_received(self) -> bool:
+        # The dataplane half-closed: the stream is over. Answers decided so far go out
+        # first (closing the transport writes what it buffered).
+        self._flush()
+        self._end()
+        return False  # the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open.discard(self)
+        self._end()
+
+    # ------------------------------------------------------------- protocol
+
+    def _hello(self, hello: pb.LinkHello) -> None:
+        if self.token is not None and not bearer_ok(hello.authorization or None, self.token):
+            log.warning("refused a Link connection: %s", REFUSED)
+            self._write(pb.LinkWelcome(refused=True, message=f"the scheduler refused: {REFUSED}"))
+            self._close()
+            return
+        self.dataplane_id = hello.dataplane_id
+        self.servicer.stream_opened(self.dataplane_id)
+        self.session = LinkSession(self.servicer, self._send, self._fail)
+        self._write(pb.LinkWelcome())
+
+    def _send(self, answer: pb.AdmitAnswer) -> None:
+        # Answers decided in one pass of the loop share a frame (the writer often
+        # admits several turns at once, e.g. when a slot frees up for held ones).
+        if not self._answers:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._answers.append(answer)
+
+    def _flush(self) -> None:
+        if self._answers and not self._closed:
+            answers, self._answers = self._answers, []
+            self._write(pb.LinkDown(answers=answers))
+
+    def _fail(self) -> None:
+        self._flush()
+        self._close()
+
+    def _write(self, message: pb.LinkDown | pb.LinkWelcome) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame(message.SerializeToString()))
+
+    def _drop(self, why: str) -> None:
+        log.warning("closing a Link connection from %s: %s", self._peer(), why)
+        self._close()
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
+
+    def _close(self) -> None:
+        self._end()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _end(self) -> None:
+        """Once: abandon what still waits, and say the stream ended (S11)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._answers.clear()
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+            self.servicer.stream_closed(self.dataplane_id)
+
+
+class TcpLink:
+    """The listener of the Link over TCP and its open connections."""
+
+    def __init__(self, servicer: SchedulerServicer, token: str | None) -> None:
+        self.servicer = servicer
+        self.token = token
+        self.connections: set[_LinkProtocol] = set()
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0 picks a free port); return the port."""
+        loop = asyncio.get_running_loop()
+        try:
+            self.server = await loop.create_server(
+                lambda: _LinkProtocol(self.servicer, self.token, self.connections),
+                host,
+                port,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            raise SystemExit(f"cannot listen on {host}:{port} for the Link: {exc}") from None
+        self.port = int(self.server.sockets[0].getsockname()[1])
+        return self.port
+
+    def close(self) -> None:
+        """Stop listening and end every open Link (each dataplane reconnects and resyncs
+        with whoever listens next, as when a gRPC server stops)."""
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            connection._close()
