@@ -50,13 +50,17 @@ def replica_specs(config: StackConfig) -> tuple[ReplicaSpec, ...]:
 
 
 def link_port_of(settings: SchedulerSettings, args: argparse.Namespace) -> int | None:
-    """The Link-over-TCP port (None: off). ``--port 0`` (a free gRPC port, as tests and
-    side-by-side stacks start it) picks a free one for the Link too, unless given."""
+    """The Link-over-TCP port (None: off). A free gRPC port (``--port 0`` or
+    ``grpc_port = 0``, as tests and side-by-side stacks start it) means a free one for
+    the Link too, unless ``--link-port`` or ``link_port`` names one."""
     if not settings.tcp_link:
         return None
     if args.link_port is not None:
         return int(args.link_port)
-    return 0 if args.port == 0 else settings.link_port
+    grpc_port = settings.grpc_port if args.port is None else args.port
+    if grpc_port == 0 and "link_port" not in settings.model_fields_set:
+        return 0
+    return settings.link_port
 
 
 def main(args: argparse.Namespace) -> int:
