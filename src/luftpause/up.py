@@ -105,7 +105,9 @@ def _describe(s: ServiceProcess) -> str:
     urls = s.urls
     if s.name == "scheduler":
         grpc = urls.get("grpc", "").removeprefix("http://")
-        return f"gRPC {grpc}   status {urls.get('http', '')}/status"
+        link = s.ports.get("link")
+        link_text = f"   Link over TCP :{link}" if link else ""
+        return f"gRPC {grpc}   status {urls.get('http', '')}/status{link_text}"
     if s.name == "dataplane":
         return f"{urls.get('http', '')}/v1   (OpenAI base_url)"
     if s.name.startswith("dataplane-"):

@@ -1,11 +1,13 @@
 """X2, D9: with ``LUFTPAUSE_TOKEN`` set, every port of every service refuses a request
-without it — the scheduler's gRPC (UNAUTHENTICATED) and HTTP ``/status``, the
+without it — the scheduler's gRPC (UNAUTHENTICATED), its Link over TCP (refused in the
+welcome) and HTTP ``/status``, the
 dataplane's ``/v1`` routes, the runtime's ``/mcp`` and ``/status`` — and the stack
 works end to end with it: the dataplane sends the token to the scheduler, the runtime
 sends it to the dataplane."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from fullstack import MODEL, start_scheduler_and_dataplane, write_config, write_
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from luftpause.linkwire import FrameReader, frame
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +49,17 @@ async def test_every_port_needs_the_token(services: Any, tmp_path: Path) -> None
         await stub.RunEnded(
             pb.RunEndedRequest(run_id="x"), metadata=(("authorization", AUTH["Authorization"]),)
         )
+
+    # The scheduler's Link over TCP: a hello without the token is refused and closed.
+    reader, writer = await asyncio.open_connection("127.0.0.1", sched.ports["link"])
+    writer.write(frame(pb.LinkHello(dataplane_id="intruder").SerializeToString()))
+    frames = FrameReader()
+    got: list[bytes] = []
+    async with asyncio.timeout(10):
+        while data := await reader.read(65536):
+            got += frames.feed(data)
+    writer.close()
+    assert len(got) == 1 and pb.LinkWelcome.FromString(got[0]).refused
 
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     guarded = [
