@@ -31,6 +31,7 @@ from luftpause.scheduler.core import (
     ReplicaSpec,
     initial_state,
 )
+from luftpause.scheduler.service import convert
 from luftpause.scheduler.service.grpc_server import SchedulerServer, start_grpc
 from luftpause.scheduler.service.host import Host
 
@@ -337,3 +338,31 @@ async def test_a_held_admission_survives_a_scheduler_restart_over_tcp() -> None:
     finally:
         await _done(link, task)
         await sched.close()
+
+
+async def test_drain_applies_what_is_queued_once_in_order_from_the_caller() -> None:
+    """S1: ``Host.drain`` (the Link over TCP deciding inside its callback) applies the
+    queued events in order, at once; the writer task finds them gone and applies
+    nothing twice."""
+    host = Host(initial_state(SPECS, Params(), time.monotonic()), time.monotonic)
+    writer = asyncio.create_task(host.run())
+    try:
+        for name in ("a", "b"):
+            await host.apply(lambda at, n=name: ReplicaProbed(at=at, replica=n, healthy=True))
+        answers: list[str] = []
+        for turn in ("t1", "t2"):
+            req = admit_req(turn, f"r-{turn}")
+            host.request(
+                turn,
+                lambda at, r=req: convert.turn_requested(r, at),
+                lambda outcome, t=turn: answers.append(t),
+            )
+        assert answers == []  # queued, not yet applied
+        host.drain()
+        assert answers == ["t1", "t2"]
+        assert set(host.state.turns) == {"t1", "t2"}
+        await asyncio.sleep(0.05)  # the writer runs: nothing is left for it
+        assert answers == ["t1", "t2"] and host.counters["admitted"] == 2
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)

@@ -101,24 +101,36 @@ class Host:
     async def run(self) -> None:
         while True:
             stamp, done = await self._queue.get()
-            event = stamp(self.clock())
-            started = time.perf_counter()
+            self._apply(stamp, done)
+
+    def drain(self) -> None:
+        """Apply everything queued now, in order, from the caller (a transport's callback
+        that has just queued a turn's events): the answer goes out without waiting for the
+        writer task's turn on the event loop. The writer finds the queue empty and waits
+        on; one writer either way, since nothing else runs until this returns."""
+        while not self._queue.empty():
+            stamp, done = self._queue.get_nowait()
+            self._apply(stamp, done)
+
+    def _apply(self, stamp: Stamp, done: asyncio.Future[None] | None) -> None:
+        event = stamp(self.clock())
+        started = time.perf_counter()
+        try:
+            state, actions = decide(self.state, event)
+        except Exception:  # decide must never raise; if it does, keep serving
+            log.exception("decide raised on %r; event dropped", event)
+            actions = ()
+        else:
+            elapsed = time.perf_counter() - started
             try:
-                state, actions = decide(self.state, event)
-            except Exception:  # decide must never raise; if it does, keep serving
-                log.exception("decide raised on %r; event dropped", event)
-                actions = ()
-            else:
-                elapsed = time.perf_counter() - started
-                try:
-                    self.metrics.decided(event, elapsed, self.state, state, actions)
-                except Exception:  # a metrics bug must not stop the writer
-                    log.exception("metrics failed on %r", event)
-                self.state = state
-            for action in actions:
-                self._execute(action)
-            if done is not None and not done.done():
-                done.set_result(None)
+                self.metrics.decided(event, elapsed, self.state, state, actions)
+            except Exception:  # a metrics bug must not stop the writer
+                log.exception("metrics failed on %r", event)
+            self.state = state
+        for action in actions:
+            self._execute(action)
+        if done is not None and not done.done():
+            done.set_result(None)
 
     def _execute(self, action: Admit | Reject | DropTurn | ForgetRun) -> None:
         match action:

@@ -79,6 +79,11 @@ class _LinkProtocol(asyncio.Protocol):
             except DecodeError as exc:
                 self._drop(f"a frame did not parse ({exc})")
                 return
+        if frames and self.session is not None:
+            # Decide now what these frames asked, and answer in this callback: an
+            # admission waits for nothing else on the event loop.
+            self.servicer.host.drain()
+            self._flush()
 
     def eof_received(self) -> bool:
         # The dataplane half-closed: the stream is over. Answers decided so far go out
