@@ -1,0 +1,148 @@
+"""The admission round trip alone: the Link over TCP against the Link rpc.
+
+    python tools/bench/link_rtt.py                  # 4 blocks of 1,000 per transport
+    python tools/bench/link_rtt.py --blocks 8 --per-block 500 --json rtt.json
+
+Starts one scheduler (this working tree) with one endpoint that needs no probing,
+and two of the dataplane's scheduler links in this process (on uvloop, as a
+dataplane runs): one over the Link over TCP, one over the Link rpc. Then asks for
+admission one turn at a time, each turn's report riding with the next request as
+a dataplane's does, alternating the links block by block. Reports each link's
+p50, p90 and mean per block and overall. Timings are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.scheduler_link import Admitted, SchedulerLink
+from luftpause.procs import launch, stop_all
+
+TRANSPORTS = ("tcp", "grpc")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def block(link: SchedulerLink, tag: str, n: int) -> list[float]:
+    times: list[float] = []
+    for i in range(n):
+        turn, run = f"{tag}-t{i}", f"{tag}-r{i}"
+        req = pb.AdmitRequest(
+            turn_id=turn, run_id=run, model="m", service_class=pb.SERVICE_CLASS_BATCH,
+            caller="bench", kind=pb.ENDPOINT_KIND_GENERATIVE,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        outcome = await link.admit(req)
+        times.append(time.perf_counter() - t0)
+        if not isinstance(outcome, Admitted):
+            raise SystemExit(f"turn {turn} was not admitted: {outcome}")
+        link.report(pb.TurnEvent(turn_id=turn, run_id=run, failed=pb.TurnFailed(reason="bench")))
+    return times
+
+
+async def measure(address: str, blocks: int, per_block: int) -> dict[str, Any]:
+    links = {
+        t: SchedulerLink(
+            address, f"rtt-{t}", RunTable(time.monotonic, 600), 0.2, tcp_link=t == "tcp"
+        )
+        for t in TRANSPORTS
+    }
+    tasks = [asyncio.create_task(link.maintain()) for link in links.values()]
+    try:
+        for t, link in links.items():
+            await asyncio.wait_for(link.ready.wait(), 10)
+            if link.transport != t:
+                raise SystemExit(f"the {t} link came up over {link.transport}")
+            await block(link, f"warm-{t}", 200)
+        times: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
+        per: dict[str, list[float]] = {t: [] for t in TRANSPORTS}
+        for b in range(blocks):
+            order = TRANSPORTS if b % 2 == 0 else TRANSPORTS[::-1]
+            for t in order:
+                got = await block(links[t], f"{t}-{b}", per_block)
+                times[t] += got
+                per[t].append(statistics.median(got) * 1000)
+            print(
+                f"  block {b + 1}/{blocks}: "
+                + ", ".join(f"{t} p50 {per[t][-1]:.3f} ms" for t in TRANSPORTS),
+                file=sys.stderr,
+                flush=True,
+            )
+        return {
+            t: {
+                "n": len(times[t]),
+                "p50_ms": pct(times[t], 0.5) * 1000,
+                "p90_ms": pct(times[t], 0.9) * 1000,
+                "mean_ms": statistics.mean(times[t]) * 1000,
+                "block_p50_ms": per[t],
+            }
+            for t in TRANSPORTS
+        }
+    finally:
+        for link in links.values():
+            await link.close(0.5)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=4, help="blocks per transport (4)")
+    parser.add_argument("--per-block", type=int, default=1000, help="turns per block (1000)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    args = parser.parse_args()
+    if args.blocks < 1 or args.per_block < 1:
+        parser.error("--blocks and --per-block must be at least 1")
+    started = []
+    with tempfile.TemporaryDirectory(prefix="luftpause-rtt-") as tmp_s:
+        tmp = Path(tmp_s)
+        config = tmp / "stack.toml"
+        config.write_text(
+            "[scheduler]\ngrpc_port = 0\nhttp_port = 0\n"
+            '[[endpoints]]\nname = "e"\nurl = "http://127.0.0.1:9"\nmodels = ["m"]\n'
+            'health_path = ""\nmetrics = "none"\n'
+        )
+        try:
+            sched = launch(
+                ("scheduler", "--config", str(config), "--log-level", "WARNING"),
+                name="scheduler", ready_file=tmp / "s.json", stderr=tmp / "s.log",
+            )  # fmt: skip
+            started.append(sched)
+            sched.wait_ready(60)
+            result = uvloop.run(
+                measure(f"127.0.0.1:{sched.ports['grpc']}", args.blocks, args.per_block)
+            )
+        finally:
+            stop_all(started)
+    print("| link | turns | p50 ms | p90 ms | mean ms | p50 per block, ms |")
+    print("|---|---|---|---|---|---|")
+    for t, r in result.items():
+        blocks = ", ".join(f"{v:.3f}" for v in r["block_p50_ms"])
+        label = "Link over TCP" if t == "tcp" else "Link rpc (gRPC)"
+        print(
+            f"| {label} | {r['n']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
+            f"{r['mean_ms']:.3f} | {blocks} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": sys.argv, "results": result}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
