@@ -210,6 +210,8 @@ class SchedulerLink:
         try:
             if isinstance(call, TcpLinkCall):
                 await call.wait_closed()  # answers arrive through _answered meanwhile
+                if not self._closing:  # the scheduler stopped or restarted
+                    raise LinkBroken("the scheduler closed the connection")
             else:
                 async for down in call:
                     self._answered(down)
