@@ -104,6 +104,18 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         from luftpause.check import run_check
 
         return run_check(args.command, args, os.environ if environ is None else environ)
+    # A port out of range is refused here (``--check`` lists it with every other problem);
+    # the kernel would otherwise take it modulo 65536.
+    for flag in ("port", "http_port", "link_port"):
+        value = getattr(args, flag, None)
+        if value is not None and not 0 <= value <= 65535:
+            name = "--" + flag.replace("_", "-")
+            print(
+                f"luftpause {args.command}: {name} {value} is not a port number "
+                "(0..65535; 0 picks a free port)",
+                file=sys.stderr,
+            )
+            return 2
     try:
         return modules[args.command].main(args)
     except KeyboardInterrupt:

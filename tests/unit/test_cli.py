@@ -137,3 +137,18 @@ def run_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
         timeout=60,
         env=env,
     )
+
+
+@pytest.mark.parametrize(
+    ("service", "flag", "value"),
+    [("scheduler", "--port", "70000"), ("scheduler", "--link-port", "65536"),
+     ("scheduler", "--http-port", "-1"), ("fake-engine", "--port", "99999")],
+)  # fmt: skip
+def test_a_port_out_of_range_is_refused_before_anything_starts(
+    service: str, flag: str, value: str
+) -> None:
+    """X3: a port number outside 0..65535 is an error naming the flag (the kernel would
+    otherwise take it modulo 65536 and listen somewhere else); exit 2, no traceback."""
+    out = run(service, flag, value)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{flag} {value} is not a port number" in out.stderr
