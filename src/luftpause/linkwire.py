@@ -6,9 +6,9 @@ returns the whole frames in it, keeping a partial one for the next feed. Both th
 scheduler and the dataplane use this module and nothing else of each other's.
 
 Also the TCP options both ends set on the connection: no Nagle delay (a frame is
-written whole, and the peer is waiting for it) and keepalive probes, so that a peer
-whose host vanished without closing is noticed within about 20 s, as the gRPC
-channel's HTTP/2 pings notice it.
+written whole, and the peer is waiting for it), keepalive probes and a user timeout,
+so that a peer whose host vanished without closing is noticed within about 20 s,
+idle or not, as the gRPC channel's HTTP/2 pings notice it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ import socket
 
 LENGTH_BYTES = 4
 MAX_FRAME = 64 * 1024 * 1024  # a resync-sized message is far below this
-_KEEPALIVE = (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 2))
+# Keepalive probes find a silent peer on an idle connection; TCP_USER_TIMEOUT (ms) ends
+# one whose sent data stays unacknowledged that long (else retransmission goes on for
+# many minutes), so a vanished peer is found within about 20 s either way.
+_KEEPALIVE = (
+    ("TCP_KEEPIDLE", 10),
+    ("TCP_KEEPINTVL", 5),
+    ("TCP_KEEPCNT", 2),
+    ("TCP_USER_TIMEOUT", 20_000),
+)
 
 
 class FrameError(Exception):

@@ -4,12 +4,13 @@ byte stream, and a length the protocol cannot mean is refused."""
 from __future__ import annotations
 
 import itertools
+import socket
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.linkwire import FrameError, FrameReader, frame
+from luftpause.linkwire import FrameError, FrameReader, frame, tune
 
 
 @given(
@@ -48,3 +49,16 @@ def test_an_oversized_length_is_refused_naming_it() -> None:
         reader.feed((2000).to_bytes(4, "big") + b"x")
     with pytest.raises(FrameError, match="exceeds"):
         frame(b"x" * (64 * 1024 * 1024 + 1))
+
+
+def test_a_link_socket_gets_no_delay_keepalive_and_a_user_timeout() -> None:
+    """Both ends of the Link over TCP: frames go out at once, and a vanished peer is
+    found within about 20 s whether the connection is idle (keepalive) or has data
+    unacknowledged (user timeout)."""
+    with socket.socket() as sock:
+        tune(sock)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 20_000
+    tune(None)  # a transport without a socket: nothing to set
