@@ -2,6 +2,7 @@
 
     python tools/bench/link_rtt.py                  # 4 blocks of 1,000 per transport
     python tools/bench/link_rtt.py --blocks 8 --per-block 500 --json rtt.json
+    python tools/bench/link_rtt.py --bare           # the transports alone: echo round trips
 
 Starts one scheduler (this working tree) with one endpoint that needs no probing,
 and two of the dataplane's scheduler links in this process (on uvloop, as a
@@ -9,6 +10,11 @@ dataplane runs): one over the Link over TCP, one over the Link rpc. Then asks fo
 admission one turn at a time, each turn's report riding with the next request as
 a dataplane's does, alternating the links block by block. Reports each link's
 p50, p90 and mean per block and overall. Timings are measured, never asserted.
+
+``--bare`` measures what the transports cost before any of our code runs: a
+120-byte message echoed by a child process (on uvloop, as the services run), over
+length-prefixed frames on a TCP socket and over a grpc.aio bidirectional stream,
+3,000 round trips each after 300 of warm-up.
 """
 
 from __future__ import annotations
@@ -101,14 +107,136 @@ async def measure(address: str, blocks: int, per_block: int) -> dict[str, Any]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+# ------------------------------------------------------------------ --bare
+
+ECHO_N, ECHO_WARM, ECHO_MESSAGE = 3000, 300, b"x" * 120
+
+
+async def _tcp_echo_server(port: int) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readexactly(4)
+            writer.write(head + await reader.readexactly(int.from_bytes(head, "big")))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+async def _grpc_echo_server(port: int) -> None:
+    import grpc
+
+    async def echo(requests: Any, context: Any) -> Any:
+        async for message in requests:
+            yield message
+
+    handler = grpc.stream_stream_rpc_method_handler(
+        echo, request_deserializer=bytes, response_serializer=bytes
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("e.E", {"Echo": handler}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+async def _tcp_echo_client(port: int) -> list[float]:
+    import socket
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    frame = len(ECHO_MESSAGE).to_bytes(4, "big") + ECHO_MESSAGE
+    times = []
+    for _ in range(ECHO_WARM + ECHO_N):
+        t0 = time.perf_counter()
+        writer.write(frame)
+        head = await reader.readexactly(4)
+        await reader.readexactly(int.from_bytes(head, "big"))
+        times.append(time.perf_counter() - t0)
+    writer.close()
+    return times[ECHO_WARM:]
+
+
+async def _grpc_echo_client(port: int) -> list[float]:
+    import grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.stream_stream(
+            "/e.E/Echo", request_serializer=bytes, response_deserializer=bytes
+        )()
+        times = []
+        for _ in range(ECHO_WARM + ECHO_N):
+            t0 = time.perf_counter()
+            await call.write(ECHO_MESSAGE)
+            await call.read()
+            times.append(time.perf_counter() - t0)
+        call.cancel()
+    return times[ECHO_WARM:]
+
+
+def bare() -> dict[str, Any]:
+    import socket
+    import subprocess
+
+    out: dict[str, Any] = {}
+    for kind, client in (("tcp", _tcp_echo_client), ("grpc", _grpc_echo_client)):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        child = subprocess.Popen([sys.executable, __file__, "--echo-server", kind, str(port)])
+        try:
+            deadline = time.monotonic() + 30
+            while True:  # until the child listens
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or child.poll() is not None:
+                        raise SystemExit(f"the {kind} echo server did not start") from None
+                    time.sleep(0.05)
+            times = uvloop.run(client(port))
+        finally:
+            child.terminate()
+            child.wait(10)
+        out[kind] = {
+            "n": len(times),
+            "p50_ms": pct(times, 0.5) * 1000,
+            "p90_ms": pct(times, 0.9) * 1000,
+            "mean_ms": statistics.mean(times) * 1000,
+        }
+    return out
+
+
 def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--echo-server":  # the child of --bare
+        server = _tcp_echo_server if sys.argv[2] == "tcp" else _grpc_echo_server
+        uvloop.run(server(int(sys.argv[3])))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=4, help="blocks per transport (4)")
     parser.add_argument("--per-block", type=int, default=1000, help="turns per block (1000)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    parser.add_argument(
+        "--bare", action="store_true", help="only the transports: echo round trips, no scheduler"
+    )
     args = parser.parse_args()
     if args.blocks < 1 or args.per_block < 1:
         parser.error("--blocks and --per-block must be at least 1")
+    if args.bare:
+        result = bare()
+        print("| transport, echo of 120 bytes | round trips | p50 ms | p90 ms | mean ms |")
+        print("|---|---|---|---|---|")
+        for kind, r in result.items():
+            label = "framed bytes on TCP" if kind == "tcp" else "grpc.aio bidirectional stream"
+            print(
+                f"| {label} | {r['n']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
+                f"{r['mean_ms']:.3f} |"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps({"command": sys.argv, "bare": result}, indent=2))
+        return 0
     started = []
     with tempfile.TemporaryDirectory(prefix="luftpause-rtt-") as tmp_s:
         tmp = Path(tmp_s)
