@@ -255,18 +255,12 @@ class SchedulerLink:
             up = self._take()
             written, self._written = self._written, []
             if up is not None:
-                if isinstance(call, TcpLinkCall):
-                    call.write(up)
-                else:
-                    await call.write(up)
+                await call.write(up)
             for future in written:
                 if not future.done():
                     future.set_result(None)
             if self._closing:
-                if isinstance(call, TcpLinkCall):
-                    call.done_writing()
-                else:
-                    await call.done_writing()
+                await call.done_writing()
                 return
 
     def _take(self) -> pb.LinkUp | None:
@@ -320,7 +314,7 @@ class SchedulerLink:
                 # Written now, from this task, with whatever else is queued (in order).
                 up = self._take()
                 if up is not None:
-                    call.write(up)
+                    call.write_nowait(up)
             else:
                 self._wake.set()
         try:

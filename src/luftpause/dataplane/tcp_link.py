@@ -1,13 +1,15 @@
 """The dataplane's end of the Link over plain TCP (see ``LinkHello`` in scheduler.proto).
 
 ``TcpLinkCall.open`` connects to the port the scheduler advertised on resync, says
-hello (this dataplane's ID and token) and waits for the welcome. Then ``write`` sends
-a ``LinkUp`` frame at once, from the caller (no writer task in between: an admission
-request is on its turn's path), and every ``LinkDown`` frame is handed to ``on_down``
-from the protocol's callback, which resolves the waiting admissions directly.
-``done_writing`` half-closes (the stream is over, as ending the rpc's requests);
-``wait_closed`` returns when the scheduler has closed its side, and raises
-``LinkBroken`` if the connection failed instead.
+hello (this dataplane's ID and token) and waits for the welcome. Then
+``write_nowait`` sends a ``LinkUp`` frame at once, from the caller (no writer task
+in between: an admission request is on its turn's path); ``write`` and
+``done_writing`` (a half-close: the stream is over, as ending the rpc's requests)
+are awaitable as the rpc call's are, so the link's one writer serves both. Every
+``LinkDown`` frame is handed to ``on_down`` from the protocol's callback, which
+resolves the waiting admissions directly. ``wait_closed`` returns when the
+scheduler has closed its side, and raises ``LinkBroken`` if the connection failed
+instead.
 """
 
 from __future__ import annotations
@@ -110,11 +112,17 @@ class TcpLinkCall:
             raise LinkRefused(welcome.message)
         return cls(protocol, transport, f"{host}:{port}")
 
-    def write(self, up: pb.LinkUp) -> None:
+    def write_nowait(self, up: pb.LinkUp) -> None:
+        """Send a LinkUp frame now, from the caller (the socket buffers it)."""
         if not self._transport.is_closing():
             self._transport.write(frame(up.SerializeToString()))
 
-    def done_writing(self) -> None:
+    async def write(self, up: pb.LinkUp) -> None:
+        """As the rpc call's ``write``, so one writer serves both."""
+        self.write_nowait(up)
+
+    async def done_writing(self) -> None:
+        """As the rpc call's ``done_writing``: half-close, the stream is over."""
         if not self._transport.is_closing() and self._transport.can_write_eof():
             self._transport.write_eof()
 
