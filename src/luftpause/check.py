@@ -44,7 +44,7 @@ def add_check_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _port_problem(flag: str, value: int | None) -> str | None:
+def port_problem(flag: str, value: int | None) -> str | None:
     if value is not None and not 0 <= value <= 65535:
         return f"{flag} {value} is not a port number (0..65535; 0 picks a free port)"
     return None
@@ -109,9 +109,9 @@ def _service_lines(
         from luftpause.scheduler.service.main import link_port_of
 
         problems += _found(
-            _port_problem("--port", args.port),
-            _port_problem("--http-port", args.http_port),
-            _port_problem("--link-port", args.link_port),
+            port_problem("--port", args.port),
+            port_problem("--http-port", args.http_port),
+            port_problem("--link-port", args.link_port),
         )
         link = link_port_of(s, args)
         link_text = "off" if link is None else "a free port" if link == 0 else str(link)
@@ -131,7 +131,7 @@ def _service_lines(
         from luftpause.dataplane.main import dataplane_id_problem
 
         problems += _found(
-            _port_problem("--port", args.port),
+            port_problem("--port", args.port),
             _address_problem("--scheduler" if args.scheduler else "dataplane.scheduler", scheduler),
             dataplane_id_problem(args.dataplane_id) if args.dataplane_id is not None else None,
         )

@@ -106,15 +106,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         return run_check(args.command, args, os.environ if environ is None else environ)
     # A port out of range is refused here (``--check`` lists it with every other problem);
     # the kernel would otherwise take it modulo 65536.
+    from luftpause.check import port_problem
+
     for flag in ("port", "http_port", "link_port"):
-        value = getattr(args, flag, None)
-        if value is not None and not 0 <= value <= 65535:
-            name = "--" + flag.replace("_", "-")
-            print(
-                f"luftpause {args.command}: {name} {value} is not a port number "
-                "(0..65535; 0 picks a free port)",
-                file=sys.stderr,
-            )
+        problem = port_problem("--" + flag.replace("_", "-"), getattr(args, flag, None))
+        if problem:
+            print(f"luftpause {args.command}: {problem}", file=sys.stderr)
             return 2
     try:
         return modules[args.command].main(args)
