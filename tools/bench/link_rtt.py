@@ -44,6 +44,21 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def summary(times: list[float]) -> dict[str, Any]:
+    """Round trips (s) as count, p50, p90 and mean in ms."""
+    return {
+        "n": len(times),
+        "p50_ms": pct(times, 0.5) * 1000,
+        "p90_ms": pct(times, 0.9) * 1000,
+        "mean_ms": statistics.mean(times) * 1000,
+    }
+
+
+def row(label: str, r: dict[str, Any], *extra: str) -> str:
+    cells = [label, str(r["n"]), *(f"{r[k]:.3f}" for k in ("p50_ms", "p90_ms", "mean_ms"))]
+    return "| " + " | ".join([*cells, *extra]) + " |"
+
+
 async def block(link: SchedulerLink, tag: str, n: int) -> list[float]:
     times: list[float] = []
     for i in range(n):
@@ -89,16 +104,7 @@ async def measure(address: str, blocks: int, per_block: int) -> dict[str, Any]:
                 file=sys.stderr,
                 flush=True,
             )
-        return {
-            t: {
-                "n": len(times[t]),
-                "p50_ms": pct(times[t], 0.5) * 1000,
-                "p90_ms": pct(times[t], 0.9) * 1000,
-                "mean_ms": statistics.mean(times[t]) * 1000,
-                "block_p50_ms": per[t],
-            }
-            for t in TRANSPORTS
-        }
+        return {t: {**summary(times[t]), "block_p50_ms": per[t]} for t in TRANSPORTS}
     finally:
         for link in links.values():
             await link.close(0.5)
@@ -200,12 +206,7 @@ def bare() -> dict[str, Any]:
         finally:
             child.terminate()
             child.wait(10)
-        out[kind] = {
-            "n": len(times),
-            "p50_ms": pct(times, 0.5) * 1000,
-            "p90_ms": pct(times, 0.9) * 1000,
-            "mean_ms": statistics.mean(times) * 1000,
-        }
+        out[kind] = summary(times)
     return out
 
 
@@ -230,10 +231,7 @@ def main() -> int:
         print("|---|---|---|---|---|")
         for kind, r in result.items():
             label = "framed bytes on TCP" if kind == "tcp" else "grpc.aio bidirectional stream"
-            print(
-                f"| {label} | {r['n']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
-                f"{r['mean_ms']:.3f} |"
-            )
+            print(row(label, r))
         if args.json:
             Path(args.json).write_text(json.dumps({"command": sys.argv, "bare": result}, indent=2))
         return 0
@@ -263,10 +261,7 @@ def main() -> int:
     for t, r in result.items():
         blocks = ", ".join(f"{v:.3f}" for v in r["block_p50_ms"])
         label = "Link over TCP" if t == "tcp" else "Link rpc (gRPC)"
-        print(
-            f"| {label} | {r['n']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
-            f"{r['mean_ms']:.3f} | {blocks} |"
-        )
+        print(row(label, r, blocks))
     if args.json:
         Path(args.json).write_text(json.dumps({"command": sys.argv, "results": result}, indent=2))
     return 0
