@@ -52,6 +52,7 @@ class _LinkProtocol(asyncio.Protocol):
         self.session: LinkSession | None = None
         self.dataplane_id = ""
         self._answers: list[pb.AdmitAnswer] = []
+        self._deciding = False  # inside data_received's drain: it flushes the answers
         self._closed = False
 
     # ------------------------------------------------------------ transport
@@ -82,7 +83,11 @@ class _LinkProtocol(asyncio.Protocol):
         if frames and self.session is not None:
             # Decide now what these frames asked, and answer in this callback: an
             # admission waits for nothing else on the event loop.
-            self.servicer.host.drain()
+            self._deciding = True
+            try:
+                self.servicer.host.drain()
+            finally:
+                self._deciding = False
             self._flush()
 
     def eof_received(self) -> bool:
@@ -112,7 +117,7 @@ class _LinkProtocol(asyncio.Protocol):
     def _send(self, answer: pb.AdmitAnswer) -> None:
         # Answers decided in one pass of the loop share a frame (the writer often
         # admits several turns at once, e.g. when a slot frees up for held ones).
-        if not self._answers:
+        if not self._answers and not self._deciding:  # else data_received flushes
             asyncio.get_running_loop().call_soon(self._flush)
         self._answers.append(answer)
 
