@@ -6,7 +6,6 @@ engine server on 127.0.0.1:0. Shared by the dataplane's example and fuzz tests.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -162,12 +161,6 @@ class Engine:
             self._stop = None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Stack:
     host: Host
@@ -227,10 +220,12 @@ def make_dataplane(
 async def stack_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     """The stack; import ``stack_fixture`` into a test module to use ``stack``."""
     token = getattr(request, "param", None)
-    address = f"127.0.0.1:{free_port()}"
     engine = Engine()
     await engine.start()
-    host, server, writer = await start_scheduler(address, engine.url)
+    # The scheduler binds a port of its own choosing (a port picked free beforehand can be
+    # taken by the engine or another test's listener meanwhile); a restart reuses it.
+    host, server, writer = await start_scheduler("127.0.0.1:0", engine.url)
+    address = f"127.0.0.1:{server.port}"
     dp = make_dataplane(address, engine.url, "dp-test", token, {"engine-a": "engine-key"})
     maintain = asyncio.create_task(dp.link.maintain())
     async with asyncio.timeout(5):
