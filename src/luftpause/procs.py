@@ -7,8 +7,6 @@ until it accepts connections, and stop it (SIGTERM, then SIGKILL).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -41,13 +39,47 @@ def exit_text(code: int) -> str:
 log = logging.getLogger("luftpause.procs")
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """In the child: leave the terminal's process group (Ctrl-C reaches only the parent,
-    which then stops its children in order) and ask Linux to SIGTERM this child when
-    its parent dies (prctl PR_SET_PDEATHSIG)."""
-    os.setpgrp()
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+# Runs in the child as ``python -S -I -c _GUARD <parent pid> <argv...>``, then becomes
+# the program by exec: Linux SIGTERMs it when the parent that started it dies
+# (prctl PR_SET_PDEATHSIG, which survives exec), and it exits at once if that parent is
+# already gone. Done this way rather than in a ``preexec_fn`` because a ``preexec_fn``
+# makes Python fork the whole parent and run its fork handlers in the child: a parent
+# holding gRPC channels (the tests, the benchmarks) then saw children killed by SIGABRT
+# in gRPC's poller before they reached exec. Without one, ``subprocess`` uses vfork and
+# no handler runs.
+_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def guarded(argv: Sequence[str]) -> list[str]:
+    """``argv`` run so that it dies with this process (see ``_GUARD``); ``argv[0]``
+    must be a path, as ``os.execv`` does not search PATH."""
+    return [sys.executable, "-S", "-I", "-c", _GUARD, str(os.getpid()), *argv]
+
+
+def popen_child(
+    argv: Sequence[str],
+    out: IO[bytes] | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    die_with_parent: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start a child in a process group of its own (Ctrl-C reaches only us, and we stop
+    our children in order), its stdout and stderr to ``out``, dying with us unless
+    ``die_with_parent`` is False."""
+    return subprocess.Popen(
+        guarded(argv) if die_with_parent else list(argv),
+        stdout=out,
+        stderr=out,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        process_group=0,
+    )
 
 
 @dataclass
@@ -132,14 +164,7 @@ def launch(
     try:
         if stderr is not None:
             out = stderr.open("wb")
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=out,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            preexec_fn=_die_with_parent if die_with_parent else None,
-        )
+        proc = popen_child(argv, out, env=full_env, die_with_parent=die_with_parent)
     finally:
         if out is not None:
             out.close()
@@ -203,11 +228,7 @@ def launch_sglang_router(
     worker_urls: Sequence[str], policy: str, stderr: Path, model: str, timeout: float = 60.0
 ) -> RouterProcess:
     """Start the SGLang router (``sglang-router``) on loopback and wait (bounded) until it
-    lists every worker as healthy and a completion passes through it.
-
-    A router killed by a signal while starting (seen rarely: an abort in its event
-    engine's poller before it served anything) is started once more, on new ports;
-    a second such death, or any other failure, is an error."""
+    lists every worker as healthy and a completion passes through it."""
 
     def argv(port: int, metrics_port: int) -> list[str]:
         return [
@@ -236,7 +257,7 @@ def launch_smg(
     ``extra_args`` are added to the command line (e.g. ``--sticky-sessions``). SMG
     registers workers in the background after it starts listening, hence the wait
     for its ``/workers`` list. Both hosts are always 127.0.0.1 (SMG's default is
-    0.0.0.0). A start-up death by a signal is retried once, as for the SGLang router.
+    0.0.0.0).
 
     ``worker_labels`` (one mapping per worker URL): register the workers with SMG's
     ``POST /workers`` and these labels instead of ``--worker-urls``. A label overrides
@@ -284,30 +305,7 @@ def launch_smg(
     )
 
 
-class _RouterDiedBySignal(Exception):
-    pass
-
-
 def _launch_router(
-    name: str,
-    argv: Callable[[int, int], list[str]],
-    worker_urls: Sequence[str],
-    stderr: Path,
-    model: str,
-    timeout: float,
-    register: Callable[[str], None] | None = None,
-) -> RouterProcess:
-    for attempt in (1, 2):
-        try:
-            return _launch_router_once(name, argv, worker_urls, stderr, model, timeout, register)
-        except _RouterDiedBySignal as exc:
-            if attempt == 2:
-                raise ServiceFailed(str(exc)) from None
-            log.warning("%s\nstarting it once more", exc)
-    raise AssertionError("unreachable")
-
-
-def _launch_router_once(
     name: str,
     argv: Callable[[int, int], list[str]],
     worker_urls: Sequence[str],
@@ -320,13 +318,7 @@ def _launch_router_once(
     listen yet), before the wait for its worker list."""
     port, metrics_port = free_port(), free_port()
     with stderr.open("wb") as out:
-        proc = subprocess.Popen(
-            argv(port, metrics_port),
-            stdout=out,
-            stderr=out,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
-        )
+        proc = popen_child(argv(port, metrics_port), out)
     router = RouterProcess(
         proc, f"http://127.0.0.1:{port}", stderr, name, f"http://127.0.0.1:{metrics_port}"
     )
@@ -337,8 +329,6 @@ def _launch_router_once(
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 text = f"{name} {exit_text(proc.returncode)}:\n{router.stderr()}"
-                if proc.returncode < 0:
-                    raise _RouterDiedBySignal(text)
                 raise ServiceFailed(text)
             try:
                 if register is not None:
