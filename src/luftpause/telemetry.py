@@ -8,8 +8,8 @@ instrumentations that fit what it serves and calls:
 service             instrumentations
 ==================  =========================================================
 scheduler           ASGI (status HTTP and page)
-dataplane           aiohttp client (engine requests); server spans from
-                    FastAPI's own telemetry
+dataplane           none; server spans from FastAPI's own telemetry, the
+                    engine request's client span from the dataplane itself
 runtime             ASGI (``/mcp``), httpx (openai client to the dataplane),
                     httpx2 (MCP client to HTTP tool servers)
 fake engine         none; server spans from FastAPI's own telemetry
@@ -91,7 +91,6 @@ class Instrumentation(enum.StrEnum):
     GRPC_AIO_CLIENT = "grpc-aio-client"  # every grpc.aio.*_channel() made after setup
     HTTPX = "httpx"  # every httpx transport (also clients made before setup)
     HTTPX2 = "httpx2"  # the same for httpx2, the MCP SDK's HTTP client
-    AIOHTTP_CLIENT = "aiohttp-client"  # every aiohttp.ClientSession made after setup
 
 
 @dataclass(frozen=True)
@@ -446,10 +445,6 @@ def _instrument(kind: Instrumentation, provider: TracerProvider) -> Callable[[],
         from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
 
         instrumentor = HTTPX2ClientInstrumentor()
-    elif kind is Instrumentation.AIOHTTP_CLIENT:
-        from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
-
-        instrumentor = AioHttpClientInstrumentor()
     else:  # pragma: no cover - the enum is exhaustive
         raise AssertionError(kind)
     instrumentor.instrument(tracer_provider=provider)

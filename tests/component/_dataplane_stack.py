@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 from starlette.requests import Request
@@ -25,6 +24,7 @@ from luftpause.config import (
     Secrets,
 )
 from luftpause.dataplane.app import Dataplane, create_app
+from luftpause.dataplane.engine_http import EngineClient
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
@@ -204,14 +204,15 @@ def make_dataplane(
     """A dataplane's state (its own run table and tool call memory) linked to the
     scheduler at ``scheduler``, with both test replicas served by ``engine_url``."""
     runs = RunTable(time.monotonic, 1800)
+    settings = DataplaneSettings(report_reconnect_s=0.1)
     return Dataplane(
-        settings=DataplaneSettings(report_reconnect_s=0.1),
+        settings=settings,
         endpoints={e.name: e for e in endpoints(engine_url)},
         secrets=Secrets(token=token, api_keys=api_keys or {}),
         link=SchedulerLink(scheduler, name, runs, reconnect_s=0.1),
         runs=runs,
         memory=ToolCallMemory(time.monotonic, 1800),
-        http=aiohttp.ClientSession(),
+        http=EngineClient(settings.engine_connect_timeout_s),
         metrics=Metrics(),
     )
 

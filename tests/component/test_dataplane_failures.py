@@ -15,7 +15,6 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 from _dataplane_stack import (
@@ -26,10 +25,10 @@ from _dataplane_stack import (
     settle,
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
-from aiohttp.client_reqrep import ConnectionKey
 
 from luftpause.dataplane import relay
 from luftpause.dataplane.app import _engine_error
+from luftpause.dataplane.engine_http import ConnectFailed
 from luftpause.scheduler.core import ReplicaProbed
 from luftpause.scheduler.service.grpc_server import SchedulerServicer
 
@@ -310,8 +309,7 @@ def test_only_errors_that_say_the_engine_is_unreachable_take_it_out(
 ) -> None:
     """D6: a refused or unroutable connection takes the replica out of placement; the
     dataplane's own resource limits (open files, local ports) do not."""
-    key = ConnectionKey("127.0.0.1", 1, False, True, None, None, None)
-    exc = aiohttp.ClientConnectorError(key, OSError(os_errno, os.strerror(os_errno)))
+    exc = ConnectFailed("127.0.0.1", 1, OSError(os_errno, os.strerror(os_errno)))
     error = _engine_error("engine-a", exc)
     assert error.replica_unreachable is unreachable
     assert error.message.startswith("engine engine-a: connection failed")

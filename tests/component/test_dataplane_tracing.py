@@ -1,6 +1,7 @@
 """X1: a proxy turn's span and the scheduler's admit span, in process (SDK in-memory
 exporter): the client's traceparent → the dataplane's turn span → the scheduler's
-admit span, and the engine request carries the same trace."""
+admit span, the engine request's client span, and the engine request carries the
+same trace."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from _dataplane_stack import (
 )
 from _otel import memory_spans, named
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.trace import SpanKind
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
@@ -55,9 +57,16 @@ async def test_a_turn_is_one_trace_from_client_to_engine(stack: Stack) -> None:
     assert attrs["luftpause.run_id"] == "r1" and attrs["luftpause.held_ms"] >= 0
     assert gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS in attrs
     assert admit.attributes is not None and admit.attributes["luftpause.replica"] == "engine-a"
+    # The engine request: a client span under the turn, named in its traceparent.
+    [engine] = named(finished, "POST")
+    assert engine.kind is SpanKind.CLIENT and engine.context is not None
+    assert engine.parent is not None and engine.parent.span_id == turn.context.span_id
+    assert engine.attributes is not None
+    assert engine.attributes["http.response.status_code"] == 200
+    assert str(engine.attributes["url.full"]).endswith("/v1/chat/completions")
     [seen] = stack.engine.seen
     assert seen.headers["traceparent"].split("-")[1] == TRACE_ID
-    assert seen.headers["traceparent"].split("-")[2] == f"{turn.context.span_id:016x}"
+    assert seen.headers["traceparent"].split("-")[2] == f"{engine.context.span_id:016x}"
 
 
 async def test_a_refused_turn_ends_its_span_with_the_outcome(stack: Stack) -> None:

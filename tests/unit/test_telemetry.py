@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Sequence
 
-import aiohttp
 import grpc
 import httpx
 import pytest
@@ -44,7 +43,6 @@ ENDPOINT = "http://collector.invalid:4318"
 def test_unset_configures_nothing() -> None:
     provider_before = trace.get_tracer_provider()
     channel_before = grpc.aio.insecure_channel
-    session_init_before = aiohttp.ClientSession.__init__
     transport_before = httpx.AsyncHTTPTransport.handle_async_request
     tracing = setup_tracing("dataplane", {}, list(Instrumentation))
     assert tracing is DISABLED and not tracing.enabled and tracing.provider is None
@@ -52,7 +50,6 @@ def test_unset_configures_nothing() -> None:
     assert tracing.wrap_asgi(app) is app
     assert trace.get_tracer_provider() is provider_before
     assert grpc.aio.insecure_channel is channel_before
-    assert aiohttp.ClientSession.__init__ is session_init_before
     assert httpx.AsyncHTTPTransport.handle_async_request is transport_before
     tracing.shutdown()  # a no-op, and safe to call
 
@@ -169,7 +166,7 @@ def test_sampler_from_env() -> None:
 def test_instrumentations_are_undone_at_shutdown() -> None:
     channel_before = grpc.aio.insecure_channel
     server_before = grpc.aio.server
-    session_init_before = aiohttp.ClientSession.__init__
+    transport_before = httpx.AsyncHTTPTransport.handle_async_request
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}
     tracing = setup_tracing(
         "dataplane",
@@ -177,18 +174,18 @@ def test_instrumentations_are_undone_at_shutdown() -> None:
         [
             Instrumentation.GRPC_AIO_CLIENT,
             Instrumentation.GRPC_AIO_SERVER,
-            Instrumentation.AIOHTTP_CLIENT,
+            Instrumentation.HTTPX,
         ],
         exporter=InMemorySpanExporter(),
         install=False,
     )
     assert grpc.aio.insecure_channel is not channel_before
     assert grpc.aio.server is not server_before
-    assert aiohttp.ClientSession.__init__ is not session_init_before
+    assert httpx.AsyncHTTPTransport.handle_async_request is not transport_before
     tracing.shutdown()
     assert grpc.aio.insecure_channel is channel_before
     assert grpc.aio.server is server_before
-    assert aiohttp.ClientSession.__init__ is session_init_before
+    assert httpx.AsyncHTTPTransport.handle_async_request is transport_before
 
 
 class _Stuck(SpanExporter):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import fnmatch
 import functools
 import logging
@@ -39,9 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from fastapi import FastAPI, Request
-from opentelemetry import trace
 from opentelemetry.trace import Span
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -53,6 +50,13 @@ from luftpause.auth import api_key_ok, bearer_ok
 from luftpause.config import DataplaneSettings, Endpoint, EndpointKind, NativeApi, Secrets
 from luftpause.dataplane import identity, tracing
 from luftpause.dataplane.apis import ClientApi, Translated, Untranslated, client_apis
+from luftpause.dataplane.engine_http import (
+    ENGINE_ERRORS,
+    ConnectFailed,
+    ConnectTimeout,
+    EngineClient,
+    EngineResponse,
+)
 from luftpause.dataplane.errors import (
     Abandoned,
     BadRequest,
@@ -124,7 +128,7 @@ class Dataplane:
     link: SchedulerLink
     runs: RunTable
     memory: ToolCallMemory
-    http: aiohttp.ClientSession  # towards engines: no read timeout, 2 s connect timeout
+    http: EngineClient  # towards engines: no read timeout, a connect timeout
     metrics: Metrics
 
     @property
@@ -476,7 +480,7 @@ def _too_large(size: int | None, limit: int) -> str:
     )
 
 
-def _engine_headers(dp: Dataplane, incoming: Incoming, replica: str, span: Span) -> dict[str, str]:
+def _engine_headers(dp: Dataplane, incoming: Incoming, replica: str) -> dict[str, str]:
     headers = {
         k: v
         for k, v in incoming.headers.items()
@@ -487,7 +491,6 @@ def _engine_headers(dp: Dataplane, incoming: Incoming, replica: str, span: Span)
         headers["authorization"] = f"Bearer {key}"
     headers["accept-encoding"] = "identity"
     headers.setdefault("content-type", "application/json")
-    tracing.inject(span, headers)
     return headers
 
 
@@ -730,25 +733,15 @@ async def _post_to_engine(
     *,
     in_client_shape: bool,
     extra_headers: dict[str, str] | None = None,
-) -> aiohttp.ClientResponse:
+) -> EngineResponse:
     """Send the turn to its replica: the engine's 200 response, its body still to come;
     any other status is an ``EngineRejected`` carrying the engine's answer (D6), which is
     already in the client's API (``in_client_shape``) or is re-worded into it."""
     replica = turn.record.replica
-    try:
-        # The turn's span is current for the engine request, so a client span of the
-        # HTTP instrumentation sits under it.
-        with trace.use_span(turn.span, end_on_exit=False):
-            headers = _engine_headers(dp, incoming, replica, turn.span)
-            if extra_headers:
-                headers.update(extra_headers)
-            response = await dp.http.post(url, data=body, headers=headers)
-    except ENGINE_ERRORS as exc:
-        raise _engine_error(replica, exc) from None
-    except asyncio.CancelledError:
-        if incoming.watch.left_now():
-            raise ClientLeft("client left before the engine answered") from None
-        raise
+    headers = _engine_headers(dp, incoming, replica)
+    if extra_headers:
+        headers.update(extra_headers)
+    response = await _engine_post(dp, incoming, turn, url, body, headers)
     if response.status == 200:
         return response
     try:  # D6: engine rejects: status, body, Retry-After unchanged
@@ -771,7 +764,28 @@ async def _post_to_engine(
     )
 
 
-async def _read_whole(incoming: Incoming, response: aiohttp.ClientResponse, replica: str) -> bytes:
+async def _engine_post(
+    dp: Dataplane, incoming: Incoming, turn: Turn, url: str, body: bytes, headers: dict[str, str]
+) -> EngineResponse:
+    """POST to the turn's replica, under a client span of the turn's (X1) that the
+    engine's ``traceparent`` names: the response once its headers are in."""
+    span = tracing.start_engine_request(turn.span, url)
+    tracing.inject(span or turn.span, headers)
+    try:
+        response = await dp.http.post(url, body, headers)
+    except ENGINE_ERRORS as exc:
+        tracing.end_engine_request(span, error=type(exc).__name__)
+        raise _engine_error(turn.record.replica, exc) from None
+    except asyncio.CancelledError:
+        tracing.end_engine_request(span, error="cancelled")
+        if incoming.watch.left_now():
+            raise ClientLeft("client left before the engine answered") from None
+        raise
+    tracing.end_engine_request(span, status=response.status)
+    return response
+
+
+async def _read_whole(incoming: Incoming, response: EngineResponse, replica: str) -> bytes:
     """A non-streamed reply's body; the connection is dropped if it is not read to the end."""
     try:
         return await response.read()
@@ -782,10 +796,7 @@ async def _read_whole(incoming: Incoming, response: aiohttp.ClientResponse, repl
             raise ClientLeft("client left while the engine was answering") from None
         raise
     finally:
-        if response.content.at_eof():
-            response.release()
-        else:
-            response.close()  # unfinished: drop the connection so the engine stops
+        response.release()  # unfinished: the connection is dropped, so the engine stops
 
 
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -951,58 +962,36 @@ async def _classify(
     replica = turn.record.replica
     endpoint = dp.endpoints.get(replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
-    try:
-        with trace.use_span(turn.span, end_on_exit=False):
-            async with dp.http.post(
-                f"{base}/classify",
-                data=payload,
-                headers={
-                    **_engine_headers(dp, incoming, replica, turn.span),
-                    "content-type": "application/json",
-                },
-            ) as response:
-                status, content = response.status, await response.read()
-                engine_headers = dict(response.headers)
-    except ENGINE_ERRORS as exc:
-        raise _engine_error(replica, exc) from None
+    engine_headers = {**_engine_headers(dp, incoming, replica), "content-type": "application/json"}
+    response = await _engine_post(dp, incoming, turn, f"{base}/classify", payload, engine_headers)
+    status = response.status
+    content = await _read_whole(incoming, response, replica)
     headers = {identity.RUN_HEADER: turn.record.run_id}
-    for name in ("Retry-After", "Content-Type"):
-        if name in engine_headers:
-            headers[name.lower()] = engine_headers[name]
+    for name in ("retry-after", "content-type"):
+        if name in response.headers:
+            headers[name] = response.headers[name]
     if status != 200:
         raise EngineRejected(f"engine answered {status}", replica, status, content, headers)
     turn.finished(TurnOutcome())
     return Response(content, status_code=status, headers=headers)
 
 
-ENGINE_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
-
-
-# Connect errors that say the engine cannot be reached. Others a connect can raise
-# (too many open files, no free local port, no buffer space) are this machine's
-# trouble, not the engine's: they must not take healthy replicas out of placement.
-_UNREACHABLE_ERRNOS = frozenset(
-    {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
-)
-
-
 def _engine_error(replica: str, exc: BaseException) -> TurnError:
     """An engine request that raised: the engine cannot be reached (the replica leaves
     placement until its probe passes), or something else broke before the reply."""
     message = f"engine {replica}: {_describe(exc)}"
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | TimeoutError):
-        return EngineUnreachable(message, replica)
-    if isinstance(exc, aiohttp.ClientConnectorDNSError) or (
-        isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno in _UNREACHABLE_ERRNOS
-    ):
+    # A connect that failed for want of something here (open files, local ports,
+    # buffer space) is this machine's trouble, not the engine's: it must not take a
+    # healthy replica out of placement.
+    if isinstance(exc, ConnectTimeout) or (isinstance(exc, ConnectFailed) and exc.unreachable):
         return EngineUnreachable(message, replica)
     return EngineFailed(message, replica)
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, aiohttp.ConnectionTimeoutError | TimeoutError):
+    if isinstance(exc, ConnectTimeout):
         return "connect timeout"
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectFailed):
         return f"connection failed: {exc.os_error.strerror or exc.os_error}"
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -8,10 +8,9 @@ import os
 import socket
 import time
 
-import aiohttp
-
 from luftpause.config import ConfigError, StackConfig, load_secrets
 from luftpause.dataplane.app import Dataplane, create_app
+from luftpause.dataplane.engine_http import EngineClient
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
@@ -22,7 +21,6 @@ from luftpause.serving import (
     bound_port,
     load_config_or_exit,
 )
-from luftpause.telemetry import Instrumentation
 from luftpause.tool_calls import ToolCallMemory
 
 log = logging.getLogger("luftpause.dataplane")
@@ -85,16 +83,7 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
         report_flush_s=settings.report_flush_ms / 1000,
         tcp_link=settings.tcp_link,
     )
-    http = aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(
-            total=None,
-            connect=settings.engine_connect_timeout_s,
-            sock_connect=settings.engine_connect_timeout_s,
-        ),
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-        auto_decompress=False,  # pass the engine's bytes through as they are
-        skip_auto_headers=("User-Agent",),
-    )
+    http = EngineClient(settings.engine_connect_timeout_s)
     return Dataplane(
         settings=settings,
         endpoints={e.name: e for e in config.endpoints},
@@ -136,6 +125,8 @@ def main(args: argparse.Namespace) -> int:
         )
         return None
 
-    # Server spans come from FastAPI's own telemetry; the Admit call carries its trace
-    # context in AdmitRequest.traceparent (see luftpause.telemetry for why not gRPC's).
-    return boot.run(host, start, instrumentations=(Instrumentation.AIOHTTP_CLIENT,))
+    # Server spans come from FastAPI's own telemetry, the engine request's client span
+    # from the dataplane itself (tracing.start_engine_request); the Admit call carries
+    # its trace context in AdmitRequest.traceparent (see luftpause.telemetry for why
+    # not gRPC's).
+    return boot.run(host, start, instrumentations=())

@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 from starlette.responses import Response
 
+from luftpause.dataplane.engine_http import ENGINE_ERRORS, EngineResponse
 from luftpause.dataplane.errors import ClientLeft, EngineFailed, InternalError, TurnError
 
 if TYPE_CHECKING:
@@ -368,7 +368,7 @@ class RelayStream(Response):
 
     def __init__(
         self,
-        engine: aiohttp.ClientResponse,
+        engine: EngineResponse,
         tap: SseTap,
         headers: list[tuple[bytes, bytes]],
         turn: Turn,
@@ -395,7 +395,7 @@ class RelayStream(Response):
             log.exception("relaying the stream of engine %s failed", self.replica)
             raise
         finally:
-            if failure is None and self.engine.content.at_eof():
+            if failure is None and self.engine.at_eof():
                 self.engine.release()  # complete: the connection goes back to the pool
             else:
                 self.engine.close()  # drop the connection: the engine stops generating
@@ -409,14 +409,14 @@ class RelayStream(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         outcome = self.tap.outcome
         try:
-            async for data in self.engine.content.iter_any():
+            async for data in self.engine.chunks():
                 had_first = outcome.first_token
                 out = self.tap.feed(data)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 if outcome.first_token and not had_first:
                     self.turn.first_token()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except ENGINE_ERRORS as exc:
             # Leave the response incomplete: the connection closes without [DONE] (an API
             # with an error event gets that first).
             reason = f"engine {self.replica} failed mid-stream: {_describe(exc)}"

@@ -4,9 +4,9 @@ A turn's span starts when its request arrives and ends with the turn: it covers
 the time held by the scheduler and the engine's reply. Its parent is the
 caller's trace context (the ``traceparent`` header, or the ASGI server span when
 that instrumentation is on); the scheduler's ``admit`` span (through
-``AdmitRequest.traceparent``) and the engine request (its ``traceparent``
-header) are its children, so one trace runs client → dataplane → scheduler →
-engine.
+``AdmitRequest.traceparent``) and the engine request's client span (named in
+the request's ``traceparent`` header) are its children, so one trace runs client →
+dataplane → scheduler → engine.
 
 Attributes: ``luftpause.run_id``, ``luftpause.service_class``,
 ``gen_ai.request.model``, then ``luftpause.held_ms`` and ``luftpause.replica``
@@ -20,6 +20,7 @@ With no tracer provider configured, spans are non-recording no-ops.
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -64,11 +65,43 @@ def traceparent_of(span: Span) -> str:
 
 
 def inject(span: Span, headers: MutableMapping[str, str]) -> None:
-    """Point the engine request's ``traceparent`` at the turn's span."""
+    """Point the engine request's ``traceparent`` at ``span`` (its client span, else
+    the turn's)."""
     headers.pop("tracestate", None)
     traceparent = traceparent_of(span)
     if traceparent:  # no span (tracing off, no caller trace): the caller's header stays
         headers["traceparent"] = traceparent
+
+
+def start_engine_request(turn: Span, url: str) -> Span | None:
+    """The engine request's client span, a child of the turn's; None when the turn is
+    not recorded (tracing off), which costs nothing then."""
+    if not turn.is_recording():
+        return None
+    parts = urlsplit(url)
+    attributes: dict[str, str | int] = {"http.request.method": "POST", "url.full": url}
+    if parts.hostname:
+        attributes["server.address"] = parts.hostname
+        attributes["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+    return _tracer.start_span(
+        "POST",
+        context=trace.set_span_in_context(turn, Context()),
+        kind=SpanKind.CLIENT,
+        attributes=attributes,
+    )
+
+
+def end_engine_request(span: Span | None, *, status: int = 0, error: str = "") -> None:
+    """Ends the span of ``start_engine_request`` when the reply's headers are in
+    (``status``) or the request failed (``error``: what failed)."""
+    if span is None:
+        return
+    if status:
+        span.set_attribute("http.response.status_code", status)
+    if error or status >= 400:
+        span.set_attribute("error.type", error or str(status))
+        span.set_status(Status(StatusCode.ERROR))
+    span.end()
 
 
 def renamed_run(span: Span, run_id: str) -> None:
