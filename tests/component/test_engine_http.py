@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+import uvloop
 
 from luftpause.dataplane import engine_http
 from luftpause.dataplane.engine_http import (
@@ -352,3 +353,28 @@ async def test_bad_urls_and_headers_are_refused_before_anything_is_sent() -> Non
     await client.close()
     with pytest.raises(RuntimeError, match="closed"):
         await client.post("http://127.0.0.1:9/x", b"{}", {})
+
+
+def test_the_same_under_uvloop() -> None:
+    """The services run on uvloop (whose transports are not asyncio's classes): a kept
+    connection and a chunked stream, there."""
+
+    async def scenario() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await server.request(reader)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                    + chunk(b"data: 1\n\n")
+                    + chunk(b"data: [DONE]\n\n")
+                    + b"0\r\n\r\n"
+                )
+
+        async with serving(handler) as (server, url, client):
+            for _ in range(3):
+                response = await client.post(f"{url}/s", b"{}", {})
+                assert await response.read() == b"data: 1\n\ndata: [DONE]\n\n"
+                response.release()
+            assert server.connections == 1
+
+    uvloop.run(scenario())

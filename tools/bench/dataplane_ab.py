@@ -145,7 +145,15 @@ def main() -> int:
                     "--dataplane-id", f"ab-{k}", name=f"dataplane-{k}", env={"PYTHONPATH": src},
                 )  # fmt: skip
             print(f"measuring {args.turns} rounds (progress on stderr)", file=sys.stderr)
-            result = asyncio.run(measure(engine, dataplanes, args.turns))
+            try:
+                result = asyncio.run(measure(engine, dataplanes, args.turns))
+            except RuntimeError as exc:  # a turn failed: say where, with the logs
+                logs = "".join(
+                    f"\n--- {name} ---\n{dp.stderr_path.read_text(errors='replace')[-3000:]}"
+                    for name, dp in dataplanes.items()
+                    if dp.stderr_path is not None
+                )
+                raise SystemExit(f"{exc}\n{logs}") from None
         finally:
             stop_all(started)
             for tree in trees:
