@@ -196,6 +196,8 @@ class SseTap:
         """Why a stream that ended is not complete (the turn's failure reason)."""
         return "ended the stream without [DONE]"
 
+    skim = True  # skip parsing chunks that cannot say anything new (``_skimmed``)
+
     def _read_event(self, event: bytes) -> bytes | None:
         """Account for one event; return what the client gets of it (None: nothing)."""
         lines = event.splitlines(keepends=True)
@@ -206,6 +208,14 @@ class SseTap:
             if payload == b"[DONE]":
                 self.outcome.done = True
                 continue
+            if self.skim and self.outcome.first_token:
+                skimmed = _skimmed(payload)
+                if skimmed is not None:
+                    if skimmed and self.cut_null_usage:
+                        end = line.rfind(skimmed)
+                        lines[i] = line[:end] + line[end + len(skimmed) :]
+                        event = b"".join(lines)
+                    continue
             chunk = loads(payload)
             if not isinstance(chunk, dict):
                 continue
@@ -352,6 +362,37 @@ def without_null_usage(line: bytes, chunk: dict[str, Any]) -> bytes:
     log.debug("usage member not found by its bytes; chunk re-serialised")
     ending = line[len(line.rstrip(b"\r\n")) :]
     return b"data: " + json.dumps(wanted, separators=(",", ":")).encode() + ending
+
+
+_NULL_USAGE_LAST = (b',"usage":null}', b', "usage": null}')
+
+
+def _skimmed(payload: bytes) -> bytes | None:
+    """For a chunk after the first token: None if it must be parsed, else what reading
+    it would find: nothing at all (``b""``), or that its one ``usage`` member is a
+    top-level ``null`` written last (those bytes, without the closing brace's).
+
+    Most chunks of a long reply carry a few tokens of text and nothing the turn's
+    report needs; judging that from the bytes spares parsing each one. It is exact for
+    JSON as engines write it, compact or spaced: with no ``\\u`` escape in the
+    payload every key is spelled out, and a quote inside a string is escaped, so a
+    ``"tool_calls"`` or ``"finish_reason"`` in the bytes is a key (or a value naming
+    it, which only sends the chunk to the parser). Anything else is parsed."""
+    if b"\\u" in payload or b'"tool_calls"' in payload:
+        return None
+    reasons = payload.count(b'"finish_reason"')
+    if reasons and reasons != payload.count(b'"finish_reason":null') + payload.count(
+        b'"finish_reason": null'
+    ):
+        return None  # a choice finished: its reason is read
+    usages = payload.count(b'"usage"')
+    if usages == 0:
+        return b""
+    if usages == 1:
+        for last in _NULL_USAGE_LAST:
+            if payload.endswith(last):
+                return last[:-1]
+    return None
 
 
 def _event_end(buffer: bytes) -> tuple[int, int]:
