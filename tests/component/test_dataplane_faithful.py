@@ -143,6 +143,34 @@ async def test_proxied_reply_is_the_direct_reply_byte_for_byte(
     await nothing_in_flight(stack)
 
 
+async def test_bytes_after_the_last_event_reach_the_client_in_order(stack: Stack) -> None:
+    """D1: what an engine writes after ``[DONE]`` (held by the relay until the reply ends,
+    so the end goes out in one write) still reaches the client, after ``[DONE]``."""
+    events = [
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"},'
+        b'"finish_reason":null}]}\n\n',
+        b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+        b"data: [DONE]\n\n",
+        b": a comment after the end\n\n",
+        b"data: [DONE]\n\n",
+    ]
+
+    def reply(seen: Seen) -> httpx.Response:
+        async def pieces() -> AsyncIterator[bytes]:
+            for event in events:
+                yield event
+
+        return httpx.Response(200, content=pieces(), headers={"content-type": "text/event-stream"})
+
+    stack.engine.reply = reply
+    proxied = await stack.client.post(
+        "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})
+    )
+    assert proxied.status_code == 200
+    assert proxied.content == b"".join(events)
+    await nothing_in_flight(stack)
+
+
 async def _error(resp: httpx.Response, status: int, code: str | None) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     body = resp.json()

@@ -449,24 +449,30 @@ class RelayStream(Response):
         """Stream until the engine ends. Returns how the turn failed, or None."""
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         outcome = self.tap.outcome
+        # Once the stream's last event has passed, what follows it is held and goes out
+        # with the end of the response when the engine's reply ends: one write less.
+        held = b""
         try:
             async for data in self.engine.chunks():
                 had_first = outcome.first_token
                 out = self.tap.feed(data)
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
                 if outcome.first_token and not had_first:
                     self.turn.first_token()
+                if outcome.done:
+                    held += out
+                elif held or out:
+                    body, held = held + out, b""
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
         except ENGINE_ERRORS as exc:
             # Leave the response incomplete: the connection closes without [DONE] (an API
             # with an error event gets that first).
             reason = f"engine {self.replica} failed mid-stream: {_describe(exc)}"
             log.warning("%s", reason)
-            failing = self.tap.failing(reason)
+            failing = held + self.tap.failing(reason)
             if failing:
                 await send({"type": "http.response.body", "body": failing, "more_body": True})
             return EngineFailed(reason, self.replica)
-        rest = self.tap.rest()
+        rest = held + self.tap.rest()
         failure: EngineFailed | None = None
         if not outcome.done:
             failure = EngineFailed(f"engine {self.replica} {self.tap.incomplete()}", self.replica)
