@@ -8,11 +8,16 @@ Starts one fake engine (time-scaled so it takes almost no time itself), one sche
 from the working tree, and one dataplane per commit given, each run from a temporary
 ``git worktree`` of that commit (``PYTHONPATH`` pointing at its ``src``). Then sends
 streamed 16-token turns one at a time, rotating over the engine directly and every
-dataplane turn by turn (the order reversed every other round), so each arm sees the
-same machine: what differs between the arms is the dataplane's code. Reports each
+dataplane turn by turn, each round starting one arm further on, with 10 ms of quiet
+after each turn: a dataplane writes a turn's last report up to 5 ms after the turn
+(``report_flush_ms``), and without the quiet that write lands in the next arm's turn
+(two dataplanes of one commit then measured 0.4 ms apart). So each arm sees the same
+machine: what differs between the arms is the dataplane's code. Reports each
 dataplane's p50 and the p50 added over the direct arm, and its own CPU time per turn
-(from ``/proc``). Timings are measured, never asserted; every process runs on this
-machine, unpinned.
+(from ``/proc``). Timings are measured, never asserted. Every process runs on this
+machine, pinned as ``overhead.py`` pins them (this process and the engine on the
+first CPU, the scheduler and every dataplane on the second); ``--no-pin`` leaves
+them to the kernel.
 
 A dataplane of an older commit speaks whatever the scheduler of the working tree still
 serves (``Admit`` and ``Report`` are kept beside ``Link``); a commit whose dataplane
@@ -35,11 +40,12 @@ from typing import Any
 import aiohttp
 
 # A streamed 16-token turn, timed request to [DONE], as overhead.py sends it.
-from overhead import MODEL, one_turn
+from overhead import MODEL, one_turn, pin
 
 from luftpause.procs import ServiceProcess, launch, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
+GAP_S = 0.01  # between two turns
 
 
 def cpu_seconds(pid: int) -> float:
@@ -73,9 +79,15 @@ async def measure(engine: str, dataplanes: dict[str, ServiceProcess], turns: int
                 await one_turn(client, url, {"x-luftpause-run-id": f"warm-{name}"})
         cpu0 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
         for i in range(turns):
-            for name, url in arms if i % 2 == 0 else arms[::-1]:
+            # Each round starts one arm further on, so every arm takes every place in
+            # the order equally often and no arm ever runs two turns in a row.
+            for name, url in arms[i % len(arms) :] + arms[: i % len(arms)]:
                 run = {"x-luftpause-run-id": f"ab-{name}"}
                 latencies[name].append(await one_turn(client, url, run))
+                # A quiet machine for the next turn: the dataplane writes a turn's last
+                # report up to report_flush_ms (5 ms) after it ends, which would land in
+                # whichever arm's turn comes next and favour some arms over others.
+                await asyncio.sleep(GAP_S)
             if (i + 1) % 100 == 0:
                 print(f"  {i + 1}/{turns} rounds", file=sys.stderr, flush=True)
         cpu1 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
@@ -99,9 +111,20 @@ def main() -> int:
     parser.add_argument("revs", nargs="+", metavar="REV", help="commits to compare ('.' = now)")
     parser.add_argument("--turns", type=int, default=500, help="turns per arm (default 500)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave every process to the kernel's scheduler instead of pinning them",
+    )
     args = parser.parse_args()
     if args.turns < 1:
         parser.error("--turns must be at least 1")
+    if args.pin and (os.cpu_count() or 1) < 2:
+        print("one CPU: nothing to pin to; running unpinned", file=sys.stderr)
+        args.pin = False
+    if args.pin:
+        pin(0, {0})
     started: list[ServiceProcess] = []
     trees: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="luftpause-ab-") as tmp_s:
@@ -117,6 +140,8 @@ def main() -> int:
             except Exception:
                 log = (tmp / f"{name}.log").read_text(errors="replace")[-2000:]
                 raise SystemExit(f"{name} did not start:\n{log}") from None
+            if args.pin:  # as overhead.py: client and engine on one CPU, the hop on the other
+                pin(svc.pid, {0} if name == "engine" else {1})
             return svc
 
         try:
@@ -174,7 +199,8 @@ def main() -> int:
         )
     print()
     print(
-        f"Machine: {os.cpu_count()} cores, unpinned; load average at the end "
+        f"Machine: {os.cpu_count()} cores, {'pinned' if args.pin else 'unpinned'}; "
+        "load average at the end "
         f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}. Turns one at a time, "
         f"{args.turns} per arm, arms rotated turn by turn."
     )
