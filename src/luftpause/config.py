@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -208,6 +208,8 @@ class SchedulerSettings(_Frozen):
         return urls
 
 
+ServiceClass = Literal["interactive", "batch"]
+
 _CREDENTIAL_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "x-api-key", "cookie", "set-cookie"}
 )
@@ -267,6 +269,26 @@ class DataplaneSettings(_Frozen):
         return self
 
 
+def _added_header(name: str) -> str:
+    """A header name the runtime may add to a turn, in lower case."""
+    if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
+        raise ValueError(f"{name!r} is not an HTTP header name")
+    lower = name.lower()
+    if lower in _CREDENTIAL_HEADERS or lower.startswith("x-luftpause-"):
+        raise ValueError(
+            f"{name!r} is set by the runtime itself (its token, the run's identity headers)"
+        )
+    if lower in ("host", "content-length", "content-type", "transfer-encoding", "connection"):
+        raise ValueError(f"{name!r} belongs to the HTTP request itself")
+    return lower
+
+
+def _header_value(name: str, value: str) -> str:
+    if not value.isprintable() or not value.isascii():
+        raise ValueError(f"the value of {name!r} must be printable ASCII, got {value!r}")
+    return value
+
+
 class ToolServer(_Frozen):
     """An upstream MCP server the runtime's sub-agents may call."""
 
@@ -297,11 +319,35 @@ class RuntimeSettings(_Frozen):
     retry_after_default_s: Seconds = 1.0
     default_model: str | None = None
     tool_servers: tuple[ToolServer, ...] = ()
+    # For a dataplane_url that is not a luftpause dataplane (a gateway, a router, an
+    # engine that orders its queue by class): headers added to every turn of a class,
+    # headers that carry the run's ID (a sticky-session key), and a body "priority" per
+    # class (kept where a turn sets its own).
+    class_headers: Mapping[ServiceClass, Mapping[str, str]] = Field(default_factory=dict)
+    run_id_headers: tuple[str, ...] = ()
+    class_priority: Mapping[ServiceClass, int] = Field(default_factory=dict)
 
     @field_validator("dataplane_url")
     @classmethod
     def _url(cls, value: str) -> str:
         return _check_url(value)
+
+    @field_validator("class_headers")
+    @classmethod
+    def _class_headers(
+        cls, value: Mapping[str, Mapping[str, str]]
+    ) -> Mapping[str, Mapping[str, str]]:
+        out = {}
+        for service_class, headers in value.items():
+            out[service_class] = {
+                _added_header(name): _header_value(name, text) for name, text in headers.items()
+            }
+        return out
+
+    @field_validator("run_id_headers")
+    @classmethod
+    def _run_id_headers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_added_header(name) for name in value)
 
 
 class FakeEngine(_Frozen):

@@ -134,6 +134,39 @@ async def test_a_turn_sends_identity_and_token_and_returns_the_reply() -> None:
     assert data["usage"]["prompt_tokens"] == 11
 
 
+async def test_behind_another_gateway_a_turn_carries_its_class_headers_and_priority() -> None:
+    """R4: for an upstream that is not a luftpause dataplane (runtime.class_headers,
+    run_id_headers, class_priority): the class's headers, the run ID under each named
+    header and the class's body priority go with every turn of that class; a turn's own
+    priority is kept; the luftpause identity headers are still sent."""
+    fake = FakeDataplane(ok())
+    options = {
+        "class_headers": {"interactive": {"x-smg-priority": "interactive"}},
+        "run_id_headers": ("x-smg-routing-key",),
+        "class_priority": {"interactive": 10, "batch": 0},
+    }
+    await chat(fake.client(**options))
+    (request,) = fake.requests
+    assert request.headers["x-smg-priority"] == "interactive"
+    assert request.headers["x-smg-routing-key"] == "run-1"
+    assert request.headers["x-luftpause-run-id"] == "run-1"
+    assert json.loads(request.content) == {**BODY, "priority": 10}
+    fake = FakeDataplane(ok())
+    await chat(fake.client(**options), {**BODY, "priority": 3})
+    assert json.loads(fake.requests[0].content)["priority"] == 3
+    fake = FakeDataplane(ok())
+    client = fake.client(**options)
+    try:
+        async with asyncio.timeout(BOUND_S):
+            await client.chat(BODY, Identity("run-2", "batch", "crowd"))
+    finally:
+        await client.aclose()
+    (request,) = fake.requests
+    assert "x-smg-priority" not in request.headers  # no headers given for batch
+    assert request.headers["x-smg-routing-key"] == "run-2"
+    assert json.loads(request.content)["priority"] == 0
+
+
 async def test_without_a_token_no_authorization_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
     """X2: no token, no Authorization header - not even the user's OPENAI_API_KEY, nor the
     organisation/project headers the openai client would take from the environment."""

@@ -132,6 +132,24 @@ kind = "generator"
             "carries credentials",
         ),
         (
+            '[runtime.class_headers]\nfast={"x-a"="b"}',
+            "runtime.class_headers.fast",
+            "'interactive' or 'batch'",
+        ),
+        (
+            '[runtime.class_headers]\ninteractive={"x-luftpause-class"="batch"}',
+            "runtime.class_headers",
+            "set by the runtime itself",
+        ),
+        (
+            '[runtime.class_headers]\nbatch={"x-a"="b\\nc"}',
+            "runtime.class_headers",
+            "printable ASCII",
+        ),
+        ('[runtime]\nrun_id_headers=["Authorization"]', "runtime.run_id_headers", "itself"),
+        ('[runtime]\nrun_id_headers=["Host"]', "runtime.run_id_headers", "request itself"),
+        ('[runtime]\nclass_priority={batch="low"}', "runtime.class_priority.batch", "integer"),
+        (
             '[dataplane.model_aliases]\n"claude-*"="qwen"\n'
             '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]',
             "dataplane.model_aliases['claude-*']",

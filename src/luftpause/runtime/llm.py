@@ -55,6 +55,8 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletion
 
+from luftpause.config import ServiceClass
+
 log = logging.getLogger("luftpause.runtime.llm")
 
 TRANSIENT_RETRIES = 3
@@ -122,8 +124,20 @@ class DataplaneClient:
         transport: httpx.AsyncBaseTransport | None = None,
         transient_retries: int = TRANSIENT_RETRIES,
         transient_backoff_s: float = TRANSIENT_BACKOFF_S,
+        class_headers: Mapping[ServiceClass, Mapping[str, str]] | None = None,
+        run_id_headers: tuple[str, ...] = (),
+        class_priority: Mapping[ServiceClass, int] | None = None,
     ) -> None:
+        """``class_headers``, ``run_id_headers``, ``class_priority``: for an upstream that
+        is not a luftpause dataplane (``runtime.class_headers`` and the next two)."""
         self.base_url = base_url.rstrip("/")
+        self._class_headers: dict[str, Mapping[str, str]] = {
+            str(k): v for k, v in (class_headers or {}).items()
+        }
+        self._run_id_headers = run_id_headers
+        self._class_priority: dict[str, int] = {
+            str(k): v for k, v in (class_priority or {}).items()
+        }
         self._token = token
         self.turn_timeout_s = turn_timeout_s
         self.retry_after_default_s = retry_after_default_s
@@ -155,6 +169,9 @@ class DataplaneClient:
     def _headers(self, identity: Identity | None) -> dict[str, str]:
         headers: dict[str, str] = {}
         if identity is not None:
+            headers.update(self._class_headers.get(identity.service_class, {}))
+            for name in self._run_id_headers:
+                headers[name] = identity.run_id
             headers["x-luftpause-run-id"] = identity.run_id
             headers["x-luftpause-class"] = identity.service_class
             headers["x-luftpause-caller"] = identity.caller
@@ -185,6 +202,9 @@ class DataplaneClient:
         Returns the reply as the dataplane sent it: ``choices[0].message``, ``usage``, ...
         """
         headers: _HeaderMap = self._openai_headers(identity)
+        priority = self._class_priority.get(identity.service_class)
+        if priority is not None and "priority" not in body:
+            body = {**body, "priority": priority}
         failures = 0  # 5xx and connection errors so far
         while True:
             try:

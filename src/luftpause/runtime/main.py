@@ -125,6 +125,9 @@ async def start(svc: Service, settings: RuntimeSettings, token: str | None) -> N
         token=token,
         turn_timeout_s=settings.turn_timeout_s,
         retry_after_default_s=settings.retry_after_default_s,
+        class_headers=settings.class_headers,
+        run_id_headers=settings.run_id_headers,
+        class_priority=settings.class_priority,
     )
     hub = ToolHub(settings.tool_servers)
     rt = Runtime(settings, journal, llm, hub)
