@@ -22,7 +22,9 @@ the original testbed), in one run, arms alternated and repeated:
    FIFO ``--max-concurrent-requests C``): SMG's frontier beside luftpause's point
    (``--plot``). A load sweep over N.
 2. ``mcp``: the same mix as sub-agents through the runtime; arms: runtime →
-   router vs runtime → dataplane; same sweep.
+   router, runtime → dataplane, and runtime → SMG (the runtime sending each turn as
+   the own-loop ``smg`` arm's load generator does: ``runtime.class_headers``,
+   ``run_id_headers`` and ``class_priority``); same sweep.
 3. ``light``: ~2,000-character contexts, 24 batch + 4 interactive, the own-loop
    arms (SMG without the capacity sweeps): they should tie.
 4. ``routing``: 8 concurrent sub-agents (no saturation): luftpause affinity vs
@@ -358,7 +360,7 @@ def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) 
     s.routers["cache_aware"] = launch_sglang_router(
         s.engines, "cache_aware", tmp / "router-cache_aware.log", MODEL
     )
-    if benches & {"own", "light"}:
+    if benches & {"own", "light", "mcp"}:
         yaml_path = tmp / "smg-priority.yaml"
         yaml_path.write_text(smg_scheduler_yaml(plan.time_scale))
         for name, (flags, capacity) in smg_arms_config(plan, yaml_path).items():
@@ -382,12 +384,15 @@ def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) 
             upstreams = {"luftpause": s.dataplane, "router": s.routers["cache_aware"].url}
             if "round_robin" in s.routers:
                 upstreams["router-rr"] = s.routers["round_robin"].url
+            if "mcp" in benches and "smg" in s.routers:
+                upstreams["smg"] = s.routers["smg"].url
             for arm, url in upstreams.items():
                 cfg = tmp / f"runtime-{arm}.toml"
                 cfg.write_text(
                     f'[runtime]\ndataplane_url = "{url}"\nstate_dir = "{tmp / ("state-" + arm)}"\n'
                     f'default_model = "{MODEL}"\n'
-                    f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{s.tools_url}"\n'
+                    + (RUNTIME_BEHIND_SMG if arm == "smg" else "")
+                    + f'[[runtime.tool_servers]]\nname = "fake"\nurl = "{s.tools_url}"\n'
                 )
                 rt = s.start(
                     "runtime", "--config", str(cfg), "--port", "0", "--log-level", "WARNING",
@@ -678,6 +683,21 @@ def own_arms(stack: Stack, bench: str, load: int, context: int) -> list[Arm]:
     ]
 
 
+# The runtime in front of SMG: each turn as the own-loop SMG arm sends it (SMG_PRIORITY
+# by class, the run ID as sticky key, the engine priorities of PRIORITY in the body).
+RUNTIME_BEHIND_SMG = (
+    f'run_id_headers = ["{SMG_KEY_HEADER}"]\n'
+    "class_priority = {"
+    + ", ".join(f"{c} = {p}" for c, p in (kv.split("=") for kv in PRIORITY.split(",")))
+    + "}\n"
+    "[runtime.class_headers]\n"
+    + "".join(
+        f'{c} = {{"x-smg-priority" = "{p}"}}\n'
+        for c, p in (kv.split("=") for kv in SMG_PRIORITY.split(","))
+    )
+)
+
+
 def mcp_arms(stack: Stack, load: int, context: int) -> list[Arm]:
     plan = stack.plan
     common = [
@@ -689,6 +709,20 @@ def mcp_arms(stack: Stack, load: int, context: int) -> list[Arm]:
     ]  # fmt: skip
     return [
         Arm("mcp", "router", load, ["--runtime", stack.runtimes["router"], *common], "subagents"),
+        *(
+            [
+                Arm(
+                    "mcp",
+                    "smg",
+                    load,
+                    ["--runtime", stack.runtimes["smg"], *common],
+                    "subagents",
+                    smg_metrics=stack.routers["smg"].metrics_url,
+                )
+            ]
+            if "smg" in stack.runtimes
+            else []
+        ),
         Arm(
             "mcp",
             "luftpause",
