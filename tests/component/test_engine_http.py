@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+import trustme
 import uvloop
 
 from luftpause.dataplane import engine_http
@@ -378,3 +380,36 @@ def test_the_same_under_uvloop() -> None:
             assert server.connections == 1
 
     uvloop.run(scenario())
+
+
+async def test_an_https_engine_is_reached_with_its_certificate_checked() -> None:
+    """An engine behind TLS: the request goes over it; a certificate for another name is
+    refused, as a connection failure."""
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(sized(b'{"tls": true}'))
+        writer.close()
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    client = EngineClient(5.0, ssl_context=client_ctx)
+    try:
+        for _ in range(2):
+            response = await client.post(f"https://127.0.0.1:{port}/x", b"{}", {})
+            assert await response.read() == b'{"tls": true}'
+            response.release()
+        with pytest.raises(ConnectFailed, match="certificate"):
+            await client.post(f"https://localhost:{port}/x", b"{}", {})
+    finally:
+        await client.close()
+        server.close()

@@ -330,15 +330,22 @@ class _Target:
 class EngineClient:
     """Requests to engines over kept-alive HTTP/1.1 connections (module docstring).
 
-    ``idle_s``: how long an unused connection is kept."""
+    ``idle_s``: how long an unused connection is kept. ``ssl_context``: for ``https``
+    engines (default: the system's certificate authorities, host names checked)."""
 
-    def __init__(self, connect_timeout_s: float, *, idle_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        connect_timeout_s: float,
+        *,
+        idle_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.idle_s = idle_s
         self._idle: dict[_Key, collections.deque[_Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._all: set[_Connection] = set()
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl = ssl_context
         self._closed = False
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> EngineResponse:
