@@ -26,6 +26,7 @@ from _dataplane_stack import (
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
 
+from luftpause.dataplane import app as app_module
 from luftpause.dataplane import relay
 from luftpause.dataplane.app import _engine_error
 from luftpause.dataplane.engine_http import ConnectFailed
@@ -148,6 +149,26 @@ async def test_an_exception_inside_the_stream_relay_still_ends_the_turn(
         await stack.client.post(CHAT, json=chat(stream=True))
     await nothing_in_flight(stack)
     assert outcomes(stack) == {"internal_error": 1}
+
+
+async def test_a_failure_before_the_relay_takes_over_closes_the_engine_request(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D5, D6: a bug between the engine's answer and the relay still ends the turn, and
+    the engine request is closed (not left open, the engine's reply stalled)."""
+
+    def broken_tap(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    stack.engine.reply = lambda r: httpx.Response(
+        200, content=b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"}
+    )
+    monkeypatch.setattr(app_module, "SseTap", broken_tap)
+    resp = await stack.client.post(CHAT, json=chat(stream=True))
+    assert resp.status_code == 500
+    await nothing_in_flight(stack)
+    assert outcomes(stack) == {"internal_error": 1}
+    assert not stack.dp.http._all  # no connection to the engine left open
 
 
 async def test_a_refused_connection_takes_the_replica_out_until_a_probe(stack: Stack) -> None:

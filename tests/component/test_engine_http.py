@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -413,3 +414,88 @@ async def test_an_https_engine_is_reached_with_its_certificate_checked() -> None
     finally:
         await client.close()
         server.close()
+
+
+async def test_a_close_long_after_the_request_is_not_retried() -> None:
+    """A kept connection that closes well after the request went out (the engine may
+    have begun the work: a non-streamed reply sends nothing until it is done) fails the
+    request; it is never sent a second time."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.request(reader)
+        writer.write(sized(b"{}"))
+        await server.request(reader)
+        await asyncio.sleep(0.6)  # working on it ... and then the connection is gone
+
+    async with serving(handler) as (server, url, client):
+        response = await client.post(f"{url}/x", b"{}", {})
+        assert await response.read() == b"{}"
+        response.release()
+        with pytest.raises(Disconnected):
+            await client.post(f"{url}/x", b'{"second": 1}', {})
+        assert server.connections == 1
+        assert sum(b'{"second": 1}' in r for r in server.requests) == 1
+
+
+async def test_a_body_cut_by_a_reset_connection_is_not_complete() -> None:
+    """A reply delimited by the end of its connection is complete only if the connection
+    ended in order, not by a reset."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.request(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n{"choices":[')
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # with SO_LINGER 0: a reset, not a FIN
+
+    async with serving(handler) as (server, url, client):
+        response = await client.post(f"{url}/x", b"{}", {})
+        with pytest.raises(Disconnected):
+            await response.read()
+        assert not response.at_eof()
+        response.release()
+
+
+async def test_trailers_are_headers_of_neither_this_reply_nor_the_next() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server.request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+            + chunk(b"a")
+            + b"0\r\nretry-after: 99\r\n\r\n"
+        )
+        await server.request(reader)
+        writer.write(sized(b"b"))
+        await reader.read()
+
+    async with serving(handler) as (server, url, client):
+        for body in (b"a", b"b"):
+            response = await client.post(f"{url}/x", b"{}", {})
+            assert await response.read() == body
+            assert "retry-after" not in response.headers
+            response.release()
+        assert server.connections == 1
+
+
+async def test_a_reply_nobody_asked_for_closes_the_connection() -> None:
+    """An engine that answers twice to one request: the first reply is read, the
+    connection is not used again (the next reply on it could belong to either)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if server.connections == 1:
+            await server.request(reader)
+            writer.write(sized(b"mine") + sized(b"nobody's"))
+        while True:
+            await server.request(reader)
+            writer.write(sized(b"fresh"))
+
+    async with serving(handler) as (server, url, client):
+        response = await client.post(f"{url}/x", b"{}", {})
+        assert await response.read() == b"mine"
+        response.release()
+        await asyncio.sleep(0.05)
+        response = await client.post(f"{url}/x", b"{}", {})
+        assert await response.read() == b"fresh"
+        response.release()
+        assert server.connections == 2

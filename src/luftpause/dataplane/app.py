@@ -34,7 +34,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -685,17 +685,18 @@ async def _forward_chat(
     )
     content_type = response.headers.get("content-type", "application/json")
     if chat.stream and content_type.startswith("text/event-stream"):
-        stream_headers = [
-            (b"content-type", content_type.encode()),
-            *_STREAM_HEADERS,
-            *((k.encode(), v.encode()) for k, v in reply_headers.items()),
-        ]
-        # From here the relay owns the turn: its ``finally`` ends it.
-        tap = SseTap(
-            TurnOutcome(),
-            chat.hide_usage,
-            endpoint.null_usage_when_asked if endpoint is not None else True,
-        )
+        with _closed_on_error(response):
+            stream_headers = [
+                (b"content-type", content_type.encode()),
+                *_STREAM_HEADERS,
+                *((k.encode(), v.encode()) for k, v in reply_headers.items()),
+            ]
+            tap = SseTap(
+                TurnOutcome(),
+                chat.hide_usage,
+                endpoint.null_usage_when_asked if endpoint is not None else True,
+            )
+        # From here the relay owns the turn and the response: its ``finally`` ends both.
         return RelayStream(response, tap, stream_headers, turn, incoming.watch)
 
     whole = await _read_whole(incoming, response, record.replica)
@@ -781,8 +782,22 @@ async def _engine_post(
         if incoming.watch.left_now():
             raise ClientLeft("client left before the engine answered") from None
         raise
+    except BaseException as exc:
+        tracing.end_engine_request(span, error=type(exc).__name__)
+        raise
     tracing.end_engine_request(span, status=response.status)
     return response
+
+
+@contextlib.contextmanager
+def _closed_on_error(response: EngineResponse) -> Iterator[None]:
+    """Whatever fails before the relay takes the response over closes it: its
+    connection would otherwise stay open, the engine's reply stalled, for good."""
+    try:
+        yield
+    except BaseException:
+        response.close()
+        raise
 
 
 async def _read_whole(incoming: Incoming, response: EngineResponse, replica: str) -> bytes:
@@ -860,18 +875,19 @@ async def _forward_api(
     )
     content_type = response.headers.get("content-type", "application/json")
     if translated.stream and content_type.startswith("text/event-stream"):
-        outcome = TurnOutcome()
-        tap: SseTap = (
-            NativeTap(outcome, api)
-            if native
-            else TranslatingTap(outcome, translated.stream_translator())
-        )
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            *_STREAM_HEADERS,
-            *((k.encode(), v.encode()) for k, v in reply_headers.items()),
-        ]
-        # From here the relay owns the turn: its ``finally`` ends it.
+        with _closed_on_error(response):
+            outcome = TurnOutcome()
+            tap: SseTap = (
+                NativeTap(outcome, api)
+                if native
+                else TranslatingTap(outcome, translated.stream_translator())
+            )
+            headers = [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                *_STREAM_HEADERS,
+                *((k.encode(), v.encode()) for k, v in reply_headers.items()),
+            ]
+        # From here the relay owns the turn and the response: its ``finally`` ends both.
         return RelayStream(response, tap, headers, turn, incoming.watch)
     whole = await _read_whole(incoming, response, record.replica)
     body_json = loads(whole)

@@ -18,8 +18,11 @@ straight into a list of body pieces, and connections are kept per engine and reu
 - ``release()`` puts a connection whose response was read to the end back among the
   idle ones; ``close()`` closes it (an engine notices and stops generating).
 - A request on a reused connection that the engine had closed meanwhile (the close
-  crossed the request; no byte of a reply arrived) is sent once more on a new
-  connection. Any other failure is raised, as one of ``ENGINE_ERRORS``.
+  crossed the request: it came within ``_CROSSED_S`` of the write, before any byte
+  of a reply) is sent once more on a new connection. A close later than that may
+  come after the engine began the work (a non-streamed reply sends nothing until it
+  is done), so it is raised like any other failure, as one of ``ENGINE_ERRORS``:
+  a turn is never sent to an engine twice for that.
 
 Only ``http`` and ``https`` URLs; no proxies, redirects, cookies or decompression (the
 dataplane asks engines for ``accept-encoding: identity`` and passes bytes through).
@@ -41,6 +44,8 @@ import httptools
 
 # Unread body bytes at which the socket stops being read (until they are taken).
 _PAUSE_AT = 1 << 20
+# A close this soon after a request on a kept connection crossed it (see above).
+_CROSSED_S = 0.25
 
 
 class EngineHttpError(Exception):
@@ -186,6 +191,8 @@ class _Connection(asyncio.Protocol):
         self.reusable = True
         self.idle_since = 0.0
         self.got_bytes = False  # a byte of the current reply has arrived
+        self.sent_at = 0.0  # when the current request was written
+        self.lost_at = 0.0  # when the connection closed
         self._parser = httptools.HttpResponseParser(self)
         self._head: asyncio.Future[EngineResponse] | None = None
         self._response: EngineResponse | None = None
@@ -215,10 +222,11 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.reusable = False
+        self.lost_at = time.monotonic()
         self._pool._forget(self)
         response = self._response
-        if response is not None and self._eof_ends_body and self._head is None:
-            response._end(None)  # a body delimited by the end of the connection
+        if response is not None and self._eof_ends_body and self._head is None and exc is None:
+            response._end(None)  # a body delimited by the (orderly) end of the connection
         reason = f" ({exc})" if exc else ""
         self._fail(Disconnected(f"the engine closed the connection before its reply ended{reason}"))
 
@@ -230,6 +238,8 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._response is not None:
+            return  # a chunked body's trailer: not headers of this reply, nor of the next
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self._headers.get(key)
@@ -239,6 +249,13 @@ class _Connection(asyncio.Protocol):
         status = self._parser.get_status_code()
         if 100 <= status < 200:  # an interim reply: the real one follows
             self._headers = {}
+            return
+        if self._head is None:
+            # A reply to no request of ours: nothing this connection reads can be
+            # trusted to belong to a request any more.
+            self._fail(BadResponse("the engine sent a reply nobody asked for"))
+            self._response = None  # its body, parsed on from here, goes nowhere
+            self.close()
             return
         self.reusable = bool(self._parser.should_keep_alive())
         headers, self._headers = self._headers, {}
@@ -262,7 +279,9 @@ class _Connection(asyncio.Protocol):
     def send(self, data: bytes, body: bytes) -> asyncio.Future[EngineResponse]:
         assert self.transport is not None
         self.got_bytes = False
+        self.sent_at = time.monotonic()
         self._response = None
+        self._headers = {}
         self._head = asyncio.get_running_loop().create_future()
         if len(body) <= 65536:
             self.transport.write(data + body)
@@ -369,7 +388,7 @@ class EngineClient:
             try:
                 return await self._exchange(conn, head, body)
             except Disconnected:
-                if conn.got_bytes:
+                if conn.got_bytes or conn.lost_at - conn.sent_at > _CROSSED_S:
                     raise
                 # The engine closed the idle connection as the request went out.
         conn = await self._connect(target)
@@ -415,6 +434,8 @@ class EngineClient:
         self._all.discard(conn)
 
     async def _connect(self, target: _Target) -> _Connection:
+        if self._closed:
+            raise RuntimeError("the engine client is closed")
         loop = asyncio.get_running_loop()
         conn = _Connection(self, target.key)
         context = None

@@ -450,7 +450,8 @@ class RelayStream(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         outcome = self.tap.outcome
         # Once the stream's last event has passed, what follows it is held and goes out
-        # with the end of the response when the engine's reply ends: one write less.
+        # with the end of the response when the engine's reply ends: one write less. An
+        # engine that goes on writing past its last event is passed on as it writes.
         held = b""
         try:
             async for data in self.engine.chunks():
@@ -458,7 +459,7 @@ class RelayStream(Response):
                 out = self.tap.feed(data)
                 if outcome.first_token and not had_first:
                     self.turn.first_token()
-                if outcome.done:
+                if outcome.done and len(held) + len(out) <= _HOLD_AT_MOST:
                     held += out
                 elif held or out:
                     body, held = held + out, b""
@@ -481,6 +482,9 @@ class RelayStream(Response):
         self.watch.stop()
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return failure
+
+
+_HOLD_AT_MOST = 65536  # bytes after a stream's last event held for the response's end
 
 
 def _describe(exc: BaseException) -> str:

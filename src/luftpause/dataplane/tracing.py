@@ -79,6 +79,8 @@ def start_engine_request(turn: Span, url: str) -> Span | None:
     if not turn.is_recording():
         return None
     parts = urlsplit(url)
+    if "@" in parts.netloc:  # no credentials in a span
+        url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
     attributes: dict[str, str | int] = {"http.request.method": "POST", "url.full": url}
     if parts.hostname:
         attributes["server.address"] = parts.hostname
