@@ -100,7 +100,7 @@ def chunk(data: bytes) -> bytes:
 
 
 async def test_a_kept_connection_serves_the_next_request() -> None:
-    """Two requests, one connection; the request carries host, the headers given and
+    """D1: Two requests, one connection; the request carries host, the headers given and
     the body's length."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -127,7 +127,7 @@ async def test_a_kept_connection_serves_the_next_request() -> None:
 
 
 async def test_a_chunked_stream_arrives_piece_by_piece() -> None:
-    """Each piece is handed on as it arrives, before the engine has sent the next; the
+    """D1: Each piece is handed on as it arrives, before the engine has sent the next; the
     chunk framing is taken off."""
     sent_second = asyncio.Event()
     go_on = asyncio.Event()
@@ -155,7 +155,7 @@ async def test_a_chunked_stream_arrives_piece_by_piece() -> None:
 
 
 async def test_an_idle_connection_the_engine_closed_is_replaced_unseen() -> None:
-    """The engine closes a kept connection after its answer (as servers do after
+    """D1: The engine closes a kept connection after its answer (as servers do after
     their keep-alive time): the next request goes out on a new connection."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -174,7 +174,7 @@ async def test_an_idle_connection_the_engine_closed_is_replaced_unseen() -> None
 
 
 async def test_a_close_that_crosses_the_request_is_retried_once_on_a_new_connection() -> None:
-    """The engine closes a kept connection just as the next request goes out (no byte of
+    """D1: The engine closes a kept connection just as the next request goes out (no byte of
     a reply came back): that request is sent again on a new connection."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -221,6 +221,8 @@ async def test_an_engine_that_stops_mid_reply_is_an_error_not_an_end() -> None:
 
 
 async def test_a_reply_that_is_not_http_is_a_bad_response() -> None:
+    """D6: bytes that are not an HTTP/1.1 reply fail the request (a 502 for the client)."""
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.request(reader)
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
@@ -232,6 +234,8 @@ async def test_a_reply_that_is_not_http_is_a_bad_response() -> None:
 
 
 async def test_an_engine_that_closes_before_answering_is_disconnected() -> None:
+    """D6: an engine that closes without a reply fails the request (a 502 for the client)."""
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.request(reader)
 
@@ -241,7 +245,7 @@ async def test_an_engine_that_closes_before_answering_is_disconnected() -> None:
 
 
 async def test_a_body_that_ends_with_the_connection_is_complete() -> None:
-    """A reply with neither a length nor chunks ends where the connection does."""
+    """D1: A reply with neither a length nor chunks ends where the connection does."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.request(reader)
@@ -256,6 +260,8 @@ async def test_a_body_that_ends_with_the_connection_is_complete() -> None:
 
 
 async def test_an_interim_reply_is_skipped() -> None:
+    """D1, D6: a 1xx reply is passed over; the status that follows (here 429) is the answer."""
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.request(reader)
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + sized(b"{}", status="429 Too Many"))
@@ -268,7 +274,7 @@ async def test_an_interim_reply_is_skipped() -> None:
 
 
 async def test_releasing_an_unfinished_reply_closes_its_connection() -> None:
-    """A client that leaves mid-stream: the engine sees its connection close (and stops
+    """D6: A client that leaves mid-stream: the engine sees its connection close (and stops
     generating)."""
     engine_saw_close = asyncio.Event()
 
@@ -287,7 +293,7 @@ async def test_releasing_an_unfinished_reply_closes_its_connection() -> None:
 
 
 async def test_a_reader_that_does_not_read_slows_the_engine() -> None:
-    """Unread bytes are bounded: the client stops reading the socket, the engine's
+    """D1: Unread bytes are bounded: the client stops reading the socket, the engine's
     writes back up; everything arrives once it is read."""
     total = 64 << 20
     written = 0
@@ -333,6 +339,8 @@ async def test_refused_and_unknown_hosts_are_unreachable() -> None:
 
 
 async def test_a_connect_that_takes_too_long_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """D6: the connect timeout is the only timeout, and says how long it was."""
+
     loop = asyncio.get_running_loop()
 
     async def hanging(*args: Any, **kwargs: Any) -> Any:
@@ -345,6 +353,9 @@ async def test_a_connect_that_takes_too_long_times_out(monkeypatch: pytest.Monke
 
 
 async def test_bad_urls_and_headers_are_refused_before_anything_is_sent() -> None:
+    """D6: an engine URL it cannot serve, a header with a line break, a closed client:
+    refused, nothing sent."""
+
     client = EngineClient(2.0)
     with pytest.raises(ValueError, match="only http"):
         await client.post("ftp://engine/x", b"{}", {})
@@ -359,7 +370,7 @@ async def test_bad_urls_and_headers_are_refused_before_anything_is_sent() -> Non
 
 
 def test_the_same_under_uvloop() -> None:
-    """The services run on uvloop (whose transports are not asyncio's classes): a kept
+    """D1: The services run on uvloop (whose transports are not asyncio's classes): a kept
     connection and a chunked stream, there."""
 
     async def scenario() -> None:
@@ -384,7 +395,7 @@ def test_the_same_under_uvloop() -> None:
 
 
 async def test_an_https_engine_is_reached_with_its_certificate_checked() -> None:
-    """An engine behind TLS: the request goes over it; a certificate for another name is
+    """D1, D6: An engine behind TLS: the request goes over it; a certificate for another name is
     refused, as a connection failure."""
     ca = trustme.CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -417,7 +428,7 @@ async def test_an_https_engine_is_reached_with_its_certificate_checked() -> None
 
 
 async def test_a_close_long_after_the_request_is_not_retried() -> None:
-    """A kept connection that closes well after the request went out (the engine may
+    """D6: A kept connection that closes well after the request went out (the engine may
     have begun the work: a non-streamed reply sends nothing until it is done) fails the
     request; it is never sent a second time."""
 
@@ -438,7 +449,7 @@ async def test_a_close_long_after_the_request_is_not_retried() -> None:
 
 
 async def test_a_body_cut_by_a_reset_connection_is_not_complete() -> None:
-    """A reply delimited by the end of its connection is complete only if the connection
+    """D6: A reply delimited by the end of its connection is complete only if the connection
     ended in order, not by a reset."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -458,6 +469,9 @@ async def test_a_body_cut_by_a_reset_connection_is_not_complete() -> None:
 
 
 async def test_trailers_are_headers_of_neither_this_reply_nor_the_next() -> None:
+    """D1: a chunked reply's trailer is not a header of that reply, nor of the next on
+    its connection."""
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.request(reader)
         writer.write(
@@ -479,7 +493,7 @@ async def test_trailers_are_headers_of_neither_this_reply_nor_the_next() -> None
 
 
 async def test_a_reply_nobody_asked_for_closes_the_connection() -> None:
-    """An engine that answers twice to one request: the first reply is read, the
+    """D6: An engine that answers twice to one request: the first reply is read, the
     connection is not used again (the next reply on it could belong to either)."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

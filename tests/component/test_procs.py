@@ -37,7 +37,7 @@ def _wait_gone(pid: int, timeout: float = 20.0) -> bool:
 
 
 def test_child_dies_with_the_parent_that_started_it(tmp_path: Path) -> None:
-    """A parent killed without a chance to stop its children (SIGKILL) still takes them
+    """X3: a parent killed without a chance to stop its children (SIGKILL) still takes them
     with it: Linux sends them SIGTERM."""
     parent_code = textwrap.dedent(f"""
         import sys, time
@@ -65,6 +65,7 @@ def test_child_dies_with_the_parent_that_started_it(tmp_path: Path) -> None:
 
 
 def test_child_leads_a_process_group_of_its_own() -> None:
+    """X3: Ctrl-C at `luftpause up` reaches only it; it stops its children in order."""
     child = popen_child(SLEEPER, None)
     try:
         assert os.getpgid(child.pid) == child.pid != os.getpgid(0)
@@ -74,7 +75,7 @@ def test_child_leads_a_process_group_of_its_own() -> None:
 
 
 def test_unguarded_child_runs_the_program_with_the_environment_given(tmp_path: Path) -> None:
-    """``die_with_parent=False`` runs the program itself, with the environment given."""
+    """X3: ``die_with_parent=False`` runs the program itself, with the environment given."""
     out = tmp_path / "out"
     with out.open("wb") as f:
         child = popen_child(
@@ -88,7 +89,7 @@ def test_unguarded_child_runs_the_program_with_the_environment_given(tmp_path: P
 
 
 def test_no_fork_handler_of_the_parent_runs_in_the_child(tmp_path: Path) -> None:
-    """The parent's ``after_in_child`` fork handlers (gRPC registers such handlers)
+    """X3: the parent's ``after_in_child`` fork handlers (gRPC registers such handlers)
     must not run in a child we start: it is started without forking the parent."""
     marker = tmp_path / "handler-ran"
     code = textwrap.dedent(f"""
