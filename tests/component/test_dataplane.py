@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -416,3 +417,55 @@ async def test_turn_waits_while_scheduler_is_down_then_resyncs(stack: Stack) -> 
     await settle(stack.host, lambda: not stack.host.state.turns)
     run = stack.host.state.runs["keep"]
     assert run.replica == "engine-a" and stack.dp.link.connects >= 2
+
+
+def _own_seconds(stack: Stack) -> tuple[float, float]:
+    """The own-time histogram's count and sum."""
+    text = stack.dp.metrics.render()[0].decode()
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("luftpause_dataplane_own_seconds_")
+        and not line.startswith("luftpause_dataplane_own_seconds_bucket")
+    }
+    return values["luftpause_dataplane_own_seconds_count"], values[
+        "luftpause_dataplane_own_seconds_sum"
+    ]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_own_time_leaves_out_the_engines_reply(stack: Stack, stream: bool) -> None:
+    """D10: ``luftpause_dataplane_own_seconds`` counts a turn whose engine reply came in
+    whole, once, and leaves the engine's time out of it: an engine that takes at least
+    0.3 s over its reply leaves the turn's own time at most the client's wall time less
+    those 0.3 s. A turn refused before it reached an engine is not counted."""
+    pause_s = 0.3
+
+    async def slow_events() -> AsyncIterator[bytes]:
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+        await asyncio.sleep(pause_s)
+        yield b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    async def slow_json() -> AsyncIterator[bytes]:
+        await asyncio.sleep(pause_s)
+        yield json.dumps(COMPLETION).encode()
+
+    stack.engine.reply = lambda r: httpx.Response(
+        200,
+        content=slow_events() if stream else slow_json(),
+        headers={"content-type": "text/event-stream" if stream else "application/json"},
+    )
+    refused = await stack.client.post(
+        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert refused.status_code == 400
+    assert _own_seconds(stack) == (0.0, 0.0)
+
+    started = time.monotonic()
+    resp = await stack.client.post("/v1/chat/completions", json=chat(stream=stream))
+    wall_s = time.monotonic() - started
+    assert resp.status_code == 200
+    count, total = _own_seconds(stack)
+    assert count == 1.0
+    assert 0.0 < total <= wall_s - pause_s

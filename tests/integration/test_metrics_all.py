@@ -59,6 +59,9 @@ DATAPLANE_SERIES = [
     "luftpause_dataplane_time_to_first_token_seconds_bucket",
     "luftpause_dataplane_time_to_first_token_seconds_count",
     "luftpause_dataplane_time_to_first_token_seconds_sum",
+    "luftpause_dataplane_own_seconds_bucket",
+    "luftpause_dataplane_own_seconds_count",
+    "luftpause_dataplane_own_seconds_sum",
     "luftpause_dataplane_turns_in_flight",
     "luftpause_dataplane_turns_held",
 ]
@@ -193,6 +196,7 @@ async def test_every_service_serves_its_listed_series(
     assert total(dp, "luftpause_dataplane_turns_total", outcome="rejected") == 1
     assert total(dp, "luftpause_dataplane_held_seconds_count") >= 3 + spawn_turns
     assert total(dp, "luftpause_dataplane_time_to_first_token_seconds_count") >= 3
+    assert total(dp, "luftpause_dataplane_own_seconds_count") == ended  # each reached its engine
     assert total(dp, "luftpause_dataplane_turns_in_flight") == 0
     assert total(dp, "process_resident_memory_bytes") > 0
 

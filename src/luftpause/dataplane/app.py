@@ -229,9 +229,24 @@ class ClientWatch:
 class Incoming:
     """A request on a turn route, as the handlers read it."""
 
-    __slots__ = ("headers", "method", "path", "query", "receive", "run_id", "shape", "watch")
+    __slots__ = (
+        "arrived_at",
+        "engine",
+        "headers",
+        "method",
+        "path",
+        "query",
+        "receive",
+        "run_id",
+        "scheduler_held_s",
+        "shape",
+        "watch",
+    )
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.arrived_at = time.monotonic()
+        self.engine: EngineResponse | None = None  # the engine's reply, once its head is in
+        self.scheduler_held_s = 0.0  # how long the scheduler held the turn for capacity
         self.headers = Headers(scope=scope)
         self.receive = receive
         self.method: str = scope["method"]
@@ -305,12 +320,28 @@ class DataplaneApp:
                 # the answer is sent, ``receive`` says "disconnect" whatever the client does).
                 incoming.watch.stop()
             await response(scope, receive, send)
+            _own_time(self.dp, incoming)
         except asyncio.CancelledError:
             if not incoming.watch.left_now():
                 raise
             # The client left; whatever the turn held has been given back on the way here.
         finally:
             incoming.watch.stop()
+
+
+def _own_time(dp: Dataplane, incoming: Incoming) -> None:
+    """D10: the time a turn whose engine reply came in whole spent in the dataplane
+    itself, from its route being called to the last byte of its answer handed to the
+    server, less the engine's reply (request written to last byte parsed) and the
+    scheduler's hold for capacity. What is left is the proxy's own cost: reading and
+    parsing the request, the admission round trip, the relay's work, and the event
+    loop's waits on any of those."""
+    engine = incoming.engine
+    if engine is None or not engine.ended_at:
+        return
+    total = time.monotonic() - incoming.arrived_at
+    own = total - (engine.ended_at - engine.sent_at) - incoming.scheduler_held_s
+    dp.metrics.own.observe(max(own, 0.0))
 
 
 def create_app(dp: Dataplane) -> DataplaneApp:
@@ -534,6 +565,7 @@ async def _admit_untraced(
     # scheduler's own held_s starts again with each retry).
     held_s = time.monotonic() - t0
     dp.metrics.held.labels(cls).observe(held_s)
+    incoming.scheduler_held_s = outcome.held_s
     return Admitted(outcome.replica, outcome.url, held_s, outcome.run_id)
 
 
@@ -773,7 +805,7 @@ async def _engine_post(
     span = tracing.start_engine_request(turn.span, url)
     tracing.inject(span or turn.span, headers)
     try:
-        response = await dp.http.post(url, body, headers)
+        response = incoming.engine = await dp.http.post(url, body, headers)
     except ENGINE_ERRORS as exc:
         tracing.end_engine_request(span, error=type(exc).__name__)
         raise _engine_error(turn.record.replica, exc) from None

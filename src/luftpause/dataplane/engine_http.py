@@ -95,11 +95,26 @@ class EngineResponse:
     headers joined with ", ") are there; the body is read with ``chunks()`` or
     ``read()``; then ``release()`` or ``close()``."""
 
-    __slots__ = ("_conn", "_done", "_error", "_pieces", "_unread", "_waiter", "headers", "status")
+    __slots__ = (
+        "_conn",
+        "_done",
+        "_error",
+        "_pieces",
+        "_unread",
+        "_waiter",
+        "ended_at",
+        "headers",
+        "sent_at",
+        "status",
+    )
 
     def __init__(self, conn: _Connection, status: int, headers: dict[str, str]) -> None:
         self.status = status
         self.headers = headers
+        # ``time.monotonic()`` when the request was written, and when the reply's last
+        # byte was parsed (0.0 while it has not: its body is still coming, or broke off).
+        self.sent_at = conn.sent_at
+        self.ended_at = 0.0
         self._conn: _Connection | None = conn
         self._pieces: list[bytes] = []
         self._unread = 0
@@ -170,6 +185,7 @@ class EngineResponse:
         if not self._done and self._error is None:
             if error is None:
                 self._done = True
+                self.ended_at = time.monotonic()
             else:
                 self._error = error
         self._wake()
