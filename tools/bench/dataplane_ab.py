@@ -3,6 +3,7 @@
     python tools/bench/dataplane_ab.py cfab26b HEAD          # two commits
     python tools/bench/dataplane_ab.py cfab26b 014f276 .     # '.' is the working tree
     python tools/bench/dataplane_ab.py --turns 1000 --json ab.json HEAD~3 HEAD
+    python tools/bench/dataplane_ab.py --streams 20 --turns 2000 HEAD .   # 20 at once
 
 Starts one fake engine (time-scaled so it takes almost no time itself), one scheduler
 from the working tree, and one dataplane per commit given, each run from a temporary
@@ -14,7 +15,10 @@ after each turn: a dataplane writes a turn's last report up to 5 ms after the tu
 (two dataplanes of one commit then measured 0.4 ms apart). So each arm sees the same
 machine: what differs between the arms is the dataplane's code. Reports each
 dataplane's p50 and the p50 added over the direct arm, and its own CPU time per turn
-(from ``/proc``). Timings are measured, never asserted. Every process runs on this
+(from ``/proc``), and its own time per turn where its commit has the
+``luftpause_dataplane_own_seconds`` histogram. With ``--streams N`` the turns go N at
+a time: N closed-loop streams on one arm for a block of turns, then the next arm,
+each round starting one arm further on. Timings are measured, never asserted. Every process runs on this
 machine, pinned as ``overhead.py`` pins them (this process and the engine on the
 first CPU, the scheduler and every dataplane on the second); ``--no-pin`` leaves
 them to the kernel.
@@ -40,12 +44,14 @@ from typing import Any
 import aiohttp
 
 # A streamed 16-token turn, timed request to [DONE], as overhead.py sends it.
-from overhead import MODEL, one_turn, pin
+from overhead import MODEL, one_turn, own_buckets, own_summary, pin
 
 from luftpause.procs import ServiceProcess, launch, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 GAP_S = 0.01  # between two turns
+BLOCK_TURNS = 5  # per worker and block, with --streams
+BLOCK_GAP_S = 0.05  # between two blocks
 
 
 def cpu_seconds(pid: int) -> float:
@@ -68,17 +74,23 @@ def worktree(rev: str, into: Path) -> tuple[str, str]:
     return str(into / "src"), sha
 
 
-async def measure(engine: str, dataplanes: dict[str, ServiceProcess], turns: int) -> dict[str, Any]:
+async def measure(
+    engine: str, dataplanes: dict[str, ServiceProcess], turns: int, streams: int = 1
+) -> dict[str, Any]:
     arms = [("direct", f"{engine}/v1")] + [
         (name, f"{dp.urls['http']}/v1") for name, dp in dataplanes.items()
     ]
     latencies: dict[str, list[float]] = {name: [] for name, _ in arms}
+    own: dict[str, dict[str, Any]] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
         for _ in range(50):  # warm-up: connections, caches
             for name, url in arms:
                 await one_turn(client, url, {"x-luftpause-run-id": f"warm-{name}"})
+        own0 = {name: await _own(client, dp) for name, dp in dataplanes.items()}
         cpu0 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
-        for i in range(turns):
+        if streams > 1:
+            await _blocks(client, arms, latencies, turns, streams)
+        for i in range(turns if streams == 1 else 0):
             # Each round starts one arm further on, so every arm takes every place in
             # the order equally often and no arm ever runs two turns in a row.
             for name, url in arms[i % len(arms) :] + arms[: i % len(arms)]:
@@ -91,25 +103,69 @@ async def measure(engine: str, dataplanes: dict[str, ServiceProcess], turns: int
             if (i + 1) % 100 == 0:
                 print(f"  {i + 1}/{turns} rounds", file=sys.stderr, flush=True)
         cpu1 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
+        for name, dp in dataplanes.items():
+            after = await _own(client, dp)
+            own[name] = own_summary(own0[name], after) if after else {}
     direct = statistics.median(latencies["direct"]) * 1000
     return {
-        "turns_per_arm": turns,
+        "turns_per_arm": len(latencies["direct"]),
+        "streams": streams,
         "direct_p50_ms": direct,
         "dataplanes": {
             name: {
                 "p50_ms": statistics.median(latencies[name]) * 1000,
                 "added_p50_ms": statistics.median(latencies[name]) * 1000 - direct,
-                "cpu_ms_per_turn": (cpu1[name] - cpu0[name]) / turns * 1000,
+                "cpu_ms_per_turn": (cpu1[name] - cpu0[name]) / len(latencies[name]) * 1000,
+                "own_p50_ms": own[name].get("p50_ms"),
+                "own_p99_ms": own[name].get("p99_ms"),
             }
             for name in dataplanes
         },
     }
 
 
+async def _own(client: aiohttp.ClientSession, dp: ServiceProcess) -> dict[float, float]:
+    """The dataplane's own-time histogram; empty for a commit that has none."""
+    return await own_buckets(client, dp.urls["http"])
+
+
+async def _blocks(
+    client: aiohttp.ClientSession,
+    arms: list[tuple[str, str]],
+    latencies: dict[str, list[float]],
+    turns: int,
+    streams: int,
+) -> None:
+    """``streams`` closed-loop workers on one arm at a time, ``BLOCK_TURNS`` turns each,
+    the arms taken in turn (each round starting one arm further on) until every arm has
+    had ``turns``; quiet between blocks, as between single turns."""
+    per_block = streams * BLOCK_TURNS
+    rounds = max(1, round(turns / per_block))
+    for i in range(rounds):
+        for name, url in arms[i % len(arms) :] + arms[: i % len(arms)]:
+
+            async def worker(w: int, name: str = name, url: str = url) -> None:
+                run = {"x-luftpause-run-id": f"ab-{name}-{w}"}
+                for _ in range(BLOCK_TURNS):
+                    latencies[name].append(await one_turn(client, url, run))
+
+            await asyncio.gather(*(worker(w) for w in range(streams)))
+            await asyncio.sleep(BLOCK_GAP_S)
+        if (i + 1) % 10 == 0:
+            print(f"  {i + 1}/{rounds} rounds", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("revs", nargs="+", metavar="REV", help="commits to compare ('.' = now)")
     parser.add_argument("--turns", type=int, default=500, help="turns per arm (default 500)")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=1,
+        help="concurrent streams (default 1: turns one at a time, rotated turn by turn; "
+        f"more: blocks of {BLOCK_TURNS} turns per stream, rotated block by block)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument(
         "--no-pin",
@@ -120,6 +176,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.turns < 1:
         parser.error("--turns must be at least 1")
+    if args.streams < 1:
+        parser.error("--streams must be at least 1")
     if args.pin and (os.cpu_count() or 1) < 2:
         print("one CPU: nothing to pin to; running unpinned", file=sys.stderr)
         args.pin = False
@@ -171,7 +229,7 @@ def main() -> int:
                 )  # fmt: skip
             print(f"measuring {args.turns} rounds (progress on stderr)", file=sys.stderr)
             try:
-                result = asyncio.run(measure(engine, dataplanes, args.turns))
+                result = asyncio.run(measure(engine, dataplanes, args.turns, args.streams))
             except RuntimeError as exc:  # a turn failed: say where, with the logs
                 logs = "".join(
                     f"\n--- {name} ---\n{dp.stderr_path.read_text(errors='replace')[-3000:]}"
@@ -186,23 +244,41 @@ def main() -> int:
                     ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                     check=False,
                 )
-    print(f"Command: python tools/bench/dataplane_ab.py --turns {args.turns} {' '.join(args.revs)}")
+    streams = f" --streams {args.streams}" if args.streams > 1 else ""
+    print(
+        f"Command: python tools/bench/dataplane_ab.py --turns {args.turns}{streams} "
+        f"{' '.join(args.revs)}"
+    )
     print()
     print(f"Direct to the engine: p50 {result['direct_p50_ms']:.2f} ms")
     print()
-    print("| dataplane at | p50 ms | added p50 ms | dataplane CPU ms per turn |")
-    print("|---|---|---|---|")
+    print(
+        "| dataplane at | p50 ms | added p50 ms | dataplane CPU ms per turn "
+        "| own time p50 / p99 ms |"
+    )
+    print("|---|---|---|---|---|")
     for name, m in result["dataplanes"].items():
+        own = (
+            f"{m['own_p50_ms']:.2f} / {m['own_p99_ms']:.2f}"
+            if m["own_p50_ms"] is not None and m["own_p99_ms"] is not None
+            else "–"
+        )
         print(
             f"| {name} | {m['p50_ms']:.2f} | {m['added_p50_ms']:+.2f} | "
-            f"{m['cpu_ms_per_turn']:.2f} |"
+            f"{m['cpu_ms_per_turn']:.2f} | {own} |"
         )
     print()
+    how = (
+        "turns one at a time, arms rotated turn by turn"
+        if args.streams == 1
+        else f"{args.streams} concurrent streams, arms rotated block by block"
+    )
     print(
         f"Machine: {os.cpu_count()} cores, {'pinned' if args.pin else 'unpinned'}; "
         "load average at the end "
-        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}. Turns one at a time, "
-        f"{args.turns} per arm, arms rotated turn by turn."
+        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; {how}, "
+        f"{result['turns_per_arm']} turns per arm. Own time: the dataplane's "
+        "luftpause_dataplane_own_seconds (commits that have it)."
     )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
