@@ -18,10 +18,10 @@ dataplane's p50 and the p50 added over the direct arm, and its own CPU time per 
 (from ``/proc``), and its own time per turn where its commit has the
 ``luftpause_dataplane_own_seconds`` histogram. With ``--streams N`` the turns go N at
 a time: N closed-loop streams on one arm for a block of turns, then the next arm,
-each round starting one arm further on. Timings are measured, never asserted. Every process runs on this
-machine, pinned as ``overhead.py`` pins them (this process and the engine on the
-first CPU, the scheduler and every dataplane on the second); ``--no-pin`` leaves
-them to the kernel.
+each round starting one arm further on. Timings are measured, never asserted.
+Every process runs on this machine, pinned as ``overhead.py`` pins them (this
+process and the engine on the first CPU, the scheduler and every dataplane on the
+second); ``--no-pin`` leaves them to the kernel.
 
 A dataplane of an older commit speaks whatever the scheduler of the working tree still
 serves (``Admit`` and ``Report`` are kept beside ``Link``); a commit whose dataplane
