@@ -27,7 +27,7 @@ from _dataplane_stack import (
 
 from luftpause.config import ClassPriority
 from luftpause.dataplane.app import create_app
-from luftpause.scheduler.core import RunPhase
+from luftpause.scheduler.core import ReplicaProbed, RunPhase
 
 
 async def test_plain_reply_passes_through_unchanged(stack: Stack) -> None:
@@ -469,3 +469,49 @@ async def test_own_time_leaves_out_the_engines_reply(stack: Stack, stream: bool)
     count, total = _own_seconds(stack)
     assert count == 1.0
     assert 0.0 < total <= wall_s - pause_s
+
+
+async def test_own_time_leaves_out_the_schedulers_hold(stack: Stack) -> None:
+    """D10, D4: a turn the scheduler holds for capacity is counted without its hold; a
+    turn whose engine answered other than 200 is not counted. With room for one turn,
+    the first turn's engine keeps its slot for 0.6 s and then answers 503; the second
+    turn, sent once the engine has the first, is held until then, so its own time is at
+    most its wall time less its engine's 0.3 s and most of that hold."""
+    await stack.host.apply(
+        lambda at: ReplicaProbed(at=at, replica="engine-a", healthy=True, running=1, waiting=1)
+    )
+
+    async def slowly(pause_s: float, body: bytes) -> AsyncIterator[bytes]:
+        await asyncio.sleep(pause_s)
+        yield body
+
+    def reply(seen: Any) -> httpx.Response:
+        if len(stack.engine.seen) == 1:
+            busy = json.dumps({"error": {"message": "busy"}}).encode()
+            return httpx.Response(
+                503, content=slowly(0.6, busy), headers={"content-type": "application/json"}
+            )
+        return httpx.Response(
+            200,
+            content=slowly(0.3, json.dumps(COMPLETION).encode()),
+            headers={"content-type": "application/json"},
+        )
+
+    stack.engine.reply = reply
+    first = asyncio.ensure_future(
+        stack.client.post("/v1/chat/completions", json=chat(), headers={"x-luftpause-run-id": "a"})
+    )
+    async with asyncio.timeout(5):
+        while not stack.engine.seen:
+            await asyncio.sleep(0.005)
+    started = time.monotonic()
+    second = await stack.client.post(
+        "/v1/chat/completions", json=chat(), headers={"x-luftpause-run-id": "b"}
+    )
+    wall_s = time.monotonic() - started
+    assert (await first).status_code == 503
+    assert second.status_code == 200
+    assert int(second.headers["x-luftpause-held-ms"]) >= 300  # it was held
+    count, total = _own_seconds(stack)
+    assert count == 1.0  # the 503 is not counted
+    assert 0.0 < total <= wall_s - 0.3 - 0.25

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -138,9 +139,9 @@ async def _blocks(
 ) -> None:
     """``streams`` closed-loop workers on one arm at a time, ``BLOCK_TURNS`` turns each,
     the arms taken in turn (each round starting one arm further on) until every arm has
-    had ``turns``; quiet between blocks, as between single turns."""
+    had at least ``turns`` (whole blocks); quiet between blocks, as between single turns."""
     per_block = streams * BLOCK_TURNS
-    rounds = max(1, round(turns / per_block))
+    rounds = max(1, math.ceil(turns / per_block))
     for i in range(rounds):
         for name, url in arms[i % len(arms) :] + arms[: i % len(arms)]:
 
@@ -227,7 +228,8 @@ def main() -> int:
                     "--scheduler", f"127.0.0.1:{sched.ports['grpc']}", "--log-level", "WARNING",
                     "--dataplane-id", f"ab-{k}", name=f"dataplane-{k}", env={"PYTHONPATH": src},
                 )  # fmt: skip
-            print(f"measuring {args.turns} rounds (progress on stderr)", file=sys.stderr)
+            what = "rounds" if args.streams == 1 else f"turns per arm, {args.streams} at once"
+            print(f"measuring {args.turns} {what} (progress on stderr)", file=sys.stderr)
             try:
                 result = asyncio.run(measure(engine, dataplanes, args.turns, args.streams))
             except RuntimeError as exc:  # a turn failed: say where, with the logs

@@ -174,7 +174,8 @@ def own_summary(before: dict[float, float], after: dict[float, float]) -> dict[s
         return None
 
     def share(limit: float) -> float | None:
-        return dict(zip(edges, cumulative, strict=True)).get(limit, 0.0) / n if n else None
+        count = dict(zip(edges, cumulative, strict=True)).get(limit)
+        return count / n if n and count is not None else None
 
     return {
         "n": n,
@@ -356,9 +357,10 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
         "Own time is measured inside the one dataplane process: from its turn route being "
         "called to the answer's last byte handed to the server, less the engine's reply "
         "(request written to last byte read) and the scheduler's hold for capacity. It "
-        "includes the admission round trip and the waits for the dataplane's own event loop "
-        "while it works, not the time bytes sit in a socket before the loop reads them; "
-        "p50/p99 are interpolated within buckets, the shares are exact.",
+        "includes the admission round trip and the event loop's waits outside the engine's "
+        "reply; not the time bytes sit in a socket before the loop reads them, nor the "
+        "relay's work while the engine still replies (a lower bound). p50/p99 are "
+        "interpolated within buckets, the shares are exact.",
         "",
         f"## Throughput ({args.throughput_concurrency} concurrent streams, "
         f"{args.seconds:.0f} s per arm, {args.repeat} repetitions)",

@@ -330,14 +330,17 @@ class DataplaneApp:
 
 
 def _own_time(dp: Dataplane, incoming: Incoming) -> None:
-    """D10: the time a turn whose engine reply came in whole spent in the dataplane
-    itself, from its route being called to the last byte of its answer handed to the
-    server, less the engine's reply (request written to last byte parsed) and the
-    scheduler's hold for capacity. What is left is the proxy's own cost: reading and
-    parsing the request, the admission round trip, the relay's work, and the event
-    loop's waits on any of those."""
+    """D10: for a turn whose engine answered 200 and whose reply came in whole, the time
+    it spent in the dataplane, from its route being called to the last byte of its
+    answer handed to the server, less the engine's reply (request written to last byte
+    parsed) and the scheduler's hold for capacity. What is left is the proxy's own cost
+    outside the engine's reply: reading and parsing the request, the admission round
+    trip, forwarding, the end of the relay, and the event loop's waits on those. Work
+    and loop delays while the engine is still replying (the relay's per-chunk work) are
+    inside the subtracted span, so this is a lower bound; a wait through a scheduler
+    outage counts, as the scheduler's hold restarts with each retry."""
     engine = incoming.engine
-    if engine is None or not engine.ended_at:
+    if engine is None or engine.status != 200 or not engine.ended_at or incoming.watch.left:
         return
     total = time.monotonic() - incoming.arrived_at
     own = total - (engine.ended_at - engine.sent_at) - incoming.scheduler_held_s

@@ -48,8 +48,9 @@ class Metrics:
         )
         self.own = Histogram(
             "luftpause_dataplane_own_seconds",
-            "Per turn whose engine reply came in whole: the time spent in the dataplane "
-            "less the engine's reply and the scheduler's hold for capacity.",
+            "Per turn whose engine answered 200 and whose reply came in whole: the time "
+            "spent in the dataplane less the engine's reply and the scheduler's hold for "
+            "capacity.",
             buckets=_OWN_BUCKETS,
             registry=self.registry,
         )
