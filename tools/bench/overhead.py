@@ -143,13 +143,26 @@ async def own_buckets(client: aiohttp.ClientSession, dataplane: str) -> dict[flo
     """The dataplane's own-time histogram (``luftpause_dataplane_own_seconds``): upper
     bucket edge in seconds -> cumulative count."""
     async with client.get(f"{dataplane}/metrics") as r:
-        text = await r.text()
+        return parse_own(await r.text())
+
+
+def parse_own(text: str) -> dict[float, float]:
+    """The own-time histogram's buckets in a Prometheus text exposition: upper edge in
+    seconds -> cumulative count (empty when the dataplane has no such histogram)."""
     buckets: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith(OWN + "{"):
             edge = line.split('le="', 1)[1].split('"', 1)[0]
             buckets[float(edge)] = float(line.rsplit(" ", 1)[1])
     return buckets
+
+
+def add_delta(
+    total: dict[float, float], before: dict[float, float], after: dict[float, float]
+) -> None:
+    """Add what a histogram's cumulative bucket counts grew by between two scrapes."""
+    for edge, count in after.items():
+        total[edge] = total.get(edge, 0.0) + count - before.get(edge, 0.0)
 
 
 def own_summary(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
@@ -249,8 +262,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
             for arm in arms:
                 arm.latencies.clear()
             blocks = args.blocks
-            own_before: dict[float, float] = {}
-            own_after: dict[float, float] = {}
+            own_blocks: dict[float, float] = {}
             for b in range(blocks):
                 order = arms if b % 2 == 0 else list(reversed(arms))
                 for arm in order:
@@ -261,11 +273,9 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                     await latency_block(client, arm, concurrency, turns // blocks, b)
                     if arm is one:
                         after = await own_buckets(client, stack.dataplane)
-                        for edge, count in after.items():
-                            own_after[edge] = own_after.get(edge, 0.0) + count
-                            own_before[edge] = own_before.get(edge, 0.0) + before.get(edge, 0.0)
+                        add_delta(own_blocks, before, after)
                     clock.finished()
-            own[str(concurrency)] = own_summary(own_before, own_after)
+            own[str(concurrency)] = own_summary({}, own_blocks)
             latency[str(concurrency)] = {
                 arm.name: {
                     "n": len(arm.latencies),
@@ -283,8 +293,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         scheduler_per_turn: dict[str, list[float]] = {one.name: [], two.name: []}
         scheduler = stack.procs["scheduler"]
         cpu_before = {name: cpu_seconds(pid) for name, pid in stack.procs.items()}
-        own_through_before: dict[float, float] = {}
-        own_through_after: dict[float, float] = {}
+        own_through: dict[float, float] = {}
         for rep in range(args.repeat):
             order = arms if rep % 2 == 0 else list(reversed(arms))
             for arm in order:
@@ -299,11 +308,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                 turns = rate * (time.perf_counter() - t0)
                 if arm is one:
                     after = await own_buckets(client, stack.dataplane)
-                    for edge, count in after.items():
-                        own_through_after[edge] = own_through_after.get(edge, 0.0) + count
-                        own_through_before[edge] = own_through_before.get(edge, 0.0) + before.get(
-                            edge, 0.0
-                        )
+                    add_delta(own_through, before, after)
                 if pids and turns:
                     used = sum(cpu_seconds(pid) for pid in pids) - cpu0
                     cpu_per_turn[arm.name].append(used / turns * 1000)
@@ -314,7 +319,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                 print(f"  throughput {arm.name}: {rate:.0f} turns/s", file=sys.stderr)
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in stack.procs.items()}
         errors = {arm.name: arm.errors for arm in arms if arm.errors}
-        own[str(args.throughput_concurrency)] = own_summary(own_through_before, own_through_after)
+        own[str(args.throughput_concurrency)] = own_summary({}, own_through)
     return {
         "latency": latency,
         "dataplane_own": own,
