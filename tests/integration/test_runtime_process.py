@@ -698,21 +698,26 @@ async def test_sigkill_mid_run_then_restart(stack: Stack) -> None:
             ).result
             assert created["resultType"] == "task", created
             task_ids.append(created["taskId"])
+
+    def attached() -> list[str]:
+        """The runs the tasks follow, as journaled (a task's work starts its run and
+        attaches it after ``tools/call`` has answered)."""
+        tasks_journal = state_dir / "tasks.jsonl"
+        if not tasks_journal.exists():
+            return []
+        records = _journal(tasks_journal)
+        return sorted({r["task"]["attachment"] for r in records if r["task"].get("attachment")})
+
+    # Killed once every task follows its run and the runs are under way.
     deadline = time.monotonic() + 30
-    while sum(1 for r in _journal(journal) if r["t"] == "tools") < 5:
+    while sum(1 for r in _journal(journal) if r["t"] == "tools") < 5 or len(attached()) < 3:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
     rt.stop(signal.SIGKILL)
     before = _journal(journal)
     ended_before = {r["run"] for r in before if r["t"] == "end"}
     assert not set(handles) <= ended_before, "every run ended before the kill"
-    task_runs = sorted(
-        {
-            r["task"]["attachment"]
-            for r in _journal(state_dir / "tasks.jsonl")
-            if r["task"].get("attachment")
-        }
-    )
+    task_runs = attached()
     assert len(task_runs) == 3
     complete = {(r["run"], r["seq"]) for r in before if r["t"] == "tools"}
     journaled_calls = [
