@@ -3,30 +3,16 @@ per-repetition ratios, SMG's configuration and the frontier plot."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+from _bench import load
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("flood", ROOT / "tools/bench/flood.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["flood"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-flood = _load()
+flood = load("flood")
 
 
 # Two-sided 95 % critical values t(0.975, df) from the usual tables, and the normal's.

@@ -4,28 +4,12 @@ interpolated within a bucket and the exact shares at the 1, 2 and 5 ms edges."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
+from _bench import load
 
 from luftpause.dataplane.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "tools/bench/overhead.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["overhead"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-overhead = _load()
+overhead = load("overhead")
 
 
 def _scrape(metrics: Metrics) -> dict[float, float]:
