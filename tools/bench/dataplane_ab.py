@@ -45,7 +45,7 @@ from typing import Any
 import aiohttp
 
 # A streamed 16-token turn, timed request to [DONE], as overhead.py sends it.
-from overhead import MODEL, one_turn, own_buckets, own_summary, pin
+from overhead import MODEL, add_delta, cpu_seconds, one_turn, own_buckets, own_summary, pin
 
 from luftpause.procs import ServiceProcess, launch, stop_all
 
@@ -53,11 +53,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GAP_S = 0.01  # between two turns
 BLOCK_TURNS = 5  # per worker and block, with --streams
 BLOCK_GAP_S = 0.05  # between two blocks
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def worktree(rev: str, into: Path) -> tuple[str, str]:
@@ -87,7 +82,7 @@ async def measure(
         for _ in range(50):  # warm-up: connections, caches
             for name, url in arms:
                 await one_turn(client, url, {"x-luftpause-run-id": f"warm-{name}"})
-        own0 = {name: await _own(client, dp) for name, dp in dataplanes.items()}
+        own0 = {name: await own_buckets(client, dp.urls["http"]) for name, dp in dataplanes.items()}
         cpu0 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
         if streams > 1:
             await _blocks(client, arms, latencies, turns, streams)
@@ -105,8 +100,9 @@ async def measure(
                 print(f"  {i + 1}/{turns} rounds", file=sys.stderr, flush=True)
         cpu1 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
         for name, dp in dataplanes.items():
-            after = await _own(client, dp)
-            own[name] = own_summary(own0[name], after) if after else {}
+            grew: dict[float, float] = {}  # empty for a commit without the histogram
+            add_delta(grew, own0[name], await own_buckets(client, dp.urls["http"]))
+            own[name] = own_summary(grew) if grew else {}
     direct = statistics.median(latencies["direct"]) * 1000
     return {
         "turns_per_arm": len(latencies["direct"]),
@@ -123,11 +119,6 @@ async def measure(
             for name in dataplanes
         },
     }
-
-
-async def _own(client: aiohttp.ClientSession, dp: ServiceProcess) -> dict[float, float]:
-    """The dataplane's own-time histogram; empty for a commit that has none."""
-    return await own_buckets(client, dp.urls["http"])
 
 
 async def _blocks(

@@ -165,12 +165,13 @@ def add_delta(
         total[edge] = total.get(edge, 0.0) + count - before.get(edge, 0.0)
 
 
-def own_summary(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
-    """The turns between two scrapes: how many, p50 and p99 (interpolated within a bucket,
-    as Prometheus' histogram_quantile does) and the share at most 1, 2 and 5 ms (exact:
-    those are bucket edges)."""
-    edges = sorted(after)
-    cumulative = [after[e] - before.get(e, 0.0) for e in edges]
+def own_summary(counts: dict[float, float]) -> dict[str, Any]:
+    """The turns in cumulative bucket counts (those ``add_delta`` summed between scrapes):
+    how many, p50 and p99 (interpolated within a bucket, as Prometheus'
+    histogram_quantile does) and the share at most 1, 2 and 5 ms (exact: those are
+    bucket edges)."""
+    edges = sorted(counts)
+    cumulative = [counts[e] for e in edges]
     n = cumulative[-1] if cumulative else 0.0
 
     def quantile(q: float) -> float | None:
@@ -275,7 +276,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                         after = await own_buckets(client, stack.dataplane)
                         add_delta(own_blocks, before, after)
                     clock.finished()
-            own[str(concurrency)] = own_summary({}, own_blocks)
+            own[str(concurrency)] = own_summary(own_blocks)
             latency[str(concurrency)] = {
                 arm.name: {
                     "n": len(arm.latencies),
@@ -319,7 +320,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                 print(f"  throughput {arm.name}: {rate:.0f} turns/s", file=sys.stderr)
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in stack.procs.items()}
         errors = {arm.name: arm.errors for arm in arms if arm.errors}
-        own[str(args.throughput_concurrency)] = own_summary({}, own_through)
+        own[str(args.throughput_concurrency)] = own_summary(own_through)
     return {
         "latency": latency,
         "dataplane_own": own,
