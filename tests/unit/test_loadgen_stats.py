@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from luftpause.loadgen.stats import (
+    EndedTurn,
     ErrorRecord,
     RunRecord,
     TurnRecord,
@@ -15,6 +16,7 @@ from luftpause.loadgen.stats import (
     summarise,
     table,
     turn_breakdown,
+    turns_table,
 )
 
 
@@ -145,3 +147,49 @@ def test_closed_loop_rate_is_agents_over_mean_run_time() -> None:
     unknown = summarise(runs, [], (0.0, 60.0), groups)
     assert unknown["classes"]["batch"]["runs_per_min_closed"] is None
     assert "agents×60/mean" in table(s)
+
+
+def ended(cls: str, at: float, wall: float, tokens: int = 10, group: str = "g") -> EndedTurn:
+    return EndedTurn(group, cls, at, TurnRecord(wall, completion_tokens=tokens))
+
+
+def test_turns_ended_in_the_window_count_whether_or_not_their_run_finished() -> None:
+    """H3, B10: with every turn logged as it ended, each class and group reports the turns
+    that ended inside the window - runs still going at its end included, turns of the
+    warm-up and after the window left out: how many, per minute, wall p50/p95 and reply
+    tokens per minute."""
+    turns = [
+        ended("interactive", 5.0, 9.0),  # warm-up: out
+        ended("interactive", 20.0, 1.0, 30, group="me"),
+        ended("interactive", 40.0, 3.0, 30, group="me"),
+        ended("interactive", 70.0, 2.0, 30, group="me"),
+        ended("batch", 30.0, 4.0, 100),
+        ended("batch", 95.0, 7.0, 100),  # after the window: out
+    ]
+    summary = summarise([], [], (10.0, 70.0), [("me", "interactive"), ("g", "batch")], turns=turns)
+    inter = summary["classes"]["interactive"]
+    assert inter["runs"] == 0  # no run finished, yet the turns are seen
+    assert inter["turns_ended"] == {
+        "turns": 3,
+        "turns_per_min": 3.0,
+        "wall_s": {"p50": 2.0, "p95": 2.9},
+        "completion_tokens_per_min": 90.0,
+    }
+    assert summary["classes"]["batch"]["turns_ended"]["turns"] == 1
+    assert summary["groups"]["me"]["turns_ended"]["turns"] == 3
+    text = turns_table(summary)
+    assert text is not None
+    assert "| interactive | 3 | 3.0 | 2.00 | 2.90 | 90 |" in text
+    assert "| group me | 3 |" in text
+
+
+def test_no_turn_log_no_turns_view() -> None:
+    """H3: a load that logged no turns (sub-agents over MCP: their turns are the runtime's)
+    gets no ``turns_ended`` and no second table, rather than a row of zeros that would read
+    as 'nothing happened'."""
+    summary = summarise([run()], [], (0.0, 60.0), [("g", "batch")])
+    assert "turns_ended" not in summary["classes"]["batch"]
+    assert turns_table(summary) is None
+    empty = summarise([], [], (0.0, 60.0), [("g", "batch")], turns=[])
+    assert empty["classes"]["batch"]["turns_ended"]["turns"] == 0
+    assert empty["classes"]["batch"]["turns_ended"]["wall_s"]["p50"] is None

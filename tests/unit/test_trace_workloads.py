@@ -463,6 +463,33 @@ def test_sim_runs_the_full_coding_agent_profile_on_long_context_engines() -> Non
     assert first["error_count"] == 0 and first["turns"] >= 20
 
 
+def test_sim_reports_turns_of_runs_that_outlast_the_window() -> None:
+    """B10, H3: runs of the full profile outlast a short window, so runs/min says nothing;
+    the turns that ended inside it still show each class's turn time and work done, and
+    they are exactly the logged turns whose end falls in the window."""
+    config = SimConfig(
+        groups=(
+            Group("people", 1, "interactive", "people", profile="coding-agent"),
+            Group("crowd", 2, "batch", "crowd", profile="coding-agent"),
+        ),
+        replicas=1,
+        duration_s=60.0,
+        warmup_s=30.0,
+        engine=EngineParams(priority_scheduling=True, context_length=131_072, kv_tokens=1_000_000),
+    )
+    records = Records()
+    result = simulate(config, "luftpause", records=records)
+    for cls in ("interactive", "batch"):
+        c = result["classes"][cls]
+        assert c["runs"] == 0
+        in_window = [t for t in records.ended if t.cls == cls and 30.0 <= t.end_s <= 90.0]
+        assert in_window and c["turns_ended"]["turns"] == len(in_window)
+        assert c["turns_ended"]["wall_s"]["p50"] > 0
+        assert c["turns_ended"]["completion_tokens_per_min"] == round(
+            sum(t.turn.completion_tokens or 0 for t in in_window), 1
+        )
+
+
 def sim_args(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     sim_arguments(p)

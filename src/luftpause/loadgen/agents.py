@@ -31,7 +31,7 @@ import openai
 from luftpause.loadgen import content
 from luftpause.loadgen.mix import Group
 from luftpause.loadgen.pool import ClientPool
-from luftpause.loadgen.stats import RunRecord, TurnRecord
+from luftpause.loadgen.stats import EndedTurn, RunRecord, TurnRecord
 
 HELD_HEADER = "x-luftpause-held-ms"
 REPLICA_HEADER = "x-luftpause-replica"
@@ -62,6 +62,8 @@ class AgentOptions:
     token: str | None = None  # sent as Authorization: Bearer to every target (X2, D9)
     # Runs in flight (run ID -> base URL), so a load that stops can end them (D8).
     live: dict[str, str] = field(default_factory=dict)
+    # Every own-loop turn as it ends, in or out of a finished run (stats.EndedTurn).
+    ended: list[EndedTurn] = field(default_factory=list)
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
@@ -291,6 +293,7 @@ async def run_once(
                 client, messages, tools, headers, extra_body, group.max_tokens, options
             )
             turns.append(reply.turn)
+            options.ended.append(EndedTurn(group.name, group.cls, clock(), reply.turn))
             if not reply.tool_calls:
                 if reply.finish_reason == "tool_calls":
                     raise RunFailed("bad_reply", "finish reason tool_calls without a tool call")

@@ -770,7 +770,12 @@ async def run_load(
     # is a replayed trace a closed loop.
     closed_loop = {} if args.spawn else {g.name: g.count for g in groups if g not in replayed}
     summary = stats.summarise(
-        rec.runs, rec.errors, rec.window, [(g.name, g.cls) for g in groups], closed_loop
+        rec.runs,
+        rec.errors,
+        rec.window,
+        [(g.name, g.cls) for g in groups],
+        closed_loop,
+        turns=options.ended if own or trace else None,  # sub-agents' turns are the runtime's
     )
     result.update(
         {
@@ -825,6 +830,9 @@ def render(result: dict[str, Any]) -> str:
         f"{' '.join(str(x) for x in result['load_avg'])}"
     )
     lines.append(stats.table(result))
+    turns = stats.turns_table(result)
+    if turns:
+        lines += ["", turns]
     if result["error_count"]:
         lines.append(
             "errors: "

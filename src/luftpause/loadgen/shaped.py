@@ -57,7 +57,7 @@ from luftpause.loadgen.agents import (
     stream_turn,
 )
 from luftpause.loadgen.mix import Group
-from luftpause.loadgen.stats import RunRecord
+from luftpause.loadgen.stats import EndedTurn, RunRecord
 from luftpause.loadgen.workload import RunPlan
 
 BUCKETS = tuple(1 << i for i in range(4, 13))  # tool-call reply sizes: 16 ... 4096 tokens
@@ -213,6 +213,7 @@ async def play(
             reply.turn.planned_completion_tokens = turn.completion_tokens
             record.turns += 1
             record.turn_records.append(reply.turn)
+            options.ended.append(EndedTurn(group.name, group.cls, clock(), reply.turn))
             if k == last:
                 break
             conv.replied(k, reply)

@@ -20,7 +20,13 @@ numbers the table and the JSON show, per class and per group:
   (``usage.luftpause_timing``), and ``other`` (wall time minus those: network,
   proxy, streaming, client);
 * ``errors``: failed runs by kind. Errors are counted whenever they happen,
-  including in the warm-up, and never dropped.
+  including in the warm-up, and never dropped;
+* ``turns_ended`` (when the load logged every turn as it ended, :class:`EndedTurn`):
+  the model turns that *ended* inside the window, whether or not their run did -
+  how many, per minute, their wall time p50/p95 and reply tokens per minute. Runs
+  that take longer than the window (long agent traces, B10) show here what a
+  window of runs/min cannot: how long each turn kept its user waiting, and how much
+  work got done.
 
 Percentiles interpolate linearly between order statistics (numpy's default).
 """
@@ -57,6 +63,17 @@ class TurnRecord:
     def other_s(self) -> float:
         known = sum(v for v in (self.held_s, self.queued_s, self.prefill_s, self.decode_s) if v)
         return max(0.0, self.wall_s - known)
+
+
+@dataclass(frozen=True)
+class EndedTurn:
+    """One model turn as it ended (``end_s``: seconds since the load started), for the
+    turns-in-the-window view; a sub-agent's turn is logged under its parent's group."""
+
+    group: str
+    cls: str
+    end_s: float
+    turn: TurnRecord
 
 
 @dataclass
@@ -189,18 +206,32 @@ def in_window(run: RunRecord, start_s: float, end_s: float) -> bool:
     return start_s <= run.end_s <= end_s
 
 
+def summarise_turns(turns: Sequence[EndedTurn], window_s: float) -> dict[str, Any]:
+    """Turns that ended inside a window of ``window_s`` seconds (already filtered)."""
+    walls = [t.turn.wall_s for t in turns]
+    tokens = sum(t.turn.completion_tokens or 0 for t in turns)
+    return {
+        "turns": len(turns),
+        "turns_per_min": round(runs_per_min(len(turns), window_s), 3),
+        "wall_s": {"p50": _r(percentile(walls, 50)), "p95": _r(percentile(walls, 95))},
+        "completion_tokens_per_min": round(runs_per_min(tokens, window_s), 1),
+    }
+
+
 def summarise(
     runs: Sequence[RunRecord],
     errors: Sequence[ErrorRecord],
     window: tuple[float, float],
     groups: Sequence[tuple[str, str]] = (),
     agents: Mapping[str, int] | None = None,
+    turns: Sequence[EndedTurn] | None = None,
 ) -> dict[str, Any]:
     """Per class and per group (``groups``: (name, class) pairs, in order).
 
     ``agents``: agents per closed-loop group name; a class's count is the sum over
     its groups, and only a class whose every group is listed gets
-    ``runs_per_min_closed``.
+    ``runs_per_min_closed``. ``turns``: every turn the load logged as it ended (None:
+    it logged none); each class and group then gets ``turns_ended``.
     """
     start, end = window
     agents = agents or {}
@@ -232,6 +263,12 @@ def summarise(
         )
         for name, _ in groups
     }
+    if turns is not None:
+        ended = [t for t in turns if start <= t.end_s <= end]
+        for c, s in by_class.items():
+            s["turns_ended"] = summarise_turns([t for t in ended if t.cls == c], span)
+        for name, s in by_group.items():
+            s["turns_ended"] = summarise_turns([t for t in ended if t.group == name], span)
     return {
         "window_s": round(span, 3),
         "classes": by_class,
@@ -330,4 +367,31 @@ def table(summary: dict[str, Any]) -> str:
     if len(summary["groups"]) > 1:
         for name, s in summary["groups"].items():
             lines.append(row(f"group {name}", s))
+    return "\n".join(lines)
+
+
+def turns_table(summary: dict[str, Any]) -> str | None:
+    """The turns that ended inside the window, whether their run finished or not (None
+    when the load did not log turns)."""
+    rows = [(name, s) for name, s in summary["classes"].items() if "turns_ended" in s]
+    if len(summary["groups"]) > 1:
+        rows += [(f"group {n}", s) for n, s in summary["groups"].items() if "turns_ended" in s]
+    if not rows:
+        return None
+    lines = [
+        "| turns ended in the window | turns | turns/min | turn p50 s | turn p95 s | "
+        "reply tokens/min |",
+        "|" + "---|" * 6,
+    ]
+    for name, s in rows:
+        t = s["turns_ended"]
+        cells = [
+            name,
+            str(t["turns"]),
+            _fmt(t["turns_per_min"]),
+            _fmt(t["wall_s"]["p50"], 2),
+            _fmt(t["wall_s"]["p95"], 2),
+            _fmt(t["completion_tokens_per_min"], 0),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from luftpause.fakes.engine.tokens import render_messages
 from luftpause.fakes.mcp_tools import LOOKUP_DELAY_RANGE, filler_fact
 from luftpause.loadgen import content
 from luftpause.loadgen.mix import Group
-from luftpause.loadgen.stats import ErrorRecord, RunRecord, TurnRecord
+from luftpause.loadgen.stats import EndedTurn, ErrorRecord, RunRecord, TurnRecord
 from luftpause.sim.arms import Arm, Ask, TurnEnd
 from luftpause.sim.fleet import Replica
 from luftpause.sim.world import World
@@ -122,6 +122,11 @@ class Records:
     runs: list[RunRecord] = field(default_factory=list)
     errors: list[ErrorRecord] = field(default_factory=list)
     turns: int = 0
+    ended: list[EndedTurn] = field(default_factory=list)  # every turn, as it ended
+
+    def turn_ended(self, group: str, cls: str, at: float, turn: TurnRecord) -> TurnRecord:
+        self.ended.append(EndedTurn(group, cls, at, turn))
+        return turn
 
 
 class Agent:
@@ -243,14 +248,15 @@ class Agent:
                 cached_tokens=done.cached_tokens,
             ),
         )
+        turn = turn_record(
+            self.world.now - asked_at,
+            held_s if self.arm.holds else None,
+            replica,
+            done,
+            tool_calls=1 if call is not None else 0,
+        )
         run.record.turn_records.append(
-            turn_record(
-                self.world.now - asked_at,
-                held_s if self.arm.holds else None,
-                replica,
-                done,
-                tool_calls=1 if call is not None else 0,
-            )
+            self.records.turn_ended(self.group.name, self.group.cls, self.world.now, turn)
         )
         if call is None:
             run.record.end_s = self.world.now

@@ -183,6 +183,7 @@ def simulate(
         window,
         [(g.name, g.cls) for g in (*config.groups, *replayed)],
         {g.name: g.count for g in config.groups},
+        turns=records.ended,
     )
     return {
         **summary,
@@ -202,13 +203,22 @@ def simulate(
 
 
 def comparison(results: list[dict[str, Any]]) -> str:
-    """One line per arm: runs/min and run time per class."""
+    """One line per arm: runs/min and run time per class, then the turns that ended in
+    the window (turn p50 and reply tokens/min per class: the view that still reads when
+    runs outlast the window)."""
     head = "| arm |"
     rule = "|---|"
     for cls in CLASSES:
         head += f" {cls} runs/min | {cls} run p50 s |"
         rule += "---|---|"
+    for cls in CLASSES:
+        head += f" {cls} turn p50 s | {cls} reply tokens/min |"
+        rule += "---|---|"
     lines = [head, rule]
+
+    def cell(value: float | None, digits: int) -> str:
+        return "–" if value is None else f"{value:.{digits}f}"
+
     for result in results:
         row = f"| {result['arm']} |"
         for cls in CLASSES:
@@ -216,8 +226,13 @@ def comparison(results: list[dict[str, Any]]) -> str:
             if c is None:
                 row += " – | – |"
                 continue
-            p50 = c["run_s"]["p50"]
-            row += f" {c['runs_per_min']:.1f} | {'–' if p50 is None else f'{p50:.1f}'} |"
+            row += f" {c['runs_per_min']:.1f} | {cell(c['run_s']['p50'], 1)} |"
+        for cls in CLASSES:
+            t = result["classes"].get(cls, {}).get("turns_ended")
+            if t is None:
+                row += " – | – |"
+                continue
+            row += f" {cell(t['wall_s']['p50'], 2)} | {cell(t['completion_tokens_per_min'], 0)} |"
         lines.append(row)
     return "\n".join(lines)
 
@@ -255,6 +270,7 @@ def render(results: list[dict[str, Any]], config: SimConfig, command: str) -> st
             "",
             stats.table(result),
             "",
+            *([turns, ""] if (turns := stats.turns_table(result)) else []),
             f"{result['events']:,} events, {result['turns']:,} turns in {result['wall_s']:.1f} s "
             f"of wall time ({result['speedup']}× real time)",
             "",

@@ -207,15 +207,16 @@ class ShapedAgent:
         )
         record = play.record
         record.turns += 1
+        ended = turn_record(
+            self.world.now - asked_at,
+            held_s if self.arm.holds else None,
+            replica,
+            done,
+            tool_calls=0 if last else 1,
+            planned=(turn.prompt_tokens, turn.completion_tokens),
+        )
         record.turn_records.append(
-            turn_record(
-                self.world.now - asked_at,
-                held_s if self.arm.holds else None,
-                replica,
-                done,
-                tool_calls=0 if last else 1,
-                planned=(turn.prompt_tokens, turn.completion_tokens),
-            )
+            self.records.turn_ended(self.group.name, self.group.cls, self.world.now, ended)
         )
         if last:
             record.end_s = self.world.now
