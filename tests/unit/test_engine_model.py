@@ -537,7 +537,8 @@ TOOLS = [
 
 
 def test_script_calls_tools_until_enough_results_then_answers() -> None:
-    """H1: with tools offered the reply calls a tool until N tool results, then answers."""
+    """H1: with tools offered the reply calls a tool until N tool results, then answers;
+    a tool_choice that demands a call (named, or "required") always gets one."""
     messages: list[dict[str, object]] = [{"role": "user", "content": "find it"}]
     opts = ScriptOptions(tool_results=2)
     ids = set()
@@ -565,6 +566,17 @@ def test_script_calls_tools_until_enough_results_then_answers() -> None:
     assert (
         plan_reply(messages[:1], TOOLS, opts, prompt_text="p", tool_choice="none").kind
         is ReplyKind.TEXT
+    )
+    # A tool_choice that demands a call gets one past the script's count, as constrained
+    # decoding gives it: a client forcing its calls needs no header a router may drop.
+    named = {"type": "function", "function": {"name": "deep_search"}}
+    forced = plan_reply(messages, TOOLS, opts, prompt_text=prompt, tool_choice=named)
+    assert forced.kind is ReplyKind.TOOL_CALL and forced.tool_call is not None
+    assert forced.tool_call.name == "deep_search"
+    required = plan_reply(messages, TOOLS, opts, prompt_text=prompt, tool_choice="required")
+    assert required.kind is ReplyKind.TOOL_CALL
+    assert plan_reply(messages, TOOLS, opts, prompt_text=prompt, tool_choice="auto").kind is (
+        ReplyKind.TEXT
     )
 
 

@@ -9,7 +9,10 @@ Rules
   the reply calls a tool until the conversation holds ``tool_results`` messages
   with role ``tool``; then it answers in text. The tool is the n-th offered tool
   (round robin by the number of results so far) unless ``tool_choice`` names
-  one. Arguments fill the schema's *required* properties by type with
+  one. A ``tool_choice`` that demands a call (``"required"``, or a named
+  function, as OpenAI's API defines them) gets one whatever the count, as a
+  real engine's constrained decoding gives it. Arguments fill the schema's
+  *required* properties by type with
   deterministic filler (enums take one of their values, numbers respect
   ``minimum``/``maximum``). The call id is ``call_`` plus a hash of the
   conversation and the call's index, so ids are unique per call and stable.
@@ -141,6 +144,13 @@ def _tool_functions(tools: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any
     return out
 
 
+def _demands_a_call(tool_choice: Any) -> bool:
+    """``"required"`` or a named function: OpenAI's two ways to force a tool call."""
+    if tool_choice == "required":
+        return True
+    return isinstance(tool_choice, Mapping) and isinstance(tool_choice.get("function"), Mapping)
+
+
 def _chosen_function(
     functions: list[Mapping[str, Any]], tool_choice: Any, index: int
 ) -> Mapping[str, Any] | None:
@@ -239,7 +249,11 @@ def plan_reply(
     wrong = options.wrong_types if wrong_types is None else wrong_types
     done = count_tool_results(messages)
     functions = _tool_functions(tools or [])
-    fn = _chosen_function(functions, tool_choice, done) if done < want_results else None
+    fn = (
+        _chosen_function(functions, tool_choice, done)
+        if done < want_results or _demands_a_call(tool_choice)
+        else None
+    )
     if fn is not None:
         name = str(fn["name"])
         args = fill_schema(fn.get("parameters", {}), f"{seed}/{name}", wrong_types=wrong)
