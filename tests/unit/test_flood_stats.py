@@ -191,3 +191,62 @@ def test_frontier_points_and_svg() -> None:
     text = "".join(root.itertext())
     assert "C=8" in text and "C=16" in text and "title <&>" in text and "luftpause" in text
     assert svg.count("<polyline") == 1  # the cap sweep; one FIFO point draws no line
+
+
+def coding_result(rep: int, inter_p50: float, batch_tokens: float) -> dict[str, Any]:
+    def ended(p50: float, tokens: float) -> dict[str, Any]:
+        return {
+            "turns": 10,
+            "turns_per_min": 5.0,
+            "wall_s": {"p50": p50, "p95": p50 * 2},
+            "completion_tokens_per_min": tokens,
+        }
+
+    return {
+        "rep": rep,
+        "load_avg": [1.0],
+        "classes": {
+            "interactive": {"runs": 0, "error_count": 0, "turns_ended": ended(inter_p50, 100.0)},
+            "batch": {"runs": 1, "error_count": 0, "turns_ended": ended(2.0, batch_tokens)},
+        },
+    }
+
+
+def test_coding_flood_compares_turns_per_repetition() -> None:
+    """H4, B10: the coding flood judges arms by the turns that ended in the window, paired
+    by repetition: another arm's interactive turn p50 over luftpause's (above 1: luftpause
+    faster) and luftpause's batch reply tokens/min over the other's; the table shows them
+    in model time (seconds × scale, per-minute rates ÷ scale)."""
+    ours = [coding_result(0, 1.0, 300.0), coding_result(1, 2.0, 300.0)]
+    router = [coding_result(1, 3.0, 200.0), coding_result(0, 4.0, 600.0)]
+    assert flood.paired_turn_ratios(ours, router, "interactive", "p50") == [4.0, 1.5]
+    assert flood.paired_turn_ratios(ours, router, "batch", "tokens") == [0.5, 1.5]
+    assert flood.paired_turn_ratios(ours, [], "interactive", "p50") == []
+    cells, lines = flood.coding_goals({"luftpause": ours, "router": router})
+    assert cells == ["| router | 2.75× ± 15.88 | +0 % ± 635 |"]
+    assert lines[0].startswith("router: interactive turn p50 router/luftpause 2.75×")
+    table = flood.coding_table({"luftpause": ours}, 5.0)
+    assert table[2] == (
+        "| luftpause | interactive | 20 | 7.50 ± 31.77 | 15.00 ± 63.53 | 20 ± 0 | 0 | 0 "
+        "| 1.0 (1.0–1.0) |"
+    )
+    assert table[3].startswith(
+        "| luftpause | batch | 20 | 10.00 ± 0.00 | 20.00 ± 0.00 | 60 ± 0 | 2 |"
+    )
+
+
+def test_coding_flood_runs_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """H4: the coding flood's engines need a long context, which would change every other
+    bench's engine model: asking for it beside another bench is refused before anything
+    starts, naming why."""
+    import sys
+
+    argv = sys.argv
+    sys.argv = ["flood.py", "--benches", "coding,own"]
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            flood.main()
+    finally:
+        sys.argv = argv
+    assert exit_info.value.code == 2
+    assert "--benches coding runs alone" in capsys.readouterr().err

@@ -31,6 +31,14 @@ the original testbed), in one run, arms alternated and repeated:
    router ``cache_aware`` vs router ``round_robin``: runs/min and cached share.
 5. ``fanout``: 16 sub-agents spawned together vs one after another, through
    luftpause and through the router.
+6. ``coding``: runs shaped like real coding-agent traces (``--profile coding-agent``,
+   docs/workloads.md: ~30 turns, contexts growing to tens of thousands of tokens,
+   tool gaps of ~5 s with a heavy tail, parallel sub-agents), 2 interactive agents
+   beside N batch agents, the own-loop arms with SMG's priority scheduler. Its runs
+   outlast any window a flood can afford, so it is judged by the turns that ended in
+   the window: interactive turn p50/p95 and batch reply tokens per minute. Its engines
+   need a long context (``--context-length 131072 --kv-tokens 1000000``), so it runs
+   alone (``--benches coding``).
 
 Statistics: with ``--reps N`` every cell is a mean ± the half-width of its 95 %
 confidence interval (Student's t); ratios between arms are per repetition. Each
@@ -139,6 +147,10 @@ class Plan:
     # both engines), and SMG's legacy FIFO admission at these --max-concurrent-requests.
     smg_caps: tuple[int, ...] = ()
     smg_fifo_caps: tuple[int, ...] = ()
+    # The coding-agent flood: batch agents per point, its window and warm-up (model s).
+    coding_loads: tuple[int, ...] = (8, 24)
+    coding_window_s: float = 1800.0
+    coding_warmup_s: float = 300.0
 
     def real(self, model_s: float) -> float:
         return model_s / self.time_scale
@@ -179,7 +191,11 @@ FULL = Plan(
     routing_window_s=120.0,
     floor_runs=6,
 )
-BENCHES = ("own", "light", "mcp", "routing", "fanout")
+BENCHES = ("own", "light", "mcp", "routing", "fanout", "coding")
+CODING_INTERACTIVE = 2  # interactive agents beside the coding flood's batch agents
+# The coding-agent profile's contexts reach ~100k tokens; only memory changes (a decode
+# step still reads every context token's KV at the calibrated bandwidth).
+CODING_ENGINE_ARGS = ("--context-length", "131072", "--kv-tokens", "1000000")
 
 
 # ------------------------------------------------------------------ the stack
@@ -332,14 +348,15 @@ def probe_period(plan: Plan) -> float:
     return max(0.05, 2.0 / plan.time_scale)
 
 
-def start_engines(s: Stack) -> None:
-    """The two fake engines (priority scheduling on, as in every arm) and the fake tools."""
+def start_engines(s: Stack, extra: tuple[str, ...] = ()) -> None:
+    """The two fake engines (priority scheduling on, as in every arm) and the fake tools;
+    ``extra``: more engine flags (the coding flood's long context)."""
     ts = f"{s.plan.time_scale:g}"
     for name in ("engine-a", "engine-b"):
         svc = s.start(
             "fake-engine", "--name", name, "--port", "0", "--time-scale", ts,
             "--priority-scheduling", "--chunk-tokens", str(s.plan.chunk_tokens),
-            "--tool-results", str(TOOL_CALLS), "--log-level", "WARNING",
+            "--tool-results", str(TOOL_CALLS), "--log-level", "WARNING", *extra,
             name=name,
         )  # fmt: skip
         s.engines.append(svc.urls["http"])
@@ -351,7 +368,7 @@ def start_engines(s: Stack) -> None:
 
 def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) -> Stack:
     s = Stack(tmp, plan)
-    start_engines(s)
+    start_engines(s, CODING_ENGINE_ARGS if "coding" in benches else ())
     probe_s = probe_period(plan)
     s.dataplane = _luftpause(s, _config(tmp / "stack.toml", s, probe_s), "")
     if ablate:
@@ -360,7 +377,7 @@ def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) 
     s.routers["cache_aware"] = launch_sglang_router(
         s.engines, "cache_aware", tmp / "router-cache_aware.log", MODEL
     )
-    if benches & {"own", "light", "mcp"}:
+    if benches & {"own", "light", "mcp", "coding"}:
         yaml_path = tmp / "smg-priority.yaml"
         yaml_path.write_text(smg_scheduler_yaml(plan.time_scale))
         for name, (flags, capacity) in smg_arms_config(plan, yaml_path).items():
@@ -626,10 +643,14 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     return result
 
 
-def own_arms(stack: Stack, bench: str, load: int, context: int) -> list[Arm]:
+def own_arms(
+    stack: Stack, bench: str, load: int, context: int, common: list[str] | None = None
+) -> list[Arm]:
+    """The own-loop arms at one point; ``common``: the load generator's flags every arm
+    shares (default: the classic flood's runs of ``context`` characters)."""
     plan = stack.plan
     window = plan.light_window_s if bench == "light" else plan.window_for(load)
-    common = [
+    common = common or [
         "--tools-url", stack.tools_url, "--context-chars", str(context),
         "--tool-calls", str(TOOL_CALLS), "--group", f"{load}:batch:crowd",
         "--group", f"{INTERACTIVE_AGENTS}:interactive:people",
@@ -681,6 +702,23 @@ def own_arms(stack: Stack, bench: str, load: int, context: int) -> list[Arm]:
         ),
         *smg,
     ]
+
+
+def coding_arms(stack: Stack, load: int) -> list[Arm]:
+    """The coding-agent flood at one point: the own-loop arms (no SMG capacity sweeps),
+    every run sampled from the ``coding-agent`` profile; its tool times run
+    ``--time-scale`` faster, like the engines."""
+    plan = stack.plan
+    sc = f"{plan.time_scale:g}"
+    common = [
+        "--tools-url", stack.tools_url, "--profile", "coding-agent", "--time-scale", sc,
+        "--group", f"{load}:batch:crowd",
+        "--group", f"{CODING_INTERACTIVE}:interactive:people",
+        "--warmup-s", f"{plan.real(plan.coding_warmup_s):g}",
+        "--ramp-s", f"{plan.real(plan.coding_warmup_s / 2 if plan.ramp else 0.0):g}",
+        "--duration-s", f"{plan.real(plan.coding_window_s):g}",
+    ]  # fmt: skip
+    return own_arms(stack, "coding", load, 0, common)
 
 
 # The runtime in front of SMG: each turn as the own-loop SMG arm sends it (SMG_PRIORITY
@@ -1017,6 +1055,76 @@ def paired_ratios(
             if rb:
                 out.append(rate(a[k], cls) / rb)
     return out
+
+
+def turn_figure(result: dict[str, Any], cls: str, key: str) -> float | None:
+    """From one arm's result, a figure of the turns of ``cls`` that ended in the window
+    (engine-model time is left to the caller): ``p50``/``p95`` turn seconds, or
+    ``tokens`` (reply tokens per minute)."""
+    t = result["classes"].get(cls, {}).get("turns_ended")
+    if not t:
+        return None
+    value = t["completion_tokens_per_min"] if key == "tokens" else t["wall_s"][key]
+    return None if value is None else float(value)
+
+
+def paired_turn_ratios(
+    results_a: list[dict[str, Any]], results_b: list[dict[str, Any]], cls: str, key: str
+) -> list[float]:
+    """Per repetition, arm b's turn figure over arm a's (``p50``: how many times longer
+    b's turns took than a's) or a's over b's (``tokens``: how much more work a did)."""
+    a = {int(r.get("rep", i)): r for i, r in enumerate(results_a)}
+    b = {int(r.get("rep", i)): r for i, r in enumerate(results_b)}
+    out = []
+    for k in sorted(a.keys() & b.keys()):
+        fa, fb = turn_figure(a[k], cls, key), turn_figure(b[k], cls, key)
+        if fa and fb:
+            out.append(fa / fb if key == "tokens" else fb / fa)
+    return out
+
+
+def coding_table(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[str]:
+    """The coding flood at one point: the turns that ended in the window, per arm and
+    class, in model time (mean ± 95 % interval over the repetitions)."""
+    lines = [
+        "| arm | class | turns | turn p50 s | turn p95 s | reply tokens/min | runs finished "
+        "| errors | load avg |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, results in by_arm.items():
+        loads = [r["load_avg"][0] for r in results]
+        for cls in ("interactive", "batch"):
+            ended = [r["classes"].get(cls, {}).get("turns_ended") for r in results]
+            if not any(ended):
+                continue
+            p50 = [v * scale for r in results if (v := turn_figure(r, cls, "p50")) is not None]
+            p95 = [v * scale for r in results if (v := turn_figure(r, cls, "p95")) is not None]
+            tok = [v / scale for r in results if (v := turn_figure(r, cls, "tokens")) is not None]
+            lines.append(
+                f"| {name} | {cls} | {sum(t['turns'] for t in ended if t)} | "
+                f"{ci_text(p50, 2)} | {ci_text(p95, 2)} | {ci_text(tok, 0)} | "
+                f"{sum(r['classes'].get(cls, {}).get('runs', 0) for r in results)} | "
+                f"{sum(r['classes'].get(cls, {}).get('error_count', 0) for r in results)} | "
+                f"{_range_text(loads)} |"
+            )
+    return lines
+
+
+def coding_goals(by_arm: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[str]]:
+    """luftpause against each other arm, per repetition: the other arm's interactive turn
+    p50 over luftpause's (> 1×: luftpause's interactive turns are faster), and luftpause's
+    batch reply tokens/min as a change on the other's. Returns the cells and one line per
+    arm for the summary."""
+    cells, lines = [], []
+    ours = by_arm.get("luftpause", [])
+    for name, results in by_arm.items():
+        if name == "luftpause" or not ours:
+            continue
+        inter = ratio_text(paired_turn_ratios(ours, results, "interactive", "p50"))
+        batch = ratio_text(paired_turn_ratios(ours, results, "batch", "tokens"), change=True)
+        cells.append(f"| {name} | {inter} | {batch} |")
+        lines.append(f"{name}: interactive turn p50 {name}/luftpause {inter}, batch work {batch}")
+    return cells, lines
 
 
 def ratio(results_a: list[dict[str, Any]], results_b: list[dict[str, Any]], cls: str) -> float:
@@ -1538,6 +1646,7 @@ def report(
         "light": ("3. Light load (2,000-character contexts)", 0.0, 2000),
         "routing": ("4. Routing only (8 sub-agents, no saturation)", 0.0, 8000),
         "fanout": ("5. Fan-out (16 sub-agents)", 0.0, 11000),
+        "coding": ("6. Coding-agent runs (shaped like real traces)", 0.0, 0),
     }
     summary: list[str] = []
     for bench, (title, target, ctx) in titles.items():
@@ -1633,6 +1742,37 @@ def report(
                         f"({'met' if ok else 'missed'}: goal ≥ 5×)"
                     )
             out.append("")
+        elif bench == "coding":
+            out += [
+                f"{CODING_INTERACTIVE} interactive agents beside N batch agents, every run "
+                "sampled from `--profile coding-agent` ([workloads.md](workloads.md)), "
+                f"engines `{' '.join(CODING_ENGINE_ARGS)}`; "
+                f"{plan.coding_window_s:g} s measured after {plan.coding_warmup_s:g} s of "
+                "warm-up (model time), the agents starting over its first half. A run takes "
+                "longer than the window, so the arms are compared by the **turns that ended in "
+                "the window** (finished runs or not): turn time (request to last token) and "
+                "reply tokens per minute.",
+                "",
+            ]
+            for load, by_arm in sorted(per_load.items()):
+                out += [f"### {load} batch + {CODING_INTERACTIVE} interactive", ""]
+                out += coding_table(by_arm, sc)
+                cells, lines = coding_goals(by_arm)
+                out += [
+                    "",
+                    "luftpause against each arm, per repetition (mean ± 95 % interval): the "
+                    "arm's interactive turn p50 over luftpause's (above 1×: luftpause's "
+                    "interactive turns are faster), and luftpause's batch reply tokens/min "
+                    "as a change on the arm's:",
+                    "",
+                    "| arm | interactive turn p50, arm / luftpause "
+                    "| batch work, luftpause vs arm |",
+                    "|---|---|---|",
+                    *cells,
+                    "",
+                ]
+                out += engine_lines(by_arm, load)
+                summary += [f"- coding {load}: {line}" for line in lines]
     return "\n".join([*header, "## Goals at a glance", "", *summary, "", *out]) + "\n"
 
 
@@ -1659,7 +1799,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="time-scaled, fewer points (~11 min)")
     parser.add_argument(
-        "--benches", default=",".join(BENCHES), help=f"comma list of {', '.join(BENCHES)}"
+        "--benches",
+        default=",".join(b for b in BENCHES if b != "coding"),
+        help=f"comma list of {', '.join(BENCHES)} (default: all but coding, which runs alone)",
     )
     parser.add_argument(
         "--reps",
@@ -1706,6 +1848,24 @@ def main() -> int:
         help="also write the own-loop flood's frontier (interactive against batch runs/min "
         "per arm, SMG's caps as lines, 95 %% intervals as whiskers) as an SVG file",
     )
+    parser.add_argument(
+        "--coding-loads",
+        type=_caps(1),
+        metavar="N,N,...",
+        help="coding flood: batch agents per point (default: "
+        + ",".join(map(str, FULL.coding_loads))
+        + ")",
+    )
+    parser.add_argument(
+        "--coding-window-s",
+        type=float,
+        help=f"coding flood: measured window, model seconds (default {FULL.coding_window_s:g})",
+    )
+    parser.add_argument(
+        "--coding-warmup-s",
+        type=float,
+        help=f"coding flood: warm-up, model seconds (default {FULL.coding_warmup_s:g})",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks.md")
     parser.add_argument("--json", type=Path, help="also write every raw result here")
     parser.add_argument(
@@ -1732,6 +1892,12 @@ def main() -> int:
         overrides["smg_caps"] = args.smg_caps
     if args.smg_fifo_caps:
         overrides["smg_fifo_caps"] = args.smg_fifo_caps
+    if args.coding_loads:
+        overrides["coding_loads"] = args.coding_loads
+    if args.coding_window_s:
+        overrides["coding_window_s"] = args.coding_window_s
+    if args.coding_warmup_s is not None:
+        overrides["coding_warmup_s"] = args.coding_warmup_s
     if overrides:
         from dataclasses import replace
 
@@ -1763,6 +1929,11 @@ def main() -> int:
     unknown = benches - set(BENCHES)
     if unknown:
         parser.error(f"unknown bench(es): {', '.join(sorted(unknown))}")
+    if "coding" in benches and len(benches) > 1:
+        parser.error(
+            "--benches coding runs alone: its engines need a long context "
+            f"({' '.join(CODING_ENGINE_ARGS)}), which would change every other bench"
+        )
     command = "python tools/bench/flood.py " + " ".join(sys.argv[1:])
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     code = code_version()
@@ -1798,6 +1969,8 @@ def main() -> int:
                     schedule.append(("routing", plan.routing_agents, routing_arms(stack)))
                 if "fanout" in benches:
                     schedule.append(("fanout", plan.fanout_n, fanout_arms(stack)))
+            if "coding" in benches:
+                schedule += [("coding", n, coding_arms(stack, n)) for n in plan.coding_loads]
             clock = ArmClock(plan.reps * sum(len(arms) for _, _, arms in schedule))
             for rep in range(plan.reps):
                 for index, (bench, load, arms) in enumerate(schedule):
