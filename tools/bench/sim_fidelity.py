@@ -4,6 +4,8 @@
     python tools/bench/sim_fidelity.py --flood other.json --out docs/simulator.md
     python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-smg.json \
         --out docs/simulator.md --part smg       # the SGLang Model Gateway's arms too
+    python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-coding.json \
+        --out docs/simulator.md --part coding    # the coding-agent flood (--benches coding)
 
 Reads the raw results of an own-loop flood (``tools/bench/flood.py --json``: every
 arm at every load point, in real seconds at the flood's time scale) and runs
@@ -16,6 +18,13 @@ file between ``<!-- fidelity:start -->`` and ``<!-- fidelity:end -->`` (with
 ``--part NAME``, ``<!-- fidelity-NAME:start -->`` …). Every arm of the flood that the
 simulator has is compared: luftpause, router, engine-prio, and SMG's (``smg``,
 ``smg-capC``, ``smg-fifoC``).
+
+A coding-agent flood (``flood.py --benches coding``: runs sampled from the
+``coding-agent`` profile, 2 interactive agents beside N batch agents, long-context
+engines) is compared by what that flood reports instead: per class, the p50 time of
+the turns that ended in the window and the reply tokens per minute. The load
+generator and the simulator sample their runs from the same profile but not the
+same runs (each from its own seed).
 
 The flood's figures are one run of the real stack (the mean of its repetitions);
 the simulator's are one seed. Nothing is asserted: this is a measurement.
@@ -32,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen.mix import Group
 from luftpause.sim.arms import ARMS
 from luftpause.sim.main import SimConfig, simulate, sized_arm
@@ -77,6 +87,49 @@ def sim_figures(result: dict[str, Any]) -> dict[str, tuple[float, float]]:
     return out
 
 
+CODING_INTERACTIVE = 2  # as tools/bench/flood.py's coding flood
+CODING_ENGINE = EngineParams(priority_scheduling=True, context_length=131_072, kv_tokens=1_000_000)
+
+
+def real_turn_figures(reps: list[dict[str, Any]], scale: float) -> dict[str, tuple[float, float]]:
+    """Per class: mean reply tokens/min and mean turn p50 (turns that ended in the
+    window), in model time."""
+    out = {}
+    for cls in CLASSES:
+        ended = [r["classes"].get(cls, {}).get("turns_ended") for r in reps]
+        if ended and all(t and t["wall_s"]["p50"] is not None for t in ended):
+            out[cls] = (
+                statistics.fmean(t["completion_tokens_per_min"] for t in ended) / scale,
+                statistics.fmean(t["wall_s"]["p50"] for t in ended) * scale,
+            )
+    return out
+
+
+def sim_turn_figures(result: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    out = {}
+    for cls in CLASSES:
+        t = result["classes"].get(cls, {}).get("turns_ended")
+        if t and t["wall_s"]["p50"] is not None:
+            out[cls] = (t["completion_tokens_per_min"], t["wall_s"]["p50"])
+    return out
+
+
+def coding_config(plan: dict[str, Any], load: int, seed: int) -> SimConfig:
+    """The coding flood's plan at ``load`` batch agents, for the simulator."""
+    warmup = plan["coding_warmup_s"]
+    return SimConfig(
+        groups=(
+            Group("people", CODING_INTERACTIVE, "interactive", "people", profile="coding-agent"),
+            Group("crowd", load, "batch", "crowd", profile="coding-agent"),
+        ),
+        duration_s=plan["coding_window_s"],
+        warmup_s=warmup,
+        ramp_s=warmup / 2 if plan.get("ramp", True) else 0.0,
+        seed=seed,
+        engine=CODING_ENGINE,
+    )
+
+
 def pct(sim: float, real: float) -> str:
     return f"{(sim - real) / real * 100:+.0f} %" if real else "–"
 
@@ -98,9 +151,13 @@ def main() -> int:
     start_mark, end_mark = markers(args.part)
     try:
         flood = json.loads(args.flood.read_text())
-        plan, own = flood["plan"], flood["results"]["own"]
+        plan, results = flood["plan"], flood["results"]
+        coding = "own" not in results and "coding" in results
+        own = results["coding" if coding else "own"]
     except (OSError, ValueError, KeyError) as exc:
-        print(f"sim_fidelity: cannot read own-loop flood results from {args.flood}: {exc}")
+        print(
+            f"sim_fidelity: cannot read own-loop or coding flood results from {args.flood}: {exc}"
+        )
         return 2
     scale = plan["time_scale"]
     commit = subprocess.run(
@@ -122,12 +179,18 @@ def main() -> int:
             ramp_s=ramp,
             seed=args.seed,
         )
+        if coding:
+            config = coding_config(plan, int(load), args.seed)
         for arm in own[load]:
             if not simulated(arm):
                 continue
             print(f"[{k}/{len(loads)}] {load} batch agents: {arm}", file=sys.stderr, flush=True)
-            real = real_figures(own[load][arm], scale)
-            sim = sim_figures(simulate(config, arm))
+            if coding:
+                real = real_turn_figures(own[load][arm], scale)
+                sim = sim_turn_figures(simulate(config, arm))
+            else:
+                real = real_figures(own[load][arm], scale)
+                sim = sim_figures(simulate(config, arm))
             for cls in CLASSES:
                 if cls in real and cls in sim:
                     rows.append((load, arm, cls, real[cls], sim[cls]))
@@ -139,11 +202,22 @@ def main() -> int:
         + f"` (simulator at "
         f"{commit}, seed {args.seed}, {elapsed:.0f} s); flood: `{flood.get('command', '?')}` "
         f"at commit {flood.get('code', '?')}, time scale {scale:g}, mean of "
-        f"{plan.get('reps', '?')} repetitions. Rates are closed-loop runs/min (agents × 60 / "
-        "mean run time) in the engine model's time.",
+        f"{plan.get('reps', '?')} repetitions. "
+        + (
+            "Coding-agent runs: reply tokens/min and the p50 of the turns that ended in the "
+            "window, in the engine model's time."
+            if coding
+            else "Rates are closed-loop runs/min (agents × 60 / mean run time) in the engine "
+            "model's time."
+        ),
         "",
-        "| batch agents | arm | class | runs/min: flood | sim | diff "
-        "| run p50 s: flood | sim | diff |",
+        (
+            "| batch agents | arm | class | reply tokens/min: flood | sim | diff "
+            "| turn p50 s: flood | sim | diff |"
+            if coding
+            else "| batch agents | arm | class | runs/min: flood | sim | diff "
+            "| run p50 s: flood | sim | diff |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for load, arm, cls, (real_rate, real_p50), (sim_rate, sim_p50) in rows:
@@ -159,7 +233,8 @@ def main() -> int:
     ]
     lines += [
         "",
-        f"Within ±10 % on both runs/min and p50: {sum(within)} of {len(within)} rows.",
+        f"Within ±10 % on both {'reply tokens/min' if coding else 'runs/min'} and p50: "
+        f"{sum(within)} of {len(within)} rows.",
     ]
     table = "\n".join(lines)
     print(table)

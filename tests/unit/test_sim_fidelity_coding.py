@@ -1,0 +1,57 @@
+"""tools/bench/sim_fidelity.py on a coding-agent flood: the simulator given the flood's
+plan, and both read by the turns that ended in the window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from _bench import load
+
+fidelity = load("sim_fidelity")
+flood = load("flood")
+
+
+def ended(tokens: float, p50: float | None) -> dict[str, Any]:
+    return {
+        "turns": 3,
+        "turns_per_min": 1.0,
+        "wall_s": {"p50": p50, "p95": p50},
+        "completion_tokens_per_min": tokens,
+    }
+
+
+def test_coding_plan_is_the_floods() -> None:
+    """B1, B10: the simulator runs the coding flood's point as the flood ran it - its two
+    interactive agents beside N batch agents, every run from the coding-agent profile,
+    the same long-context engines, warm-up, ramp and window."""
+    plan = {**flood.FULL.__dict__, "coding_warmup_s": 200.0, "coding_window_s": 900.0}
+    config = fidelity.coding_config(plan, 24, seed=3)
+    assert [(g.count, g.cls, g.profile) for g in config.groups] == [
+        (flood.CODING_INTERACTIVE, "interactive", "coding-agent"),
+        (24, "batch", "coding-agent"),
+    ]
+    assert (config.warmup_s, config.ramp_s, config.duration_s, config.seed) == (
+        200.0, 100.0, 900.0, 3,
+    )  # fmt: skip
+    args = dict(zip(flood.CODING_ENGINE_ARGS[::2], flood.CODING_ENGINE_ARGS[1::2], strict=True))
+    assert config.engine.context_length == int(args["--context-length"])
+    assert config.engine.kv_tokens == int(args["--kv-tokens"])
+    assert config.engine.priority_scheduling
+    assert fidelity.coding_config({**plan, "ramp": False}, 24, seed=3).ramp_s == 0.0
+
+
+def test_turn_figures_in_model_time() -> None:
+    """The flood's figures (real seconds at its time scale) are averaged over repetitions
+    and turned into model time; a class with a repetition that ended no turn is left
+    out rather than averaged with a hole."""
+    reps = [
+        {"classes": {"interactive": {"turns_ended": ended(100.0, 2.0)},
+                     "batch": {"turns_ended": ended(50.0, None)}}},
+        {"classes": {"interactive": {"turns_ended": ended(300.0, 4.0)},
+                     "batch": {"turns_ended": ended(70.0, 1.0)}}},
+    ]  # fmt: skip
+    assert fidelity.real_turn_figures(reps, 10.0) == {"interactive": (20.0, 30.0)}
+    sim = {"classes": {"interactive": {"turns_ended": ended(12.0, 5.0)}, "batch": {}}}
+    assert fidelity.sim_turn_figures(sim) == {"interactive": (12.0, 5.0)}
+    assert fidelity.pct(11.0, 10.0) == "+10 %"
+    assert fidelity.real_turn_figures([{"classes": {"interactive": {}}}], 1.0) == {}
