@@ -195,6 +195,42 @@ def test_fewest_replicas_meeting_an_interactive_target() -> None:
     assert fewest(results, 60.0) == {"luftpause": 1, "router": 4}
 
 
+def test_fewest_replicas_meeting_an_interactive_turn_target() -> None:
+    """B1, B10: for runs that outlast the window (no run p50 at all), the target is an
+    interactive turn's p50, read from the turns that ended in the window."""
+
+    def result(arm: str, replicas: int, turn_p50: float | None) -> dict[str, object]:
+        ended = {"completion_tokens_per_min": 10.0, "wall_s": {"p50": turn_p50}}
+        classes = {"interactive": {"runs_per_min_closed": None, "run_s": {"p50": None},
+                                   "turns_ended": ended}}  # fmt: skip
+        return {"arm": arm, "replicas": replicas, "classes": classes}
+
+    results = [
+        result("luftpause", 1, 9.0), result("luftpause", 2, 4.0),
+        result("router", 1, 20.0), result("router", 2, None),
+    ]  # fmt: skip
+    assert fewest(results, 5.0, "turn") == {"luftpause": 2, "router": None}
+    assert fewest(results, 10.0, "turn") == {"luftpause": 1, "router": None}
+    assert fewest(results, 1000.0) == {"luftpause": None, "router": None}  # no run ended
+
+
+def test_cli_sweep_on_turns_for_runs_that_outlast_the_window(tmp_path: Path) -> None:
+    """B1, B10: a sweep of coding-agent runs, too long to finish in a short window, still
+    answers "how many replicas" from interactive turns, and plots turns, not runs."""
+    plot = tmp_path / "sweep.svg"
+    out = run_cli(
+        "--group", "1:interactive", "--group", "2:batch", "--profile", "coding-agent",
+        "--context-length", "131072", "--kv-tokens", "1000000", "--duration-s", "60",
+        "--warmup-s", "20", "--arms", "luftpause", "--sweep", "replicas=1,2",
+        "--target-turn-p50", "1000", "--plot", str(plot),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "interactive turn p50 ≤ 1000 s under luftpause: 1 replica" in out.stdout
+    assert "interactive turn p50 (s)" in plot.read_text()
+    root = ElementTree.fromstring(plot.read_text())
+    assert len(root.findall("{http://www.w3.org/2000/svg}polyline")) == 2
+
+
 def test_cli_sweep_prints_the_table_the_answer_and_a_plot(tmp_path: Path) -> None:
     """B1: a sweep over replica counts, every arm at each, with the fewest replicas meeting
     the target and an SVG plot with one line per arm in each panel."""

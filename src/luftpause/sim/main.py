@@ -364,6 +364,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --sweep: the fewest replicas whose interactive run p50 is at most this",
     )
     plan.add_argument(
+        "--target-turn-p50",
+        type=positive_float,
+        metavar="SECONDS",
+        help="with --sweep: the fewest replicas whose interactive turn p50 (turns that ended "
+        "in the window) is at most this: the target for runs that outlast the window",
+    )
+    plan.add_argument(
         "--plot", type=Path, metavar="FILE.svg", help="with --sweep: draw the sweep as SVG"
     )
 
@@ -488,8 +495,11 @@ def main(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         arms = arms_from_args(args.arms)
         counts = sweep.parse_sweep(args.sweep) if args.sweep else None
-        if counts is None and (args.target_p50 is not None or args.plot is not None):
-            raise MixError("--target-p50 and --plot go with --sweep replicas=N,N,...")
+        targets = (args.target_p50, args.target_turn_p50, args.plot)
+        if counts is None and any(t is not None for t in targets):
+            raise MixError(
+                "--target-p50, --target-turn-p50 and --plot go with --sweep replicas=N,N,..."
+            )
     except (MixError, OSError) as exc:
         print(f"luftpause sim: {exc}", file=sys.stderr)
         return 2
@@ -501,21 +511,30 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"Command: {command}\n")
         print(sweep.table(results))
-        if args.target_p50 is not None:
+        for of, target in (("run", args.target_p50), ("turn", args.target_turn_p50)):
+            if target is None:
+                continue
             print()
-            for arm, n in sweep.fewest(results, args.target_p50).items():
+            for arm, n in sweep.fewest(results, target, of).items():
                 answer = (
                     f"{n} replica{'s' if n != 1 else ''}"
                     if n is not None
                     else f"more than {counts[-1]} replicas"
                 )
-                print(f"interactive run p50 ≤ {args.target_p50:g} s under {arm}: {answer}")
+                print(f"interactive {of} p50 ≤ {target:g} s under {arm}: {answer}")
         if args.plot is not None:
             load = [f"{', '.join(f'{g.count} {g.cls}' for g in config.groups)} agents"]
             if config.replay:
                 load = [*load[: bool(config.groups)], f"{len(config.replay)} trace runs"]
             title = f"{', '.join(load)}, seed {config.seed}"
-            args.plot.write_text(sweep.svg(results, title))
+            # Interactive turns where the target is a turn's or no interactive run finished.
+            of = (
+                "turn"
+                if args.target_turn_p50 is not None
+                or all(sweep.interactive_p50(r, "run") is None for r in results)
+                else "run"
+            )
+            args.plot.write_text(sweep.svg(results, title, of))
             print(f"\nplot: {args.plot}")
     if args.json is not None:
         payload = {

@@ -3,9 +3,12 @@
 ``--sweep replicas=1,2,4,8`` runs every arm at every replica count; the table
 gives interactive and batch run times and rates per point, and with
 ``--target-p50 S`` the fewest replicas whose interactive runs take at most ``S``
-seconds at the median, per arm. ``--plot FILE.svg`` draws interactive p50 and
-batch runs/min against replicas, one line per arm (a plain SVG file: no plotting
-library needed to make or view it).
+seconds at the median, per arm; ``--target-turn-p50 S`` the same for interactive
+*turns* (those that ended in the window: for runs that outlast it, such as the
+coding-agent profile's, the only time there is). ``--plot FILE.svg`` draws
+interactive p50 and batch runs/min against replicas (interactive turn p50 and batch
+reply tokens/min where runs never finish in the window or the target is a turn's),
+one line per arm (a plain SVG file: no plotting library needed to make or view it).
 """
 
 from __future__ import annotations
@@ -47,34 +50,56 @@ def row(result: dict[str, Any], cls: str) -> tuple[float | None, float | None]:
     return c["runs_per_min_closed"], c["run_s"]["p50"]
 
 
+def turn_row(result: dict[str, Any], cls: str) -> tuple[float | None, float | None]:
+    """(reply tokens/min, turn p50 s) of a class's turns that ended in the window."""
+    t = result["classes"].get(cls, {}).get("turns_ended")
+    if t is None:
+        return None, None
+    return t["completion_tokens_per_min"], t["wall_s"]["p50"]
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| replicas | arm | interactive runs/min | interactive p50 s | batch runs/min "
-        "| batch p50 s |",
-        "|---|---|---|---|---|---|",
+        "| batch p50 s | interactive turn p50 s | batch reply tokens/min |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+
+    def cell(value: float | None, digits: int = 1) -> str:
+        return "–" if value is None else f"{value:.{digits}f}"
+
     for r in results:
         cells = []
         for cls in ("interactive", "batch"):
             rate, p50 = row(r, cls)
-            cells += ["–" if rate is None else f"{rate:.1f}", "–" if p50 is None else f"{p50:.1f}"]
+            cells += [cell(rate), cell(p50)]
+        cells += [cell(turn_row(r, "interactive")[1], 2), cell(turn_row(r, "batch")[0], 0)]
         lines.append(f"| {r['replicas']} | {r['arm']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def fewest(results: list[dict[str, Any]], target_s: float) -> dict[str, int | None]:
-    """Per arm: the fewest replicas whose interactive p50 is at most ``target_s``."""
+def interactive_p50(result: dict[str, Any], of: str) -> float | None:
+    """The interactive p50 of ``of`` = ``"run"`` or ``"turn"``."""
+    return row(result, "interactive")[1] if of == "run" else turn_row(result, "interactive")[1]
+
+
+def fewest(
+    results: list[dict[str, Any]], target_s: float, of: str = "run"
+) -> dict[str, int | None]:
+    """Per arm: the fewest replicas whose interactive p50 (of runs, or of ``of="turn"``
+    turns) is at most ``target_s``."""
     out: dict[str, int | None] = {}
     for r in sorted(results, key=lambda r: r["replicas"]):
         out.setdefault(r["arm"], None)
-        _, p50 = row(r, "interactive")
+        p50 = interactive_p50(r, of)
         if out[r["arm"]] is None and p50 is not None and p50 <= target_s:
             out[r["arm"]] = r["replicas"]
     return out
 
 
-def svg(results: list[dict[str, Any]], title: str) -> str:
-    """Two panels against replicas: interactive run p50 (s) and batch runs/min."""
+def svg(results: list[dict[str, Any]], title: str, of: str = "run") -> str:
+    """Two panels against replicas: interactive p50 (s) of runs and batch runs/min, or
+    (``of="turn"``) interactive turn p50 and batch reply tokens/min."""
     width, height, pad = 900, 380, 60
     y0, y1 = height - pad, 50.0  # the value axis: bottom and top
     panel = (width - 3 * pad) / 2
@@ -86,11 +111,18 @@ def svg(results: list[dict[str, Any]], title: str) -> str:
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
     ]
-    for k, (cls, index, label) in enumerate(
-        (("interactive", 1, "interactive run p50 (s)"), ("batch", 0, "batch runs/min"))
+
+    def value_of(r: dict[str, Any], cls: str) -> float | None:
+        if cls == "interactive":
+            return interactive_p50(r, of)
+        return row(r, cls)[0] if of == "run" else turn_row(r, cls)[0]
+
+    work = "batch runs/min" if of == "run" else "batch reply tokens/min"
+    for k, (cls, label) in enumerate(
+        (("interactive", f"interactive {of} p50 (s)"), ("batch", work))
     ):
         x0 = pad + k * (panel + pad)
-        values = [row(r, cls)[index] for r in results]
+        values = [value_of(r, cls) for r in results]
         top = max([v for v in values if v is not None] or [1.0]) * 1.1 or 1.0
 
         def x(n: int, x0: float = x0) -> float:
@@ -118,7 +150,7 @@ def svg(results: list[dict[str, Any]], title: str) -> str:
         for arm in arms:
             pts = []
             for r in sorted(results, key=lambda r: r["replicas"]):
-                value = row(r, cls)[index]
+                value = value_of(r, cls)
                 if r["arm"] == arm and value is not None:
                     pts.append((x(r["replicas"]), y(value)))
             colour = COLOURS.get(arm, "black")
