@@ -349,6 +349,8 @@ def _own_time(dp: Dataplane, incoming: Incoming) -> None:
 
 def create_app(dp: Dataplane) -> DataplaneApp:
     apis = client_apis()
+    for api in apis:  # the translators' wire types, imported now rather than at a first turn
+        api.load()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -36,8 +36,10 @@ A ``Translated`` request gives:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -97,38 +99,46 @@ class Untranslated:
 
 @dataclass(frozen=True)
 class ClientApi:
-    """One client API a turn route speaks, as the dataplane uses it."""
+    """One client API a turn route speaks, as the dataplane uses it.
+
+    Its translating module is imported on first use (or by :meth:`load`): the wire
+    types it builds on (the ``anthropic`` and ``openai`` packages' models) take seconds
+    to import, which a process that may never see the route (a fake engine) should not
+    pay at start. The dataplane loads both up front, so no client's first turn waits.
+    """
 
     name: str  # its ``NativeApi`` value: what an endpoint lists in ``native_apis``
     route: str  # the route, the same on the dataplane and on a native endpoint
-    parse: Callable[[bytes], Translated]
-    error_body: Callable[[int, str, str | None], dict[str, Any]]
-    observe: Callable[[dict[str, Any], TurnOutcome], None]
-    observe_reply: Callable[[dict[str, Any], TurnOutcome], None]
-    stream_error: Callable[[str, int], bytes]  # (message, sequence number) -> error event
+    module: str  # the module that translates it (``messages``, ``responses``)
+
+    @functools.cached_property
+    def _impl(self) -> ModuleType:
+        return importlib.import_module(f"{__name__}.{self.module}")
+
+    def load(self) -> None:
+        """Import the translating module now."""
+        self._impl  # noqa: B018 - the property imports it
+
+    def parse(self, raw: bytes) -> Translated:
+        return self._impl.parse(raw)  # type: ignore[no-any-return]
+
+    def error_body(self, status: int, message: str, code: str | None) -> dict[str, Any]:
+        return self._impl.error_body(status, message, code)  # type: ignore[no-any-return]
+
+    def observe(self, event: dict[str, Any], outcome: TurnOutcome) -> None:
+        self._impl.observe(event, outcome)
+
+    def observe_reply(self, body: dict[str, Any], outcome: TurnOutcome) -> None:
+        self._impl.observe_reply(body, outcome)
+
+    def stream_error(self, message: str, sequence_number: int) -> bytes:
+        """(message, sequence number) -> the API's error event."""
+        return self._impl.stream_error(message, sequence_number)  # type: ignore[no-any-return]
 
 
 def client_apis() -> tuple[ClientApi, ...]:
-    """Anthropic Messages and OpenAI Responses."""
-    from . import messages, responses
-
+    """Anthropic Messages and OpenAI Responses (their modules not imported yet)."""
     return (
-        ClientApi(
-            "messages",
-            "/v1/messages",
-            messages.parse,
-            messages.error_body,
-            messages.observe,
-            messages.observe_reply,
-            messages.stream_error,
-        ),
-        ClientApi(
-            "responses",
-            "/v1/responses",
-            responses.parse,
-            responses.error_body,
-            responses.observe,
-            responses.observe_reply,
-            responses.stream_error,
-        ),
+        ClientApi("messages", "/v1/messages", "messages"),
+        ClientApi("responses", "/v1/responses", "responses"),
     )
