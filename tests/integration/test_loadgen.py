@@ -69,7 +69,9 @@ async def loadgen(
 
 async def test_own_loop_groups_through_the_dataplane(stack: Stack, tmp_path: Path) -> None:
     """H3: two groups of own-loop agents in one invocation: runs per class, turns = tool calls
-    + 1, cached share within 0..1, held time reported by the dataplane, no errors."""
+    + 1, cached share within 0..1, held time reported by the dataplane, no errors; every
+    turn of a run that began and ended inside the window is among the turns that ended in
+    it (B10: the second table)."""
     rc, stdout, stderr, result = await loadgen(
         tmp_path,
         "--target", stack.base_url, "--tools-url", stack.extra["tools_url"],
@@ -95,6 +97,21 @@ async def test_own_loop_groups_through_the_dataplane(stack: Stack, tmp_path: Pat
         assert len(r["replicas"]) == 1  # strict affinity through luftpause (S3)
         assert all(t["held_s"] is not None for t in r["turn_records"])
         assert r["cached_tokens"] <= r["prompt_tokens"]
+    assert "| turns ended in the window |" in stdout
+    start, end = result["warmup_s"], result["warmup_s"] + result["window_s"]
+    for cls in ("interactive", "batch"):
+        inside = [
+            r
+            for r in runs
+            if r["class"] == cls and start <= r["start_s"] and r["start_s"] + r["duration_s"] <= end
+        ]
+        ended = result["classes"][cls]["turns_ended"]
+        assert ended["turns"] >= sum(r["turns"] for r in inside) > 0
+        assert ended["completion_tokens_per_min"] > 0 and ended["wall_s"]["p50"] > 0
+    assert (
+        result["groups"]["people"]["turns_ended"]["turns"]
+        == (result["classes"]["interactive"]["turns_ended"]["turns"])
+    )
 
 
 async def test_engine_arm_sends_priority_without_luftpause_headers(
@@ -152,6 +169,9 @@ async def test_a_trace_is_replayed_through_the_dataplane(stack: Stack, tmp_path:
             assert plan["completion_tokens"] / 1.5 <= t["completion_tokens"]
             assert t["completion_tokens"] <= plan["completion_tokens"] * 1.5
         assert r["cached_tokens"] <= r["prompt_tokens"]
+    # The window runs from 0 to the last run's end: every turn of every run ended in it.
+    ended = sum(c["turns_ended"]["turns"] for c in result["classes"].values())
+    assert ended == sum(r["turns"] for r in result["runs"])
 
 
 async def test_errors_are_counted_and_shown(stack: Stack, tmp_path: Path) -> None:
@@ -193,6 +213,7 @@ async def test_sub_agents_fan_out_and_closed_loop(stack: Stack, tmp_path: Path) 
     for cls in ("interactive", "batch"):
         s = result["classes"][cls]
         assert s["runs"] > 0 and s["turns_per_run"] == s["tool_calls_per_run"] + 1
+        assert "turns_ended" not in s  # sub-agents' turns are the runtime's, not logged here
 
 
 TOKEN = "loadgen-test-token"

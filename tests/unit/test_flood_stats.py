@@ -222,6 +222,10 @@ def test_coding_flood_compares_turns_per_repetition() -> None:
     assert flood.paired_turn_ratios(ours, router, "interactive", "p50") == [4.0, 1.5]
     assert flood.paired_turn_ratios(ours, router, "batch", "tokens") == [0.5, 1.5]
     assert flood.paired_turn_ratios(ours, [], "interactive", "p50") == []
+    # luftpause doing no batch work at all is a ratio of 0 (-100 %), not a missing pair.
+    idle = [coding_result(0, 1.0, 0.0)]
+    assert flood.paired_turn_ratios(idle, router, "batch", "tokens") == [0.0]
+    assert flood.paired_turn_ratios(ours, idle, "batch", "tokens") == []
     cells, lines = flood.coding_goals({"luftpause": ours, "router": router})
     assert cells == ["| router | 2.75× ± 15.88 | +0 % ± 635 |"]
     assert lines[0].startswith("router: interactive turn p50 router/luftpause 2.75×")
@@ -233,6 +237,14 @@ def test_coding_flood_compares_turns_per_repetition() -> None:
     assert table[3].startswith(
         "| luftpause | batch | 20 | 10.00 ± 0.00 | 20.00 ± 0.00 | 60 ± 0 | 2 |"
     )
+
+
+def test_seconds_arguments() -> None:
+    assert flood.positive("1.5") == 1.5 and flood.non_negative("0") == 0.0
+    for parse, bad in ((flood.positive, "0"), (flood.non_negative, "-1"), (flood.positive, "x"),
+                       (flood.positive, "nan")):  # fmt: skip
+        with pytest.raises(flood.argparse.ArgumentTypeError):
+            parse(bad)
 
 
 def test_coding_flood_runs_alone(capsys: pytest.CaptureFixture[str]) -> None:

@@ -183,6 +183,22 @@ def test_turns_ended_in_the_window_count_whether_or_not_their_run_finished() -> 
     assert "| group me | 3 |" in text
 
 
+def test_groups_that_log_no_turns_get_no_turns_view() -> None:
+    """H3: in a load of own-loop and sub-agent groups, only the groups that log their
+    turns (and the classes with one of them) get ``turns_ended``; a sub-agent group's
+    turns happen in the runtime and would read as zero here."""
+    turns = [ended("interactive", 20.0, 1.0, group="me")]
+    summary = summarise(
+        [], [], (0.0, 60.0), [("me", "interactive"), ("subs", "batch")], turns=turns,
+        turn_groups=["me"],
+    )  # fmt: skip
+    assert summary["classes"]["interactive"]["turns_ended"]["turns"] == 1
+    assert "turns_ended" not in summary["classes"]["batch"]
+    assert "turns_ended" in summary["groups"]["me"]
+    assert "turns_ended" not in summary["groups"]["subs"]
+    assert "| batch |" not in (turns_table(summary) or "")
+
+
 def test_no_turn_log_no_turns_view() -> None:
     """H3: a load that logged no turns (sub-agents over MCP: their turns are the runtime's)
     gets no ``turns_ended`` and no second table, rather than a row of zeros that would read

@@ -1078,8 +1078,11 @@ def paired_turn_ratios(
     out = []
     for k in sorted(a.keys() & b.keys()):
         fa, fb = turn_figure(a[k], cls, key), turn_figure(b[k], cls, key)
-        if fa and fb:
-            out.append(fa / fb if key == "tokens" else fb / fa)
+        if key == "tokens":
+            if fb:  # luftpause doing no work at all is a ratio of 0, not a gap
+                out.append((fa or 0.0) / fb)
+        elif fa and fb:
+            out.append(fb / fa)
     return out
 
 
@@ -1087,8 +1090,8 @@ def coding_table(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[
     """The coding flood at one point: the turns that ended in the window, per arm and
     class, in model time (mean ± 95 % interval over the repetitions)."""
     lines = [
-        "| arm | class | turns | turn p50 s | turn p95 s | reply tokens/min | runs finished "
-        "| errors | load avg |",
+        "| arm | class | turns (all reps) | turn p50 s | turn p95 s | reply tokens/min "
+        "| runs finished (all reps) | errors (all reps) | load avg |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, results in by_arm.items():
@@ -1748,10 +1751,14 @@ def report(
                 "sampled from `--profile coding-agent` ([workloads.md](workloads.md)), "
                 f"engines `{' '.join(CODING_ENGINE_ARGS)}`; "
                 f"{plan.coding_window_s:g} s measured after {plan.coding_warmup_s:g} s of "
-                "warm-up (model time), the agents starting over its first half. A run takes "
-                "longer than the window, so the arms are compared by the **turns that ended in "
-                "the window** (finished runs or not): turn time (request to last token) and "
-                "reply tokens per minute.",
+                "warm-up (model time), the agents "
+                + ("starting over its first half" if plan.ramp else "all starting at once")
+                + ". A run takes longer than the window, so the arms are compared by the "
+                "**turns that ended in the window** (finished runs or not): turn time (request "
+                "to last token) and reply tokens per minute; a turn that failed is not in "
+                "them but under *errors* (its run failed). The SMG arm's engines report a "
+                "larger capacity here (their KV pool is larger), still more than the load "
+                "ever asks for, so nothing waits in SMG.",
                 "",
             ]
             for load, by_arm in sorted(per_load.items()):
@@ -1793,6 +1800,26 @@ def _caps(least: int) -> Any:
         return tuple(caps)
 
     return parse
+
+
+def _seconds(least: float, strict: bool) -> Any:
+    """An argparse type: seconds above (``strict``) or at least ``least``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if value < least or (strict and value == least) or value != value:
+            bound = "more than" if strict else "at least"
+            raise argparse.ArgumentTypeError(f"expected {bound} {least:g} s, got {text!r}")
+        return value
+
+    return parse
+
+
+positive = _seconds(0.0, strict=True)
+non_negative = _seconds(0.0, strict=False)
 
 
 def main() -> int:
@@ -1858,12 +1885,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--coding-window-s",
-        type=float,
+        type=positive,
         help=f"coding flood: measured window, model seconds (default {FULL.coding_window_s:g})",
     )
     parser.add_argument(
         "--coding-warmup-s",
-        type=float,
+        type=non_negative,
         help=f"coding flood: warm-up, model seconds (default {FULL.coding_warmup_s:g})",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks.md")
@@ -1894,7 +1921,7 @@ def main() -> int:
         overrides["smg_fifo_caps"] = args.smg_fifo_caps
     if args.coding_loads:
         overrides["coding_loads"] = args.coding_loads
-    if args.coding_window_s:
+    if args.coding_window_s is not None:
         overrides["coding_window_s"] = args.coding_window_s
     if args.coding_warmup_s is not None:
         overrides["coding_warmup_s"] = args.coding_warmup_s

@@ -775,7 +775,9 @@ async def run_load(
         rec.window,
         [(g.name, g.cls) for g in groups],
         closed_loop,
-        turns=options.ended if own or trace else None,  # sub-agents' turns are the runtime's
+        # Own-loop and replayed groups log their turns; sub-agents' turns are the runtime's.
+        turns=options.ended if own or trace else None,
+        turn_groups=[g.name for g in groups if g.kind == "agents"],
     )
     result.update(
         {

@@ -29,9 +29,10 @@ what an OpenAI-compatible request can say, and pads the conversation to the plan
   ``time_scale``), or starts the planned sub-agents in parallel (own-loop runs of
   their own, with their own run IDs, class and caller the parent's) and waits for all.
 
-The fake engine is told how many tool calls the run has made so far plus one
-(``x-fake-tool-results``) on a tool turn, and that many on the last, so its script
-calls a tool or answers as planned (the SGLang router does not forward that header).
+A tool turn names its tool in ``tool_choice``, which the fake engine (as a real
+one) always answers with a call; the last turn sends ``tool_choice: "none"``. The
+``x-fake-tool-results`` header says the same for an engine that reads it (routers
+such as the SGLang router and SMG drop it, and need not forward it).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -65,7 +65,7 @@ class TurnRecord:
         return max(0.0, self.wall_s - known)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndedTurn:
     """One model turn as it ended (``end_s``: seconds since the load started), for the
     turns-in-the-window view; a sub-agent's turn is logged under its parent's group."""
@@ -225,13 +225,17 @@ def summarise(
     groups: Sequence[tuple[str, str]] = (),
     agents: Mapping[str, int] | None = None,
     turns: Sequence[EndedTurn] | None = None,
+    turn_groups: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Per class and per group (``groups``: (name, class) pairs, in order).
 
     ``agents``: agents per closed-loop group name; a class's count is the sum over
     its groups, and only a class whose every group is listed gets
     ``runs_per_min_closed``. ``turns``: every turn the load logged as it ended (None:
-    it logged none); each class and group then gets ``turns_ended``.
+    it logged none); each class and group then gets ``turns_ended`` - only the groups
+    named in ``turn_groups`` and the classes with one of them, where given (the others'
+    turns are not logged: sub-agents' turns are the runtime's). Only turns that
+    completed are logged: a failed turn fails its run and counts under ``errors``.
     """
     start, end = window
     agents = agents or {}
@@ -265,10 +269,14 @@ def summarise(
     }
     if turns is not None:
         ended = [t for t in turns if start <= t.end_s <= end]
+        logged = set(by_group) if turn_groups is None else set(turn_groups)
+        logging_classes = {c for g, c in groups if g in logged} | {t.cls for t in ended}
         for c, s in by_class.items():
-            s["turns_ended"] = summarise_turns([t for t in ended if t.cls == c], span)
+            if turn_groups is None or c in logging_classes:
+                s["turns_ended"] = summarise_turns([t for t in ended if t.cls == c], span)
         for name, s in by_group.items():
-            s["turns_ended"] = summarise_turns([t for t in ended if t.group == name], span)
+            if name in logged:
+                s["turns_ended"] = summarise_turns([t for t in ended if t.group == name], span)
     return {
         "window_s": round(span, 3),
         "classes": by_class,

@@ -527,11 +527,12 @@ def main(args: argparse.Namespace) -> int:
             if config.replay:
                 load = [*load[: bool(config.groups)], f"{len(config.replay)} trace runs"]
             title = f"{', '.join(load)}, seed {config.seed}"
-            # Interactive turns where the target is a turn's or no interactive run finished.
+            # Turns where the target is a turn's, or where a point finished no run of a
+            # class (a run figure would leave a hole in the plot).
             of = (
                 "turn"
                 if args.target_turn_p50 is not None
-                or all(sweep.interactive_p50(r, "run") is None for r in results)
+                or any(sweep.row(r, c)[i] is None for r in results for c, i in sweep.PLOTTED)
                 else "run"
             )
             args.plot.write_text(sweep.svg(results, title, of))

@@ -7,7 +7,7 @@ seconds at the median, per arm; ``--target-turn-p50 S`` the same for interactive
 *turns* (those that ended in the window: for runs that outlast it, such as the
 coding-agent profile's, the only time there is). ``--plot FILE.svg`` draws
 interactive p50 and batch runs/min against replicas (interactive turn p50 and batch
-reply tokens/min where runs never finish in the window or the target is a turn's),
+reply tokens/min where a point finished no run of a class or the target is a turn's),
 one line per arm (a plain SVG file: no plotting library needed to make or view it).
 """
 
@@ -21,6 +21,7 @@ from luftpause.loadgen.mix import MixError
 from luftpause.sim.main import SimConfig
 
 SWEEPABLE = ("replicas",)
+PLOTTED = (("interactive", 1), ("batch", 0))  # run figures plotted: (class, index in row())
 COLOURS = {"luftpause": "#1b6ac9", "router": "#d1495b", "engine-prio": "#8c8c8c"}
 
 
