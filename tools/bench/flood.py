@@ -1095,7 +1095,7 @@ def coding_table(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, results in by_arm.items():
-        loads = [r["load_avg"][0] for r in results]
+        loads = [r["load_avg"][0] for r in results if "load_avg" in r]  # none: simulated
         for cls in ("interactive", "batch"):
             ended = [r["classes"].get(cls, {}).get("turns_ended") for r in results]
             if not any(ended):

@@ -3,6 +3,8 @@
     python tools/bench/sim_frontier.py --loads 48,96,144 --seeds 3 \\
         --smg-caps 8,12,16,24,36 --smg-fifo-caps 36 \\
         --out docs/simulator-smg.md --plot docs/simulator-smg-frontier.svg
+    python tools/bench/sim_frontier.py --profile coding-agent --loads 8,24 --seeds 3 \\
+        --smg-caps 8,12,16 --smg-fifo-caps ''      # the coding flood's plan
 
 The own-loop flood's plan at each load point (4 interactive agents beside N batch
 agents, its warm-up, ramp and window: ``flood.FULL``), run by ``luftpause sim`` for
@@ -13,6 +15,13 @@ t-interval over the seeds, as ``tools/bench/flood.py`` shows repetitions, and th
 frontier table and SVG are drawn by the flood's own code. Rates are closed-loop
 runs/min (agents × 60 / mean run time) in the engine model's time. A measurement:
 nothing is asserted.
+
+With ``--profile coding-agent`` it runs the coding flood's plan instead
+(``flood.py --benches coding``: 2 interactive agents beside N batch agents, runs
+from the coding-agent profile, long-context engines, ``--window-s`` and
+``--warmup-s`` in model seconds), and reports what that flood reports: per arm the
+turns that ended in the window (interactive turn p50, batch reply tokens/min) and
+luftpause against each arm; no plot.
 """
 
 from __future__ import annotations
@@ -26,7 +35,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flood import FULL, INTERACTIVE_AGENTS, frontier_points, frontier_svg, frontier_table
+from flood import (
+    CODING_INTERACTIVE,
+    FULL,
+    INTERACTIVE_AGENTS,
+    coding_goals,
+    coding_table,
+    frontier_points,
+    frontier_svg,
+    frontier_table,
+)
+from sim_fidelity import coding_config
 
 from luftpause.loadgen.mix import Group, MixError
 from luftpause.sim.main import SimConfig, arms_from_args, simulate
@@ -53,7 +72,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the tables here")
     p.add_argument("--plot", type=Path, help="also write the frontier as SVG")
     p.add_argument("--json", type=Path, help="also write every result")
+    p.add_argument(
+        "--profile",
+        choices=("coding-agent",),
+        help="the coding flood's plan (runs from this profile) instead of the own-loop flood's",
+    )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=FULL.coding_window_s,
+        help=f"--profile: measured window, model seconds (default {FULL.coding_window_s:g})",
+    )
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=FULL.coding_warmup_s,
+        help=f"--profile: warm-up, model seconds (default {FULL.coding_warmup_s:g})",
+    )
     args = p.parse_args(argv)
+    if args.profile and (args.window_s <= 0 or args.warmup_s < 0):
+        p.error("--window-s must be above 0 and --warmup-s at least 0")
+    if args.profile and args.plot:
+        p.error("--plot draws the own-loop flood's frontier; --profile has none")
     loads = caps(args.loads, "--loads")
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
@@ -74,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     total, done = len(loads) * len(arms) * args.seeds, 0
+    coding = {"coding_window_s": args.window_s, "coding_warmup_s": args.warmup_s}
     for load in loads:
         config = SimConfig(
             groups=(
@@ -84,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             warmup_s=FULL.warmup_for(load),
             ramp_s=FULL.ramp_for(load),
         )
+        if args.profile:
+            config = coding_config(coding, load, 0)
         by_arm: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
         for seed in range(args.seeds):
             for arm in arms:
@@ -99,13 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Command: `{command.strip()}` at commit {commit or 'unknown'}; simulator, seeds "
         f"0–{args.seeds - 1} as repetitions (mean ± 95 % t-interval), "
-        f"{time.monotonic() - started:.0f} s of wall time. Closed-loop runs/min and p50 run "
-        "times in the engine model's time.",
+        f"{time.monotonic() - started:.0f} s of wall time. "
+        + (
+            "Turns that ended in the window (turn p50 s, reply tokens/min), model time."
+            if args.profile
+            else "Closed-loop runs/min and p50 run times in the engine model's time."
+        ),
         "",
     ]
     for point, arms_at in results.items():
-        lines += [f"### {point} batch + {INTERACTIVE_AGENTS} interactive agents", ""]
-        lines += frontier_table(arms_at, 1.0)
+        interactive = CODING_INTERACTIVE if args.profile else INTERACTIVE_AGENTS
+        lines += [f"### {point} batch + {interactive} interactive agents", ""]
+        if args.profile:
+            cells, _ = coding_goals(arms_at)
+            lines += coding_table(arms_at, 1.0)
+            lines += [
+                "",
+                "| arm | interactive turn p50, arm / luftpause | batch work, luftpause vs arm |",
+                "|---|---|---|",
+                *cells,
+            ]
+        else:
+            lines += frontier_table(arms_at, 1.0)
         lines.append("")
     text = "\n".join(lines)
     print(text)
