@@ -60,10 +60,29 @@ def test_the_same_seed_gives_the_same_report() -> None:
 
 
 def specs() -> tuple[ReplicaSpec, ...]:
+    """The replicas as the scheduler service builds them from the flood's stack file,
+    whose endpoints declare ``class_priority`` (so their engines order classes)."""
     return tuple(
-        ReplicaSpec(f"engine-{i}", EndpointKind.GENERATIVE, frozenset({MODEL}))
+        ReplicaSpec(f"engine-{i}", EndpointKind.GENERATIVE, frozenset({MODEL}), True)
         for i in range(SMALL.replicas)
     )
+
+
+@pytest.mark.parametrize("class_priority", [True, False])
+def test_the_luftpause_arm_sees_replicas_as_the_service_does(class_priority: bool) -> None:
+    """B1, S4: with class priority the service's replicas order classes (an interactive
+    turn is never held for the cap); the simulator's luftpause arm builds them alike."""
+    from dataclasses import replace
+
+    from luftpause.fakes.engine.model import EngineParams
+    from luftpause.sim.fleet import Replica
+    from luftpause.sim.main import make_arm
+
+    world = World()
+    replicas = [Replica(f"engine-{i}", EngineParams(), world) for i in range(2)]
+    arm = make_arm("luftpause", world, replicas, replace(SMALL, class_priority=class_priority))
+    state = arm.state  # type: ignore[attr-defined]
+    assert {r.spec.orders_classes for r in state.replicas.values()} == {class_priority}
 
 
 def test_the_core_decides_the_same_in_the_simulator_and_in_the_service() -> None:

@@ -109,7 +109,12 @@ class LuftpauseArm:
         self.replicas = list(replicas)
         self.probe_s = probe_s
         self.tick_s = tick_s
-        specs = tuple(ReplicaSpec(r.name, EndpointKind.GENERATIVE, models) for r in replicas)
+        # With class priority the engines order their queues by class, and the service
+        # then never holds an interactive turn for the cap (S4): the same spec here.
+        specs = tuple(
+            ReplicaSpec(r.name, EndpointKind.GENERATIVE, models, orders_classes=class_priority)
+            for r in replicas
+        )
         self.state: State = initial_state(specs, params, world.now)
         self._waiting: dict[str, tuple[Admitted, Refused]] = {}
         self.log = log  # every event decided, in order (the core's input, for replay)
