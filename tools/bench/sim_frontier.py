@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    command = "python tools/bench/sim_frontier.py " + " ".join(argv or sys.argv[1:])
+    command = "python tools/bench/sim_frontier.py " + shlex.join(argv or sys.argv[1:])
     started = time.monotonic()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     total, done = len(loads) * len(arms) * args.seeds, 0
