@@ -1588,7 +1588,13 @@ def report(
         f"- machine: {machine()}; load average before the run "
         f"{' / '.join(f'{x:.2f}' for x in load_before)} (other work shares these cores: "
         "each table lists the 1-minute load average of its arms)",
-        "- engines: two fake engines (`docs/calibration.md` defaults, `--priority-scheduling`; "
+        "- engines: two fake engines (`docs/calibration.md` defaults"
+        + (
+            f"; the coding flood's with `{' '.join(CODING_ENGINE_ARGS)}`"
+            if "coding" in results
+            else ""
+        )
+        + ", `--priority-scheduling`; "
         "luftpause's endpoints declare it with `class_priority`, so the dataplane sends "
         "interactive turns priority 10 and batch 0, and the router arm sends none), "
         f"time scale {sc:g}: tools, engines and the scheduler's probe period run {sc:g}× faster "
