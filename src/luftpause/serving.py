@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import json
 import logging
@@ -367,6 +368,12 @@ class Bootstrap:
             return code
         if stop.is_set():  # asked to stop while starting: never announce readiness
             return await svc._stop()
+        # What start-up made (modules, wire types, the app) lives as long as the process:
+        # out of the collector's sight, a full collection scans only what serving makes.
+        # Otherwise one takes ~150 ms in the dataplane (its ~240,000 start-up objects), a
+        # stall every turn in flight waits through.
+        gc.collect()
+        gc.freeze()
         write_ready_file(self.ready_file, self.service, svc.ports, host)
         for hook in svc._ready_hooks:
             hook()
