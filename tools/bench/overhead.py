@@ -16,7 +16,14 @@ run, with arms alternated block by block:
     the router; one at a time and with 20 concurrent streams; the added latency is
     the difference of an arm's percentiles and the direct arm's;
 (b) closed-loop throughput (turns/s) with 64 concurrent streams in the same four
-    arms, with each dataplane arm's own CPU time per turn.
+    arms, with each dataplane arm's own CPU time per turn;
+(c) latency at 20 concurrent streams *at an engine's pace*: on two more fake engines
+    running at the calibrated model's speed (time scale 1) behind a second router,
+    each turn asking for 8-48 tokens (``ignore_eos``), so a turn takes the engine tens
+    to hundreds of milliseconds and the streams' turns end at different times, as
+    agents' do. In (a) the engines answer at once, so 20 closed-loop streams keep the
+    hop saturated and a turn's own time is mostly its wait behind the other 19; here
+    the hop has the headroom a real engine leaves it.
 
 Everything runs on this machine. So that the added latency is the hop's own time
 and not the CPU it competes for with the load generator and the engines, the
@@ -83,12 +90,38 @@ def percentile(values: list[float], q: float) -> float:
 
 
 _BODY = json.dumps(BODY).encode()
+PACED_MODEL = "llama-3.2-1b-paced"  # served by the engines at the model's own speed
+PACED_TOKENS = range(8, 49)
+_PACED_BODIES = [
+    json.dumps({**BODY, "model": PACED_MODEL, "max_tokens": n, "ignore_eos": True}).encode()
+    for n in PACED_TOKENS
+]
 
 
-async def one_turn(client: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> float:
-    t0 = time.perf_counter()
+def paced_body(worker: int, i: int) -> bytes:
+    """Turn ``i`` of worker ``worker`` at an engine's pace: 8-48 tokens, the same
+    sequence in every arm."""
+    return _PACED_BODIES[(worker * 7 + i * 13) % len(_PACED_BODIES)]
+
+
+async def one_turn(
+    client: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes = _BODY
+) -> float:
     headers = {"content-type": "application/json", **headers}
-    async with client.post(f"{url}/chat/completions", data=_BODY, headers=headers) as r:
+    try:
+        return await _one_turn(client, url, headers, body)
+    except aiohttp.ServerDisconnectedError:
+        # A kept connection the server closed while it sat idle (the paced blocks leave
+        # an arm's connections idle longer than uvicorn's keep-alive): once more, on a
+        # new connection, as HTTP clients retry a request that got no reply.
+        return await _one_turn(client, url, headers, body)
+
+
+async def _one_turn(
+    client: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes
+) -> float:
+    t0 = time.perf_counter()
+    async with client.post(f"{url}/chat/completions", data=body, headers=headers) as r:
         if r.status != 200:
             raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.read())[:200]!r}")
         tail = b""
@@ -100,15 +133,22 @@ async def one_turn(client: aiohttp.ClientSession, url: str, headers: dict[str, s
 
 
 async def latency_block(
-    client: aiohttp.ClientSession, arm: Arm, concurrency: int, turns: int, offset: int
+    client: aiohttp.ClientSession,
+    arm: Arm,
+    concurrency: int,
+    turns: int,
+    offset: int,
+    body: Callable[[int, int], bytes] | None = None,
 ) -> None:
-    """``turns`` turns spread over ``concurrency`` closed-loop workers."""
+    """``turns`` turns spread over ``concurrency`` closed-loop workers (``body``: worker
+    and turn number -> the request body; default the short fixed turn)."""
     per_worker = max(1, turns // concurrency)
 
     async def worker(w: int) -> None:
         for i in range(per_worker):
             url = arm.urls[(offset + w + i) % len(arm.urls)]
-            arm.latencies.append(await one_turn(client, url, arm.headers(w)))
+            data = _BODY if body is None else body(w, offset * per_worker + i)
+            arm.latencies.append(await one_turn(client, url, arm.headers(w), data))
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
 
@@ -215,13 +255,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def write_config(path: Path, engines: list[str]) -> None:
+def write_config(path: Path, engines: list[str], paced: list[str]) -> None:
     text = "[scheduler]\ngrpc_port = 0\nhttp_port = 0\n"
-    for i, url in enumerate(engines):
-        text += (
-            f'[[endpoints]]\nname = "engine-{i}"\nurl = "{url}"\nmodels = ["{MODEL}"]\n'
-            'metrics = "sglang"\n'
-        )
+    for prefix, model, urls in (("engine", MODEL, engines), ("paced", PACED_MODEL, paced)):
+        for i, url in enumerate(urls):
+            text += (
+                f'[[endpoints]]\nname = "{prefix}-{i}"\nurl = "{url}"\nmodels = ["{model}"]\n'
+                'metrics = "sglang"\n'
+            )
     path.write_text(text)
 
 
@@ -233,6 +274,8 @@ class Stack:
     dataplane: str  # one dataplane process
     dataplanes: str  # two dataplane processes sharing one port (--reuse-port)
     router: str
+    paced_engines: list[str]  # the engines at the model's own speed, and their router
+    paced_router: str
     procs: dict[str, int]  # name -> pid
     dataplane_pids: dict[str, list[int]]  # arm name -> the dataplane processes it uses
 
@@ -258,7 +301,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         # The one dataplane's own time per turn, from its histogram, scraped around each of
         # its blocks (the two-process arm is left out: a scrape reaches one of the two).
         own: dict[str, dict[str, Any]] = {}
-        clock = ArmClock(2 * args.blocks * len(arms) + len(arms) * args.repeat)
+        clock = ArmClock(3 * args.blocks * len(arms) + len(arms) * args.repeat)
         for concurrency, turns in ((1, args.sequential_turns), (20, args.concurrent_turns)):
             for arm in arms:
                 arm.latencies.clear()
@@ -286,6 +329,42 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                 }
                 for arm in arms
             }
+        # (c) 20 streams at an engine's pace: the same arms on the paced engines.
+        paced = [
+            Arm(direct.name, [f"{u}/v1" for u in stack.paced_engines]),
+            Arm(one.name, one.urls, ours),
+            Arm(two.name, two.urls, ours),
+            Arm(router.name, [f"{stack.paced_router}/v1"]),
+        ]
+        for arm in paced:  # warm-up
+            await latency_block(client, arm, 4, 8, 0, paced_body)
+            arm.latencies.clear()
+        own_paced: dict[float, float] = {}
+        for b in range(args.blocks):
+            order = paced if b % 2 == 0 else list(reversed(paced))
+            for arm in order:
+                print(
+                    f"[{clock.start()}] latency c=20 at an engine's pace, block "
+                    f"{b + 1}/{args.blocks}: {arm.name}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if arm.name == one.name:
+                    before = await own_buckets(client, stack.dataplane)
+                await latency_block(client, arm, 20, args.paced_turns // args.blocks, b, paced_body)
+                if arm.name == one.name:
+                    add_delta(own_paced, before, await own_buckets(client, stack.dataplane))
+                clock.finished()
+        own["20, paced"] = own_summary(own_paced)
+        latency["20, paced"] = {
+            arm.name: {
+                "n": len(arm.latencies),
+                "p50_ms": percentile(arm.latencies, 50) * 1000,
+                "p99_ms": percentile(arm.latencies, 99) * 1000,
+                "mean_ms": statistics.fmean(arm.latencies) * 1000,
+            }
+            for arm in paced
+        }
         through: dict[str, list[float]] = {arm.name: [] for arm in arms}
         # The dataplanes' own CPU time per turn, measured per throughput run: what a turn
         # costs the dataplane itself, apart from the load generator and engines sharing
@@ -333,7 +412,11 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any], args: argparse.Namespace) -> str:
-    lines = ["## Added latency (streamed 16-token turn, request → [DONE])", ""]
+    lines = [
+        "## Added latency (streamed turn, request → [DONE]; 16 tokens at once, or 8-48 "
+        "tokens at the model's speed in the *20, paced* rows)",
+        "",
+    ]
     lines.append("| concurrency | arm | n | p50 ms | p99 ms | added p50 ms | added p99 ms |")
     lines.append("|---|---|---|---|---|---|---|")
     for conc, arms in result["latency"].items():
@@ -408,16 +491,30 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
     added99 = c20["dataplane"]["p99_ms"] - c20["engine (direct)"]["p99_ms"]
     ratio = t["dataplane"] / router
     met = {True: "met", False: "missed"}
-    own20 = result["dataplane_own"]["20"]
-    own_met = (own20["share_le_2ms"] or 0) >= 0.5 and (own20["share_le_5ms"] or 0) >= 0.99
+
+    def own_text(key: str) -> str:
+        o = result["dataplane_own"].get(key)
+        if o is None:
+            return "not measured"
+        ok = (o["share_le_2ms"] or 0) >= 0.5 and (o["share_le_5ms"] or 0) >= 0.99
+        return (
+            f"{_ms(o['p50_ms'])} / {_ms(o['p99_ms'])} ms, {_pct(o['share_le_2ms'])} of turns "
+            f"≤ 2 ms and {_pct(o['share_le_5ms'])} ≤ 5 ms: {met[ok]}"
+        )
+
+    # At an engine's pace the end-to-end difference is the engines' batching, hundreds of
+    # milliseconds either way: only the dataplane's own time says what the hop costs.
+    paced_text = (
+        f"; at 20 streams at an engine's pace, own time {own_text('20, paced')}"
+        if "20, paced" in result["dataplane_own"]
+        else ""
+    )
     lines += [
         "",
         f"Targets: added p50 ≤ 1 ms one at a time (measured {added1:+.2f} ms: "
         f"{met[added1 <= 1]}); ≤ 2 ms p50 and ≤ 5 ms p99 at 20 streams, end to end "
         f"(measured {added50:+.2f} / {added99:+.2f} ms: {met[added50 <= 2 and added99 <= 5]}) "
-        f"and of the dataplane's own time ({_ms(own20['p50_ms'])} / {_ms(own20['p99_ms'])} ms, "
-        f"{_pct(own20['share_le_2ms'])} of turns ≤ 2 ms and {_pct(own20['share_le_5ms'])} "
-        f"≤ 5 ms: {met[own_met]}); one "
+        f"and of the dataplane's own time ({own_text('20')}){paced_text}; one "
         f"dataplane ≥ 1.5× the router's turns/s (measured {ratio:.2f}×: {met[ratio >= 1.5]}).",
         "Added latency is end to end: the difference of an arm's percentile and the direct "
         "arm's. With pinning, the hop (dataplane and scheduler, or the router) has a core "
@@ -488,6 +585,7 @@ def main() -> int:
     args.seconds = 5.0 if args.quick else 10.0
     args.repeat = 2 if args.quick else 3
     args.throughput_concurrency = 64
+    args.paced_turns = 400 if args.quick else 1200
     with tempfile.TemporaryDirectory(prefix="luftpause-bench-") as tmp_s:
         tmp = Path(args.logs) if args.logs else Path(tmp_s)
         tmp.mkdir(parents=True, exist_ok=True)
@@ -510,7 +608,7 @@ def main() -> int:
                 pin(svc.pid, near if name.startswith("engine") else far)
             return svc
 
-        router = None
+        router = paced_router = None
         try:
             engines = [
                 start(
@@ -527,7 +625,22 @@ def main() -> int:
                 ).urls["http"]
                 for i in range(2)
             ]
-            write_config(tmp / "stack.toml", engines)
+            paced_engines = [
+                start(
+                    "fake-engine",
+                    "--port",
+                    "0",
+                    "--time-scale",
+                    "1",
+                    "--chunk-tokens",
+                    "4",
+                    "--log-level",
+                    "WARNING",
+                    name=f"paced-{i}",
+                ).urls["http"]
+                for i in range(2)
+            ]
+            write_config(tmp / "stack.toml", engines, paced_engines)
             sched = start(
                 "scheduler",
                 "--config",
@@ -549,8 +662,12 @@ def main() -> int:
             shared = str(free_port())
             pair = [dataplane(f"dataplane-{k}", shared, "--reuse-port") for k in (1, 2)]
             router = launch_sglang_router(engines, "cache_aware", tmp / "router.log", MODEL)
+            paced_router = launch_sglang_router(
+                paced_engines, "cache_aware", tmp / "router-paced.log", PACED_MODEL
+            )
             if args.pin:
                 pin(router.proc.pid, far)
+                pin(paced_router.proc.pid, far)
             procs = {s.name: s.pid for s in started}
             procs["sglang-router"] = router.proc.pid
             stack = Stack(
@@ -558,6 +675,8 @@ def main() -> int:
                 dp.urls["http"],
                 f"http://127.0.0.1:{shared}",
                 router.url,
+                paced_engines,
+                paced_router.url,
                 procs,
                 {"dataplane": [dp.pid], "2 dataplanes, one port": [p.pid for p in pair]},
             )
@@ -572,6 +691,8 @@ def main() -> int:
         finally:
             if router is not None:
                 router.stop()
+            if paced_router is not None:
+                paced_router.stop()
             stop_all(started)
             if sink is not None:
                 sink.shutdown()
