@@ -153,6 +153,52 @@ async def latency_block(
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
 
 
+async def latency_phase(
+    client: aiohttp.ClientSession,
+    arms: list[Arm],
+    one: Arm,
+    dataplane: str,
+    concurrency: int,
+    turns: int,
+    blocks: int,
+    clock: ArmClock,
+    body: Callable[[int, int], bytes] | None = None,
+    label: str = "",
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """``turns`` turns per arm at ``concurrency``, in ``blocks`` blocks with the arms'
+    order reversed every other block; the one dataplane's own time (its histogram,
+    scraped around each of its blocks: the two-process arm is left out, a scrape
+    reaches one of the two) and every arm's latency percentiles."""
+    for arm in arms:
+        arm.latencies.clear()
+    own: dict[float, float] = {}
+    for b in range(blocks):
+        order = arms if b % 2 == 0 else list(reversed(arms))
+        for arm in order:
+            print(
+                f"[{clock.start()}] latency c={concurrency}{label} block {b + 1}/{blocks}: "
+                f"{arm.name}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if arm is one:
+                before = await own_buckets(client, dataplane)
+            await latency_block(client, arm, concurrency, turns // blocks, b, body)
+            if arm is one:
+                add_delta(own, before, await own_buckets(client, dataplane))
+            clock.finished()
+    latency = {
+        arm.name: {
+            "n": len(arm.latencies),
+            "p50_ms": percentile(arm.latencies, 50) * 1000,
+            "p99_ms": percentile(arm.latencies, 99) * 1000,
+            "mean_ms": statistics.fmean(arm.latencies) * 1000,
+        }
+        for arm in arms
+    }
+    return own_summary(own), latency
+
+
 async def throughput(
     client: aiohttp.ClientSession, arm: Arm, concurrency: int, seconds: float
 ) -> float:
@@ -303,32 +349,10 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         own: dict[str, dict[str, Any]] = {}
         clock = ArmClock(3 * args.blocks * len(arms) + len(arms) * args.repeat)
         for concurrency, turns in ((1, args.sequential_turns), (20, args.concurrent_turns)):
-            for arm in arms:
-                arm.latencies.clear()
-            blocks = args.blocks
-            own_blocks: dict[float, float] = {}
-            for b in range(blocks):
-                order = arms if b % 2 == 0 else list(reversed(arms))
-                for arm in order:
-                    print(f"[{clock.start()}] latency c={concurrency} block {b + 1}/{blocks}: "
-                          f"{arm.name}", file=sys.stderr, flush=True)  # fmt: skip
-                    if arm is one:
-                        before = await own_buckets(client, stack.dataplane)
-                    await latency_block(client, arm, concurrency, turns // blocks, b)
-                    if arm is one:
-                        after = await own_buckets(client, stack.dataplane)
-                        add_delta(own_blocks, before, after)
-                    clock.finished()
-            own[str(concurrency)] = own_summary(own_blocks)
-            latency[str(concurrency)] = {
-                arm.name: {
-                    "n": len(arm.latencies),
-                    "p50_ms": percentile(arm.latencies, 50) * 1000,
-                    "p99_ms": percentile(arm.latencies, 99) * 1000,
-                    "mean_ms": statistics.fmean(arm.latencies) * 1000,
-                }
-                for arm in arms
-            }
+            key = str(concurrency)
+            own[key], latency[key] = await latency_phase(
+                client, arms, one, stack.dataplane, concurrency, turns, args.blocks, clock
+            )
         # (c) 20 streams at an engine's pace: the same arms on the paced engines.
         paced = [
             Arm(direct.name, [f"{u}/v1" for u in stack.paced_engines]),
@@ -339,32 +363,10 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         for arm in paced:  # warm-up
             await latency_block(client, arm, 4, 8, 0, paced_body)
             arm.latencies.clear()
-        own_paced: dict[float, float] = {}
-        for b in range(args.blocks):
-            order = paced if b % 2 == 0 else list(reversed(paced))
-            for arm in order:
-                print(
-                    f"[{clock.start()}] latency c=20 at an engine's pace, block "
-                    f"{b + 1}/{args.blocks}: {arm.name}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                if arm.name == one.name:
-                    before = await own_buckets(client, stack.dataplane)
-                await latency_block(client, arm, 20, args.paced_turns // args.blocks, b, paced_body)
-                if arm.name == one.name:
-                    add_delta(own_paced, before, await own_buckets(client, stack.dataplane))
-                clock.finished()
-        own["20, paced"] = own_summary(own_paced)
-        latency["20, paced"] = {
-            arm.name: {
-                "n": len(arm.latencies),
-                "p50_ms": percentile(arm.latencies, 50) * 1000,
-                "p99_ms": percentile(arm.latencies, 99) * 1000,
-                "mean_ms": statistics.fmean(arm.latencies) * 1000,
-            }
-            for arm in paced
-        }
+        own["20, paced"], latency["20, paced"] = await latency_phase(
+            client, paced, paced[1], stack.dataplane, 20, args.paced_turns, args.blocks, clock,
+            body=paced_body, label=" at an engine's pace",
+        )  # fmt: skip
         through: dict[str, list[float]] = {arm.name: [] for arm in arms}
         # The dataplanes' own CPU time per turn, measured per throughput run: what a turn
         # costs the dataplane itself, apart from the load generator and engines sharing
