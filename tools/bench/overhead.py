@@ -612,36 +612,27 @@ def main() -> int:
 
         router = paced_router = None
         try:
-            engines = [
-                start(
-                    "fake-engine",
-                    "--port",
-                    "0",
-                    "--time-scale",
-                    "1000",
-                    "--chunk-tokens",
-                    "4",
-                    "--log-level",
-                    "WARNING",
-                    name=f"engine-{i}",
-                ).urls["http"]
-                for i in range(2)
-            ]
-            paced_engines = [
-                start(
-                    "fake-engine",
-                    "--port",
-                    "0",
-                    "--time-scale",
-                    "1",
-                    "--chunk-tokens",
-                    "4",
-                    "--log-level",
-                    "WARNING",
-                    name=f"paced-{i}",
-                ).urls["http"]
-                for i in range(2)
-            ]
+
+            def fake_engines(prefix: str, time_scale: str) -> list[str]:
+                return [
+                    start(
+                        "fake-engine",
+                        "--port",
+                        "0",
+                        "--time-scale",
+                        time_scale,
+                        "--chunk-tokens",
+                        "4",
+                        "--log-level",
+                        "WARNING",
+                        name=f"{prefix}-{i}",
+                    ).urls["http"]
+                    for i in range(2)
+                ]
+
+            # Engines that take almost no time themselves, and two at the model's speed.
+            engines = fake_engines("engine", "1000")
+            paced_engines = fake_engines("paced", "1")
             write_config(tmp / "stack.toml", engines, paced_engines)
             sched = start(
                 "scheduler",
