@@ -233,6 +233,24 @@ def test_fewest_replicas_meeting_an_interactive_turn_target() -> None:
     assert fewest(results, 1000.0) == {"luftpause": None, "router": None}  # no run ended
 
 
+def test_the_plot_draws_turns_where_runs_leave_holes() -> None:
+    """B1, B10: the sweep's plot draws run figures, unless the target is a turn's or a
+    point finished no run of a class (its run figure would be a hole in the plot)."""
+    from luftpause.sim.sweep import plotted
+
+    def result(inter_p50: float | None, batch_rate: float | None) -> dict[str, object]:
+        return {"classes": {
+            "interactive": {"runs_per_min_closed": 1.0, "run_s": {"p50": inter_p50}},
+            "batch": {"runs_per_min_closed": batch_rate, "run_s": {"p50": 1.0}},
+        }}  # fmt: skip
+
+    whole = [result(10.0, 50.0), result(8.0, 60.0)]
+    assert plotted(whole, turn_target=False) == "run"
+    assert plotted(whole, turn_target=True) == "turn"
+    assert plotted([*whole, result(None, 50.0)], turn_target=False) == "turn"
+    assert plotted([*whole, result(9.0, None)], turn_target=False) == "turn"
+
+
 def test_cli_sweep_on_turns_for_runs_that_outlast_the_window(tmp_path: Path) -> None:
     """B1, B10: a sweep of coding-agent runs, too long to finish in a short window, still
     answers "how many replicas" from interactive turns, and plots turns, not runs."""

@@ -776,7 +776,7 @@ async def run_load(
         [(g.name, g.cls) for g in groups],
         closed_loop,
         # Own-loop and replayed groups log their turns; sub-agents' turns are the runtime's.
-        turns=options.ended if own or trace else None,
+        turns=options.ended,
         turn_groups=[g.name for g in groups if g.kind == "agents"],
     )
     result.update(

@@ -202,6 +202,11 @@ def simulate(
     }
 
 
+def cell(value: float | None, digits: int = 1) -> str:
+    """A table cell: the value to ``digits`` places, or a dash where there is none."""
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
 def comparison(results: list[dict[str, Any]]) -> str:
     """One line per arm: runs/min and run time per class, then the turns that ended in
     the window (turn p50 and reply tokens/min per class: the view that still reads when
@@ -215,10 +220,6 @@ def comparison(results: list[dict[str, Any]]) -> str:
         head += f" {cls} turn p50 s | {cls} reply tokens/min |"
         rule += "---|---|"
     lines = [head, rule]
-
-    def cell(value: float | None, digits: int) -> str:
-        return "–" if value is None else f"{value:.{digits}f}"
-
     for result in results:
         row = f"| {result['arm']} |"
         for cls in CLASSES:
@@ -527,14 +528,7 @@ def main(args: argparse.Namespace) -> int:
             if config.replay:
                 load = [*load[: bool(config.groups)], f"{len(config.replay)} trace runs"]
             title = f"{', '.join(load)}, seed {config.seed}"
-            # Turns where the target is a turn's, or where a point finished no run of a
-            # class (a run figure would leave a hole in the plot).
-            of = (
-                "turn"
-                if args.target_turn_p50 is not None
-                or any(sweep.row(r, c)[i] is None for r in results for c, i in sweep.PLOTTED)
-                else "run"
-            )
+            of = sweep.plotted(results, turn_target=args.target_turn_p50 is not None)
             args.plot.write_text(sweep.svg(results, title, of))
             print(f"\nplot: {args.plot}")
     if args.json is not None:

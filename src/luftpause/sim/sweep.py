@@ -18,10 +18,9 @@ from html import escape
 from typing import Any
 
 from luftpause.loadgen.mix import MixError
-from luftpause.sim.main import SimConfig
+from luftpause.sim.main import SimConfig, cell
 
 SWEEPABLE = ("replicas",)
-PLOTTED = (("interactive", 1), ("batch", 0))  # run figures plotted: (class, index in row())
 COLOURS = {"luftpause": "#1b6ac9", "router": "#d1495b", "engine-prio": "#8c8c8c"}
 
 
@@ -65,10 +64,6 @@ def table(results: list[dict[str, Any]]) -> str:
         "| batch p50 s | interactive turn p50 s | batch reply tokens/min |",
         "|---|---|---|---|---|---|---|---|",
     ]
-
-    def cell(value: float | None, digits: int = 1) -> str:
-        return "–" if value is None else f"{value:.{digits}f}"
-
     for r in results:
         cells = []
         for cls in ("interactive", "batch"):
@@ -82,6 +77,15 @@ def table(results: list[dict[str, Any]]) -> str:
 def interactive_p50(result: dict[str, Any], of: str) -> float | None:
     """The interactive p50 of ``of`` = ``"run"`` or ``"turn"``."""
     return row(result, "interactive")[1] if of == "run" else turn_row(result, "interactive")[1]
+
+
+def plotted(results: list[dict[str, Any]], turn_target: bool) -> str:
+    """What the plot draws: ``"turn"`` figures where the target is a turn's or a point
+    finished no run of a class (a run figure would leave a hole), else ``"run"``."""
+    if turn_target:
+        return "turn"
+    holes = any(row(r, "interactive")[1] is None or row(r, "batch")[0] is None for r in results)
+    return "turn" if holes else "run"
 
 
 def fewest(
