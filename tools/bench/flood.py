@@ -195,7 +195,8 @@ BENCHES = ("own", "light", "mcp", "routing", "fanout", "coding")
 CODING_INTERACTIVE = 2  # interactive agents beside the coding flood's batch agents
 # The coding-agent profile's contexts reach ~100k tokens; only memory changes (a decode
 # step still reads every context token's KV at the calibrated bandwidth).
-CODING_ENGINE_ARGS = ("--context-length", "131072", "--kv-tokens", "1000000")
+CODING_CONTEXT, CODING_KV_TOKENS = 131_072, 1_000_000
+CODING_ENGINE_ARGS = ("--context-length", str(CODING_CONTEXT), "--kv-tokens", str(CODING_KV_TOKENS))
 
 
 # ------------------------------------------------------------------ the stack
@@ -1113,6 +1114,13 @@ def coding_table(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[
     return lines
 
 
+# The head of coding_goals' table.
+CODING_GOALS_HEAD = (
+    "| arm | interactive turn p50, arm / luftpause | batch work, luftpause vs arm |",
+    "|---|---|---|",
+)
+
+
 def coding_goals(by_arm: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[str]]:
     """luftpause against each other arm, per repetition: the other arm's interactive turn
     p50 over luftpause's (> 1×: luftpause's interactive turns are faster), and luftpause's
@@ -1778,9 +1786,7 @@ def report(
                     "interactive turns are faster), and luftpause's batch reply tokens/min "
                     "as a change on the arm's:",
                     "",
-                    "| arm | interactive turn p50, arm / luftpause "
-                    "| batch work, luftpause vs arm |",
-                    "|---|---|---|",
+                    *CODING_GOALS_HEAD,
                     *cells,
                     "",
                 ]

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flood import CODING_CONTEXT, CODING_INTERACTIVE, CODING_KV_TOKENS, turn_figure
+
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen.mix import Group
 from luftpause.sim.arms import ARMS
@@ -87,31 +89,29 @@ def sim_figures(result: dict[str, Any]) -> dict[str, tuple[float, float]]:
     return out
 
 
-CODING_INTERACTIVE = 2  # as tools/bench/flood.py's coding flood
-CODING_ENGINE = EngineParams(priority_scheduling=True, context_length=131_072, kv_tokens=1_000_000)
+CODING_ENGINE = EngineParams(
+    priority_scheduling=True, context_length=CODING_CONTEXT, kv_tokens=CODING_KV_TOKENS
+)
 
 
 def real_turn_figures(reps: list[dict[str, Any]], scale: float) -> dict[str, tuple[float, float]]:
     """Per class: mean reply tokens/min and mean turn p50 (turns that ended in the
-    window), in model time."""
+    window), in model time; a class with a repetition that ended no turn is left out."""
     out = {}
     for cls in CLASSES:
-        ended = [r["classes"].get(cls, {}).get("turns_ended") for r in reps]
-        if ended and all(t and t["wall_s"]["p50"] is not None for t in ended):
+        tokens = [turn_figure(r, cls, "tokens") for r in reps]
+        p50 = [turn_figure(r, cls, "p50") for r in reps]
+        if reps and None not in p50 and None not in tokens:
             out[cls] = (
-                statistics.fmean(t["completion_tokens_per_min"] for t in ended) / scale,
-                statistics.fmean(t["wall_s"]["p50"] for t in ended) * scale,
+                statistics.fmean(t for t in tokens if t is not None) / scale,
+                statistics.fmean(p for p in p50 if p is not None) * scale,
             )
     return out
 
 
 def sim_turn_figures(result: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    out = {}
-    for cls in CLASSES:
-        t = result["classes"].get(cls, {}).get("turns_ended")
-        if t and t["wall_s"]["p50"] is not None:
-            out[cls] = (t["completion_tokens_per_min"], t["wall_s"]["p50"])
-    return out
+    """The simulator's own figures (model time already), as ``real_turn_figures``."""
+    return real_turn_figures([result], 1.0)
 
 
 def coding_config(plan: dict[str, Any], load: int, seed: int) -> SimConfig:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from flood import (
+    CODING_GOALS_HEAD,
     CODING_INTERACTIVE,
     FULL,
     INTERACTIVE_AGENTS,
@@ -157,12 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             cells, _ = coding_goals(arms_at)
             lines += coding_table(arms_at, 1.0)
-            lines += [
-                "",
-                "| arm | interactive turn p50, arm / luftpause | batch work, luftpause vs arm |",
-                "|---|---|---|",
-                *cells,
-            ]
+            lines += ["", *CODING_GOALS_HEAD, *cells]
         else:
             lines += frontier_table(arms_at, 1.0)
         lines.append("")
