@@ -78,10 +78,17 @@ SPECS = (
 PARAMS = Params(turn_timeout_s=40.0, run_idle_expiry_s=90.0, dataplane_grace_s=8.0)
 EVENTS = 6000
 SEED = 18
-# (initial_cap, digest): off, as recorded before the ramp existed; the default ramp
+# (initial_cap, interactive_pace_s, digest): off, as recorded before the ramp existed;
+# the default ramp; the ramp with the decode pace's batch limit (a 20-token reply here
+# takes 0.01 s to seconds, so a target of 0.2 s per token cuts and raises it often)
 DIGESTS = (
-    (None, "b8b4f76fae00736446eb3c933eed69c755aaf699e4ca88008948d4e1b03ac0a8"),
-    (PARAMS.initial_cap, "3835516d27712b9abdc3a5f08ccc96ce8b6bf939c96cd1e697547d0439ca1778"),
+    (None, None, "b8b4f76fae00736446eb3c933eed69c755aaf699e4ca88008948d4e1b03ac0a8"),
+    (
+        PARAMS.initial_cap,
+        None,
+        "3835516d27712b9abdc3a5f08ccc96ce8b6bf939c96cd1e697547d0439ca1778",
+    ),
+    (PARAMS.initial_cap, 0.2, "586c3bc6faf1d45b579a78384033086f0280b15069aae7934a3641d826b742cc"),
 )
 
 
@@ -106,14 +113,21 @@ class Host:
         self.abandoned_held: set[str] = set()
         self.most_held = 0
         self.capped = 0  # events after which some replica had a cap
+        self.paced = 0  # events after which some replica's batch turns were at its pace limit
 
     def feed(self, ev: Event) -> tuple[Action, ...]:
+        pre = self.state
         self.state, actions = decide(self.state, ev)
+        self.check_pace_limit(pre, actions)
         self.log.append(ev)
         self.outs.append(actions)
         assert violations(self.state) == [], (ev, violations(self.state))
         self.most_held = max(self.most_held, len(self.state.held))
         self.capped += any(r.cap is not None for r in self.state.replicas.values())
+        self.paced += any(
+            r.pace_cap is not None and r.batch_in_flight >= r.pace_cap
+            for r in self.state.replicas.values()
+        )
         for a in actions:
             if isinstance(a, Admit | Reject):
                 resent = isinstance(ev, TurnRequested) and ev.turn_id in self.admitted
@@ -133,6 +147,27 @@ class Host:
             else:
                 assert isinstance(a, ForgetRun)
         return actions
+
+    def check_pace_limit(self, pre: State, actions: tuple[Action, ...]) -> None:
+        """Decode pace: no batch turn is admitted to a replica at its pace limit while an
+        interactive run lives there. Within an event interactive runs only leave a replica
+        after its batch admissions, so one living there after the event lived there at
+        each of them; the batch turns in flight then exclude the event's later ones."""
+        batch = [
+            a
+            for a in actions
+            if isinstance(a, Admit)
+            and a.turn_id not in pre.turns
+            and self.state.turns[a.turn_id].service_class is BAT
+            and self.state.turns[a.turn_id].kind is GEN
+        ]
+        later = Counter(a.replica for a in batch)
+        for a in batch:
+            rep = self.state.replicas[a.replica]
+            lives = rep.reserved > 0 or rep.in_flight > rep.batch_in_flight
+            if rep.pace_cap is not None and lives:
+                assert rep.batch_in_flight - later[a.replica] < rep.pace_cap, (a, rep)
+            later[a.replica] -= 1
 
     def turn_over(self, turn_id: str) -> None:
         self.admitted.pop(turn_id)
@@ -278,16 +313,23 @@ def digest(outs: list[tuple[Action, ...]], final: State) -> str:
     if final.params.initial_cap is None:  # as recorded before the ramp's field existed
         for rep in snapshot["replicas"]:
             assert rep.pop("capacity_ramping") is False
+    if final.params.interactive_pace_s is None:  # recorded before the decode pace existed
+        for rep in snapshot["replicas"]:
+            assert rep.pop("batch_in_flight") == 0  # (the history is drained)
+            assert rep.pop("batch_limit_from_pace") is None
+            assert rep.pop("pace_s_per_token") is None
     h.update(json.dumps(snapshot, sort_keys=True).encode())
     return h.hexdigest()
 
 
-@pytest.mark.parametrize(("initial_cap", "expected"), DIGESTS, ids=("ramp-off", "ramp-on"))
+@pytest.mark.parametrize(
+    ("initial_cap", "pace", "expected"), DIGESTS, ids=("ramp-off", "ramp-on", "pace-on")
+)
 def test_a_long_history_stays_sound_answers_each_turn_once_and_replays(
-    initial_cap: int | None, expected: str
+    initial_cap: int | None, pace: float | None, expected: str
 ) -> None:
     """S1, S2 (with and without the ramp from idle), S3, S4, S9, S10, S11."""
-    params = replace(PARAMS, initial_cap=initial_cap)
+    params = replace(PARAMS, initial_cap=initial_cap, interactive_pace_s=pace)
     host = Host(SEED, params)
     for _ in range(EVENTS):
         host.step()
@@ -296,6 +338,7 @@ def test_a_long_history_stays_sound_answers_each_turn_once_and_replays(
     assert kinds["Admit"] > 1000 and kinds["Reject"] > 0 and kinds["ForgetRun"] > 0
     assert kinds["DropTurn"] > 0 and host.abandoned_held
     assert host.most_held >= 5 and host.capped > EVENTS // 2
+    assert (host.paced > EVENTS // 20) if pace is not None else host.paced == 0
     host.drain()
     assert not host.state.held and not host.state.turns
     assert not host.waiting, sorted(host.waiting)[:5]

@@ -66,12 +66,16 @@ BAT = ServiceClass.BATCH
 # short timeouts so that ticks reach them within a few steps
 # One probe with a queue caps (the model below follows that); S2's persistence rule
 # has its own example tests.
+# The decode pace's target sits among the paces the histories draw (a reply of 2 tokens
+# over none or some of the clock's steps), so its batch limit is cut and raised.
 PARAMS = Params(
     turn_timeout_s=30.0,
     run_idle_expiry_s=60.0,
     cap_raise_step=1,
     queue_probes=1,
     dataplane_grace_s=20.0,
+    interactive_pace_s=0.5,
+    pace_min_tokens=2,
 )
 MODELS = ("m0", "m1")
 CALLERS = ("c0", "c1", "c2")
@@ -93,11 +97,24 @@ def pool(n_generative: int, ordering: str = "--") -> tuple[ReplicaSpec, ...]:
     return tuple(specs)
 
 
+def interactive_lives_on(rep: ReplicaState) -> bool:
+    """An interactive run has a turn in flight on ``rep`` or is paused on a tool there."""
+    return rep.reserved > 0 or rep.in_flight > rep.batch_in_flight
+
+
 def has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
     """S2/S4 room, restated from the spec: healthy, and below the cap (batch counting
     the slots reserved for paused interactive runs); interactive turns ignore the cap
-    where the engine orders its queue by class."""
+    where the engine orders its queue by class. Decode pace: batch turns also stay under
+    the replica's pace limit while an interactive run lives there."""
     if not rep.healthy:
+        return False
+    if (
+        cls is BAT
+        and rep.pace_cap is not None
+        and rep.batch_in_flight >= rep.pace_cap
+        and interactive_lives_on(rep)
+    ):
         return False
     if rep.cap is None or (cls is INT and rep.spec.orders_classes):
         return True
@@ -220,14 +237,21 @@ class CoreMachine(RuleBasedStateMachine):
     ) -> None:
         genuine = [a for a in actions if isinstance(a, Admit) and a.turn_id not in pre.turns]
         later = Counter(a.replica for a in genuine)
+        later_batch = Counter(
+            a.replica
+            for a in genuine
+            if self.turns[a.turn_id].cls is BAT and self.turns[a.turn_id].kind is GEN
+        )
         for a in actions:
             if isinstance(a, Admit):
                 if a.turn_id in pre.turns:  # S11: a re-sent Admit, answered the same
                     assert isinstance(ev, TurnRequested) and ev.turn_id == a.turn_id
                     assert pre.turns[a.turn_id].replica == a.replica
                     continue
-                self.check_admission(a, post, later[a.replica])
+                self.check_admission(a, post, later[a.replica], later_batch[a.replica])
                 later[a.replica] -= 1
+                if self.turns[a.turn_id].cls is BAT and self.turns[a.turn_id].kind is GEN:
+                    later_batch[a.replica] -= 1
             elif isinstance(a, Reject):
                 assert isinstance(ev, TurnRequested) and ev.turn_id == a.turn_id
                 assert a.code is self.expected_reject, (a, self.expected_reject)
@@ -255,7 +279,9 @@ class CoreMachine(RuleBasedStateMachine):
         if self.expected_reject is not None:
             assert any(isinstance(a, Reject) for a in actions), actions
 
-    def check_admission(self, a: Admit, post: State, admits_from_here: int) -> None:
+    def check_admission(
+        self, a: Admit, post: State, admits_from_here: int, batch_from_here: int
+    ) -> None:
         m = self.turns[a.turn_id]
         assert m.status == "held", (a, m)
         rep = post.replicas[a.replica]
@@ -269,6 +295,19 @@ class CoreMachine(RuleBasedStateMachine):
             in_flight_then = rep.in_flight - admits_from_here
             used = in_flight_then + (rep.reserved if m.cls is BAT else 0)
             assert used < rep.cap, (a, m.cls, in_flight_then, rep.reserved, rep.cap)
+        if (
+            m.cls is BAT
+            and m.kind is GEN
+            and rep.pace_cap is not None
+            and interactive_lives_on(rep)
+        ):
+            # Decode pace: under the limit while an interactive run lives here. Within an
+            # event, interactive runs only leave a replica after its batch admissions
+            # (interactive turns go first), so one living here after the event lived here
+            # at this admission; the batch turns in flight then exclude this event's later
+            # ones, and this one.
+            batch_then = rep.batch_in_flight - batch_from_here
+            assert batch_then < rep.pace_cap, (a, batch_then, rep.pace_cap)
         if m.cls is BAT:
             # S4: no held interactive turn could have gone here instead
             for h in post.held.values():
@@ -407,17 +446,28 @@ class CoreMachine(RuleBasedStateMachine):
         data=st.data(),
         how=st.sampled_from(["idle", "paused", "paused", "failed", "unreachable"]),
         cached=st.sampled_from([None, 0, 10, 90]),
+        streamed_s=st.sampled_from([None, 0.0, 2.0]),
     )
-    def finish(self, data: st.DataObject, how: str, cached: int | None) -> None:
+    def finish(
+        self, data: st.DataObject, how: str, cached: int | None, streamed_s: float | None
+    ) -> None:
         """``cached``: of 100 prompt tokens (None: no usage reported); a continuing turn
-        with few cached lowers its replica's cap (prefix keeping)."""
+        with few cached lowers its replica's cap (prefix keeping). ``streamed_s``: the reply
+        streamed its 2 tokens over this many seconds, which gives its replica's pace
+        (the decode pace's limit) when usage is reported."""
         m = self.turns[data.draw(st.sampled_from(self.live("admitted")))]
+        if streamed_s is not None:
+            m.started = True
+            assert self.step(FirstTokenReceived(self.now, m.turn_id)) == ()
+            self.now += streamed_s
         self.end_turn(m, paused=how == "paused")
         if how in ("failed", "unreachable"):
             # D6: a refused connection also takes the replica out until its next probe
             self.step(TurnFailed(self.now, m.turn_id, "boom", how == "unreachable"))
         else:
             usage = {} if cached is None else {"prompt_tokens": 100, "cached_tokens": cached}
+            if cached is not None:
+                usage["completion_tokens"] = 2
             self.step(TurnFinished(self.now, m.turn_id, paused_on_tool=how == "paused", **usage))
 
     @precondition(lambda self: bool(self.live("held") or self.live("admitted")))

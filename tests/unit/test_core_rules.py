@@ -106,11 +106,16 @@ class Sim:
         return self(ReplicaProbed(self.t, replica, healthy, running, waiting))
 
     def finish(
-        self, turn: str, paused: bool = False, prompt: int = 0, cached: int = 0
+        self, turn: str, paused: bool = False, prompt: int = 0, cached: int = 0, reply: int = 0
     ) -> tuple[Action, ...]:
         return self(
             TurnFinished(
-                self.t, turn, paused_on_tool=paused, prompt_tokens=prompt, cached_tokens=cached
+                self.t,
+                turn,
+                paused_on_tool=paused,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+                completion_tokens=reply,
             )
         )
 
@@ -1564,6 +1569,9 @@ def test_status_view_shape() -> None:
         "engine_waiting": 1,
         "kv_usage": None,
         "prefix_misses": 0,
+        "batch_in_flight": 0,
+        "batch_limit_from_pace": None,
+        "pace_s_per_token": None,
         "probed_s_ago": 5.0,
     }
     sp = v["replicas"][1]
@@ -1652,3 +1660,131 @@ def test_s10_idle_clock_starts_when_a_held_turn_is_abandoned() -> None:
     assert sim(TurnAbandoned(sim.t, "t1")) == ()
     assert sim.tick(61) == ()
     assert sim.tick(110) == (ForgetRun("r"),)
+
+
+# ===================================================================== decode pace
+
+PACED = Params(interactive_pace_s=0.1)
+
+
+def streamed(sim: Sim, turn: str, tokens: int, s_per_token: float, **finish: Any) -> tuple:
+    """``turn`` streams its first token now and ``tokens`` in all at ``s_per_token``; the
+    clock moves to its end."""
+    sim(FirstTokenReceived(sim.t, turn))
+    sim.t += (tokens - 1) * s_per_token
+    return sim.finish(turn, reply=tokens, **finish)
+
+
+def paced_replica(batch: int = 6) -> Sim:
+    """Replica ``a`` (its engine reports no queue: no S2 cap) with an interactive run
+    ``i`` in flight and ``batch`` batch turns ``b0``… beside it."""
+    sim = Sim(gen("a"), params=PACED)
+    sim.probe("a", running=0, waiting=0)
+    assert admits(sim.req("ti", "i", cls=INT, caller="u")) == {"ti": "a"}
+    for n in range(batch):
+        assert admits(sim.req(f"b{n}", f"rb{n}")) == {f"b{n}": "a"}
+    return sim
+
+
+def test_pace_too_slow_beside_an_interactive_run_limits_batch_turns() -> None:
+    """Decode pace: a reply slower than ``interactive_pace_s`` per token, on a replica where
+    an interactive run lives, cuts its batch turns to 3/4 of those that ran beside it;
+    further batch turns wait while interactive ones still go in."""
+    sim = paced_replica(6)
+    sim.t = 1.0
+    streamed(sim, "b0", 21, 0.3)  # 0.3 s per token, 6 batch turns ran: limit 4
+    rep = sim.replica("a")
+    assert rep["batch_limit_from_pace"] == 4 and rep["batch_in_flight"] == 5
+    assert rep["pace_s_per_token"] == 0.3
+    assert rep["capacity"] is None  # S2's cap is not touched
+    assert sim.req("b9", "rb9") == ()  # held: 5 batch turns in flight, limit 4
+    assert admits(sim.req("ti2", "i2", cls=INT, caller="u")) == {"ti2": "a"}
+    # a turn admitted before the cut says nothing about the limit as it is: no second cut
+    assert streamed(sim, "b1", 21, 0.5) == ()  # 4 batch turns in flight: at the limit
+    assert sim.replica("a")["batch_limit_from_pace"] == 4
+    assert admits(streamed(sim, "b2", 21, 0.5)) == {"b9": "a"}  # 3: room for one
+
+
+def test_pace_limit_only_binds_while_an_interactive_run_lives_there() -> None:
+    """Decode pace: the limit holds batch turns only while an interactive run is in flight
+    or paused on a tool there (S4's reservation); when it leaves, they go in."""
+    sim = paced_replica(6)
+    sim.t = 1.0
+    streamed(sim, "b0", 21, 0.3)
+    assert sim.req("b9", "rb9") == ()
+    sim.finish("ti", paused=True)  # back to its tool: it lives here still
+    assert sim.replica("a")["reserved_for_interactive"] == 1
+    assert sim.req("b10", "rb10") == ()
+    assert admits(sim.req("ti3", "i", cls=INT, caller="u")) == {"ti3": "a"}
+    assert admits(sim.finish("ti3")) == {"b9": "a", "b10": "a"}  # its run is idle: no limit
+    assert sim.replica("a")["batch_limit_from_pace"] == 4  # kept for the next one
+
+
+def test_pace_under_the_target_raises_the_limit_by_one() -> None:
+    """Decode pace: a reply faster than 4/5 of the target, admitted after the last change,
+    with batch turns at the limit, raises it by one; a reply admitted before the change
+    moves nothing, however fast."""
+    sim = paced_replica(6)
+    sim.t = 1.0
+    streamed(sim, "b0", 21, 1.0)  # limit 4
+    assert sim.req("b9", "rb9") == ()
+    streamed(sim, "b1", 21, 0.001)  # admitted before the cut: nothing changes
+    assert sim.replica("a")["batch_limit_from_pace"] == 4
+    assert admits(sim.finish("b2")) == {"b9": "a"}  # (unmeasured: no reply tokens)
+    assert sim.req("b10", "rb10") == ()  # b3, b4, b5, b9: at the limit
+    assert admits(streamed(sim, "b9", 21, 0.07)) == {"b10": "a"}
+    rep = sim.replica("a")
+    assert rep["batch_limit_from_pace"] == 5
+    assert rep["pace_s_per_token"] > 0.1  # the smoothed pace still remembers b0
+    streamed(sim, "b10", 21, 0.085)  # fresh, but not under 4/5 of the target
+    assert sim.replica("a")["batch_limit_from_pace"] == 5
+
+
+def test_pace_is_not_judged_on_short_replies_or_without_a_first_token() -> None:
+    """Decode pace: replies under ``pace_min_tokens`` and turns whose first token was never
+    reported leave the pace and the limit alone; with ``interactive_pace_s`` unset nothing
+    is limited however slow the replies."""
+    sim = paced_replica(3)
+    sim.t = 1.0
+    streamed(sim, "b0", 15, 1.0)  # 15 < 16 tokens
+    sim.finish("b1", reply=100)  # no first token
+    rep = sim.replica("a")
+    assert rep["batch_limit_from_pace"] is None and rep["pace_s_per_token"] is None
+    off = Sim(gen("a"))
+    off.probe("a")
+    off.req("ti", "i", cls=INT)
+    for n in range(3):
+        off.req(f"b{n}", f"rb{n}")
+    streamed(off, "b0", 100, 5.0)
+    assert off.replica("a")["batch_limit_from_pace"] is None
+    assert admits(off.req("b9", "rb9")) == {"b9": "a"}
+
+
+def test_pace_counts_batch_turns_adopted_on_resync() -> None:
+    """Decode pace, S11: a resync's in-flight batch turns count against the limit as
+    admitted ones do (the invariants check the count after every event)."""
+    sim = Sim(gen("a"), params=PACED)
+    sim.probe("a", running=0, waiting=0)
+    sim.resync_generating("a", 3)
+    assert sim.replica("a")["batch_in_flight"] == 3
+    sim.req("ti", "i", cls=INT, caller="u")
+    sim.t = 1.0
+    streamed(sim, "t0", 21, 0.5)  # 3 batch turns ran beside it: limit 2
+    assert sim.replica("a")["batch_limit_from_pace"] == 2
+    assert sim.req("b9", "rb9") == ()
+
+
+def test_pace_limits_no_replica_that_reports_no_load() -> None:
+    """Decode pace, S2: a replica whose probe reports no load numbers (a hosted API, whose
+    pace is not ours to change) gets no limit, however slow its replies; a probe without
+    them lifts a limit set before, and the held batch turns go in."""
+    sim = paced_replica(6)
+    sim.t = 1.0
+    streamed(sim, "b0", 21, 0.3)
+    assert sim.req("b9", "rb9") == ()
+    assert admits(sim.probe("a")) == {"b9": "a"}
+    assert sim.replica("a")["batch_limit_from_pace"] is None
+    sim.req("b10", "rb10")
+    streamed(sim, "b10", 21, 0.5)  # admitted after: would cut, but no load is reported
+    rep = sim.replica("a")
+    assert rep["batch_limit_from_pace"] is None and rep["pace_s_per_token"] > 0.1

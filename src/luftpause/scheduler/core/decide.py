@@ -139,6 +139,12 @@ from luftpause.scheduler.core.types import (
 )
 
 _CLASS_ORDER = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
+# Decode pace (Params.interactive_pace_s): the weight of each new reply in the smoothed
+# pace the status view shows, the share of the batch turns kept when a reply is too
+# slow, and the share of the target a reply must stay under for the limit to rise.
+PACE_WEIGHT = 0.25
+PACE_BACKOFF = 0.75
+PACE_HEADROOM = 0.8
 _KIND_LABEL = {EndpointKind.GENERATIVE: "Generative", EndpointKind.SINGLE_PASS: "SinglePass"}
 _MAX_ID = 256  # longest turn/run ID accepted from a peer
 
@@ -370,6 +376,8 @@ class _Tx:
             cap = rep.cap
             load = rep.in_flight + rep.reserved
             pinned = rep.pinned_runs
+            if not interactive and rep.pace_cap is not None and _paced(rep):
+                continue
             if cap is not None:
                 if interactive:
                     if rep.in_flight >= cap and not rep.spec.orders_classes:
@@ -538,6 +546,7 @@ class _Tx:
         if kind is not EndpointKind.GENERATIVE:
             self._bump_replica(replica, 1)
             return
+        batch = 1 if service_class is ServiceClass.BATCH else 0
         self._count_caller(caller, 1)
         if requested:
             ended = False  # a new turn after RunEnded: the run lives on
@@ -559,12 +568,12 @@ class _Tx:
         if moved and before is not None and before not in self.replicas:
             before = None
         if reserved_on is None and (before is None or not moved):
-            self._bump_replica(replica, 1, 0, 1 if moved else 0)
+            self._bump_replica(replica, 1, 0, 1 if moved else 0, batch)
         else:
             self._bump_replicas(
-                (replica, 1, 0, 1 if moved else 0),
-                (reserved_on, 0, -1, 0),
-                (before if moved else None, 0, 0, -1),
+                (replica, 1, 0, 1 if moved else 0, batch),
+                (reserved_on, 0, -1, 0, 0),
+                (before if moved else None, 0, 0, -1, 0),
             )
         if run is None:
             run = new_run(
@@ -623,8 +632,55 @@ class _Tx:
         turn = self.end_turn(
             ev.turn_id, paused_on_tool=ev.paused_on_tool, prompt_tokens=ev.prompt_tokens
         )
-        if turn is not None and self.params.keep_prefixes and ev.prompt_tokens > 0:
+        if turn is None:
+            return
+        if self.params.keep_prefixes and ev.prompt_tokens > 0:
             self._prefix_feedback(turn, ev)  # (nothing to judge without reported usage)
+        if (
+            self.params.interactive_pace_s is not None
+            and turn.first_token_at is not None
+            and ev.completion_tokens >= max(2, self.params.pace_min_tokens)
+            and turn.kind is EndpointKind.GENERATIVE
+        ):
+            self._pace_feedback(turn, ev.completion_tokens)
+
+    def _pace_feedback(self, turn: TurnState, completion_tokens: int) -> None:
+        """Decode pace: a reply that ended on a replica says how fast the engine there
+        steps (every request it runs shares each step). Only a turn admitted after the
+        limit last changed speaks for the limit as it is, so the limit changes at most once
+        per turn's length, as a congestion window changes once per round trip. While an
+        interactive run lives there, such a reply slower than ``interactive_pace_s`` per
+        token cuts the batch limit to ``PACE_BACKOFF`` of the batch turns it ran beside
+        (at most the limit; at least 1), and one faster than ``PACE_HEADROOM`` of it, with
+        batch turns at the limit, raises the limit by one. As S2's cap, the limit is only
+        set on a replica whose last probe reported its load. ``pace_s`` smooths every reply
+        for the status view; the limit follows single replies, because a smoothed pace
+        would still remember the turns before a cut and cut again."""
+        rep = self.replicas.get(turn.replica)
+        target = self.params.interactive_pace_s
+        if rep is None or target is None or turn.first_token_at is None:
+            return
+        pace = max(0.0, self.now - turn.first_token_at) / (completion_tokens - 1)
+        smoothed = pace if rep.pace_s is None else rep.pace_s + PACE_WEIGHT * (pace - rep.pace_s)
+        cap = rep.pace_cap
+        set_at = rep.pace_set_at
+        interactive_here = rep.reserved > 0 or rep.in_flight > rep.batch_in_flight
+        reports_load = rep.running is not None and rep.waiting is not None  # (last probe)
+        if reports_load and interactive_here and (set_at is None or turn.admitted_at >= set_at):
+            # the batch turns that ran beside it, itself included
+            batch = rep.batch_in_flight + (turn.service_class is ServiceClass.BATCH)
+            if pace > target:
+                lowered = max(1, int(min(batch, batch if cap is None else cap) * PACE_BACKOFF))
+                if cap is None or lowered < cap:
+                    cap = lowered
+            elif cap is not None and pace < target * PACE_HEADROOM and batch >= cap:
+                cap += 1
+        if cap != rep.pace_cap:
+            set_at = self.now
+            self.dirty.add(turn.replica)  # (a raise makes room; a cut changes nothing held)
+        self.replicas = self.replicas.set(
+            turn.replica, _replica_with(rep, pace_cap=cap, pace_s=smoothed, pace_set_at=set_at)
+        )
 
     def on_failed(self, ev: TurnFailed) -> None:
         turn = self.end_turn(ev.turn_id, paused_on_tool=False)
@@ -680,12 +736,14 @@ class _Tx:
         self.turns = self.turns.delete(turn_id)
         here = turn.replica if turn.replica in self.replicas else None
         run = None
+        batch = 0
         if turn.kind is EndpointKind.GENERATIVE:
             self._count_caller(turn.caller, -1)
             run = self.runs.get(turn.run_id)
+            batch = -1 if turn.service_class is ServiceClass.BATCH else 0
         if run is None or (run.ended and run.in_flight <= 1):
             if here is not None:
-                self._bump_replica(here, -1)
+                self._bump_replica(here, -1, 0, 0, batch)
             if run is not None:  # RunEnded arrived while this turn ran: its last one
                 self._release_reservation(run)
                 self._drop_run(run.run_id)
@@ -727,13 +785,14 @@ class _Tx:
                     -1,
                     0 if reserved_on is None else 1,
                     (0 if before is None else -1) + (0 if after is None else 1),
+                    batch,
                 )
         else:
             self._bump_replicas(
-                (here, -1, 0 if reserved_on is None else 1, 0),
-                (released, 0, -1, 0),
-                (before, 0, 0, -1),
-                (after, 0, 0, 1),
+                (here, -1, 0 if reserved_on is None else 1, 0, batch),
+                (released, 0, -1, 0, 0),
+                (before, 0, 0, -1, 0),
+                (after, 0, 0, 1, 0),
             )
         last_prompt: int = run.last_prompt
         last_prompt_on: str | None = run.last_prompt_on
@@ -841,7 +900,11 @@ class _Tx:
         cap = rep.cap
         queued = rep.queued_probes
         ramping = rep.ramping
+        pace_cap, pace_set_at = rep.pace_cap, rep.pace_set_at
         if ev.running is None or ev.waiting is None:
+            # decode pace: as S2, a replica that reports no load is not limited (its pace
+            # may not be ours to change: a hosted API's is not)
+            pace_cap, pace_set_at = None, None
             if not ev.healthy and self.params.initial_cap is not None:
                 # down: it may come back as a restarted engine, idle and cold, so it
                 # ramps from idle again (S2)
@@ -893,9 +956,13 @@ class _Tx:
                 rep.prefix_misses,
                 False,
                 ramping,
+                rep.batch_in_flight,
+                pace_cap,
+                rep.pace_s,
+                pace_set_at,
             ),
         )
-        if cap != rep.cap:
+        if cap != rep.cap or pace_cap != rep.pace_cap:
             self.dirty.add(ev.replica)
 
     def _set_health(self, name: str, *, healthy: bool) -> None:
@@ -916,14 +983,15 @@ class _Tx:
             self.dirty.update(self.replicas.keys())
 
     def _bump_replica(
-        self, name: str, in_flight: int = 0, reserved: int = 0, pinned: int = 0
+        self, name: str, in_flight: int = 0, reserved: int = 0, pinned: int = 0, batch: int = 0
     ) -> None:
-        if in_flight < 0 or reserved < 0 or pinned < 0:
+        if in_flight < 0 or reserved < 0 or pinned < 0 or batch < 0:
             self.dirty.add(name)  # room may have grown
         rep = self.replicas[name]
         in_flight += rep.in_flight  # the new counts, never below zero
         reserved += rep.reserved
         pinned += rep.pinned_runs
+        batch += rep.batch_in_flight
         self.replicas = self.replicas.set(
             name,
             new_replica(
@@ -942,30 +1010,35 @@ class _Tx:
                 rep.prefix_misses,
                 rep.missed_since_probe,
                 rep.ramping,
+                batch if batch > 0 else 0,
+                rep.pace_cap,
+                rep.pace_s,
+                rep.pace_set_at,
             ),
         )
 
-    def _bump_replicas(self, *bumps: tuple[str | None, int, int, int]) -> None:
-        """Several ``_bump_replica`` (name, in_flight, reserved, pinned) at once, one new
+    def _bump_replicas(self, *bumps: tuple[str | None, int, int, int, int]) -> None:
+        """Several ``_bump_replica`` (name, in_flight, reserved, pinned, batch) at once, one new
         record per replica (a None name is skipped). Counters stay sound (never below
         zero on the way), so summing the changes first gives the same counts; a replica
         is dirty if any change lowered one of its counters, as one by one."""
         merged: dict[str, list[int]] = {}
         dirty: set[str] = set()
-        for name, in_flight, reserved, pinned in bumps:
+        for name, in_flight, reserved, pinned, batch in bumps:
             if name is None:
                 continue
-            if in_flight < 0 or reserved < 0 or pinned < 0:
+            if in_flight < 0 or reserved < 0 or pinned < 0 or batch < 0:
                 dirty.add(name)
             m = merged.get(name)
             if m is None:
-                merged[name] = [in_flight, reserved, pinned]
+                merged[name] = [in_flight, reserved, pinned, batch]
             else:
                 m[0] += in_flight
                 m[1] += reserved
                 m[2] += pinned
-        for name, (in_flight, reserved, pinned) in merged.items():
-            self._bump_replica(name, in_flight, reserved, pinned)
+                m[3] += batch
+        for name, (in_flight, reserved, pinned, batch) in merged.items():
+            self._bump_replica(name, in_flight, reserved, pinned, batch)
         self.dirty |= dirty
 
     def _count_caller(self, caller: str, delta: int) -> None:
@@ -1203,8 +1276,10 @@ class _Tx:
             ),
         )
         self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, t.turn_id)
-        self._bump_replica(t.replica, in_flight=1)
-        if rep.spec.kind is not EndpointKind.GENERATIVE:
+        generative = rep.spec.kind is EndpointKind.GENERATIVE
+        batch = 1 if generative and t.service_class is ServiceClass.BATCH else 0
+        self._bump_replica(t.replica, in_flight=1, batch=batch)
+        if not generative:
             return
         self._count_caller(t.caller, 1)
         run = self.runs.get(t.run_id)
@@ -1252,6 +1327,8 @@ def _invalid(ev: TurnRequested) -> str | None:
 def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
     if not rep.healthy:
         return False
+    if cls is ServiceClass.BATCH and _paced(rep):
+        return False
     if rep.cap is None:
         return True
     if cls is ServiceClass.INTERACTIVE:
@@ -1259,6 +1336,16 @@ def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
         # request it has queued: holding it here could only add a wait.
         return rep.spec.orders_classes or rep.in_flight < rep.cap
     return rep.in_flight + rep.reserved < rep.cap
+
+
+def _paced(rep: ReplicaState) -> bool:
+    """Decode pace: the replica's batch turns are at the limit its pace set, and an
+    interactive run lives there (a turn in flight, or paused on a tool: reserved)."""
+    return (
+        rep.pace_cap is not None
+        and rep.batch_in_flight >= rep.pace_cap
+        and (rep.reserved > 0 or rep.in_flight > rep.batch_in_flight)
+    )
 
 
 Buckets = Map[int, Map[str, None]]
@@ -1339,6 +1426,9 @@ def _replica_with(
     reports_cache: bool | _Keep = _KEEP,
     prefix_misses: int | _Keep = _KEEP,
     missed_since_probe: bool | _Keep = _KEEP,
+    pace_cap: int | _Keep | None = _KEEP,
+    pace_s: float | _Keep | None = _KEEP,
+    pace_set_at: float | _Keep | None = _KEEP,
 ) -> ReplicaState:
     """A copy of ``rep`` with some counters changed (hand-written, as ``_run_with``)."""
     return new_replica(
@@ -1357,6 +1447,10 @@ def _replica_with(
         rep.prefix_misses if isinstance(prefix_misses, _Keep) else prefix_misses,
         rep.missed_since_probe if isinstance(missed_since_probe, _Keep) else missed_since_probe,
         rep.ramping,
+        rep.batch_in_flight,
+        rep.pace_cap if isinstance(pace_cap, _Keep) else pace_cap,
+        rep.pace_s if isinstance(pace_s, _Keep) else pace_s,
+        rep.pace_set_at if isinstance(pace_set_at, _Keep) else pace_set_at,
     )
 
 

@@ -14,6 +14,7 @@ def violations(state: State) -> list[str]:
     """Every way ``state`` disagrees with its own definition; empty when sound."""
     problems: list[str] = []
     in_flight: dict[str, int] = {}
+    batch: dict[str, int] = {}
     callers: dict[str, int] = {}
     run_turns: dict[str, int] = {}
     for t in state.turns.values():
@@ -21,6 +22,8 @@ def violations(state: State) -> list[str]:
         if t.kind is EndpointKind.GENERATIVE:
             callers[t.caller] = callers.get(t.caller, 0) + 1
             run_turns[t.run_id] = run_turns.get(t.run_id, 0) + 1
+            if t.service_class is ServiceClass.BATCH:
+                batch[t.replica] = batch.get(t.replica, 0) + 1
     reserved: dict[str, int] = {}
     for r in state.runs.values():
         if r.reserved_on is not None:
@@ -47,6 +50,11 @@ def violations(state: State) -> list[str]:
         if rep.in_flight != in_flight.get(name, 0):
             problems.append(
                 f"replica {name} counts {rep.in_flight} in flight, has {in_flight.get(name, 0)}"
+            )
+        if rep.batch_in_flight != batch.get(name, 0):
+            problems.append(
+                f"replica {name} counts {rep.batch_in_flight} batch in flight, "
+                f"has {batch.get(name, 0)}"
             )
         if rep.reserved != reserved.get(name, 0):
             problems.append(

@@ -104,6 +104,14 @@ class ReplicaState:
     prefix_misses: int = 0  # continuing turns that found their prefix evicted (cumulative)
     missed_since_probe: bool = False  # one did since the last probe: the cap may not rise
     ramping: bool = False  # S2: the cap is Params.initial_cap's ramp; no queue seen yet
+    # Decode pace (Params.interactive_pace_s): batch turns in flight here, the limit on
+    # them while an interactive run lives here (None: none), the smoothed seconds per
+    # reply token of turns that ended here, and when the limit last changed (a turn
+    # admitted before that says nothing about it).
+    batch_in_flight: int = 0
+    pace_cap: int | None = None
+    pace_s: float | None = None
+    pace_set_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +311,10 @@ def new_replica(
     prefix_misses: int,
     missed_since_probe: bool,
     ramping: bool,
+    batch_in_flight: int,
+    pace_cap: int | None,
+    pace_s: float | None,
+    pace_set_at: float | None,
 ) -> ReplicaState:
     r: Any = _new(_ReplicaDraft)
     r.spec = spec
@@ -320,6 +332,10 @@ def new_replica(
     r.prefix_misses = prefix_misses
     r.missed_since_probe = missed_since_probe
     r.ramping = ramping
+    r.batch_in_flight = batch_in_flight
+    r.pace_cap = pace_cap
+    r.pace_s = pace_s
+    r.pace_set_at = pace_set_at
     r.__class__ = ReplicaState
     return r  # type: ignore[no-any-return]
 

@@ -79,3 +79,10 @@ class Params:
     # of its run's previous prompt cached lowers the cap by one.
     keep_prefixes: bool = True
     prefix_miss_share: float = 0.5
+    # Decode pace (docs/decode-pace.md): while an interactive run lives on a replica
+    # (a turn in flight or paused on a tool there), its batch turns are limited so that
+    # replies there stream at no more than this many seconds per token; the limit is
+    # learned from the turns that end there. A replica that reports no load is not
+    # limited (S2). None: off.
+    interactive_pace_s: float | None = None
+    pace_min_tokens: int = 16  # replies shorter than this say too little about the pace

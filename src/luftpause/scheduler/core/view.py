@@ -31,6 +31,11 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "engine_waiting": rep.waiting,
                 "kv_usage": rep.kv_usage,
                 "prefix_misses": rep.prefix_misses,
+                # decode pace (interactive_pace_s): batch turns here and their limit while
+                # an interactive run lives here (null: none), the smoothed s per token
+                "batch_in_flight": rep.batch_in_flight,
+                "batch_limit_from_pace": rep.pace_cap,
+                "pace_s_per_token": None if rep.pace_s is None else round(rep.pace_s, 4),
                 "probed_s_ago": None if rep.probed_at is None else round(now - rep.probed_at, 3),
             }
         )
