@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -215,6 +216,33 @@ async def test_streaming_asks_engine_for_usage(stack: Stack) -> None:
         "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})
     )
     assert asked.content == body
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_only_a_streamed_reply_reports_its_first_token(stack: Stack, stream: bool) -> None:
+    """D5, decode pace: the scheduler reads a replica's pace from a reply's first token
+    to its end, so a streamed reply reports its first token and one that arrives whole
+    (which would read as instant) does not."""
+    state = stack.host.state
+    stack.host.state = replace(state, params=replace(state.params, interactive_pace_s=0.1))
+    usage = {"prompt_tokens": 3, "completion_tokens": 20}
+    if stream:
+        body = (
+            b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+            b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+            b'data: {"choices":[],"usage":' + json.dumps(usage).encode() + b"}\n\n"
+            b"data: [DONE]\n\n"
+        )
+        stack.engine.reply = lambda r: httpx.Response(
+            200, content=body, headers={"content-type": "text/event-stream"}
+        )
+    else:
+        stack.engine.reply = lambda r: httpx.Response(200, json={**COMPLETION, "usage": usage})
+    resp = await stack.client.post("/v1/chat/completions", json=chat(stream=stream))
+    assert resp.status_code == 200
+    await settle(stack.host, lambda: not stack.host.state.turns)
+    paces = [r.pace_s for r in stack.host.state.replicas.values()]
+    assert (paces.count(None) == len(paces) - 1) if stream else set(paces) == {None}
 
 
 async def test_class_priority_is_sent_to_engines_that_order_by_it(stack: Stack) -> None:

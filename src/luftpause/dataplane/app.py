@@ -740,7 +740,7 @@ async def _forward_chat(
     outcome = TurnOutcome()
     outcome.read_completion_bytes(whole)
     if outcome.first_token:
-        turn.first_token()
+        turn.first_token(streamed=False)
     turn.finished(outcome)
     return Response(whole, status_code=200, headers={**reply_headers, "content-type": content_type})
 
@@ -942,7 +942,7 @@ async def _forward_api(
         outcome.read_completion(body_json)
         reply = dumps(translated.reply(body_json))
     if outcome.first_token:
-        turn.first_token()
+        turn.first_token(streamed=False)
     turn.finished(outcome)
     return Response(
         reply,

@@ -73,12 +73,16 @@ class Turn:
         metrics.in_flight.labels(record.service_class).inc()
         self._report(started=pb.TurnStarted())
 
-    def first_token(self) -> None:
+    def first_token(self, *, streamed: bool = True) -> None:
+        """The reply's first token arrived. Only a streamed one is reported: the scheduler
+        reads a replica's decode pace from first token to end (``interactive_pace_s``),
+        and a reply that arrives whole would read as instant."""
         if self.ended is None:
             self._metrics.ttft.labels(self.record.service_class).observe(
                 time.monotonic() - self.started_at
             )
-            self._report(first_token=pb.FirstToken())
+            if streamed:
+                self._report(first_token=pb.FirstToken())
 
     def finished(self, outcome: TurnOutcome) -> None:
         """The engine's reply ended well."""
