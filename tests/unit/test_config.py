@@ -211,6 +211,27 @@ def test_class_priority_reaches_the_scheduler_as_engine_ordering(tmp_path: Path)
     assert [s.orders_classes for s in replica_specs(config)] == [True, False]
 
 
+def test_scheduler_table_reaches_the_core_and_zero_turns_a_limit_off(tmp_path: Path) -> None:
+    """S2, decode pace: ``initial_cap`` and ``interactive_pace_ms`` reach the core's
+    params (milliseconds to seconds); 0 turns either off; a negative pace or a minimum
+    under 2 tokens is refused, naming the field."""
+    from luftpause.scheduler.service.main import core_params
+
+    on, _ = load_config(
+        write(tmp_path, "[scheduler]\ninteractive_pace_ms = 150\npace_min_tokens = 8\n")
+    )
+    params = core_params(on.scheduler)
+    assert params.interactive_pace_s == 0.15 and params.pace_min_tokens == 8
+    assert params.initial_cap == 16
+    off, _ = load_config(write(tmp_path, "[scheduler]\ninteractive_pace_ms = 0\ninitial_cap = 0\n"))
+    assert core_params(off.scheduler).interactive_pace_s is None
+    assert core_params(off.scheduler).initial_cap is None
+    for bad, field in (("interactive_pace_ms = -1", "interactive_pace_ms"),
+                       ("pace_min_tokens = 1", "pace_min_tokens")):  # fmt: skip
+        with pytest.raises(ConfigError, match=field):
+            load_config(write(tmp_path, f"[scheduler]\n{bad}\n"))
+
+
 def test_strings_name_environment_variables(tmp_path: Path) -> None:
     """X3: `${NAME}`, `${NAME:-default}` and `$$` in string values are expanded from the
     environment passed in, where the file is loaded; keys, numbers and the process's own

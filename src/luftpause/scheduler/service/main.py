@@ -63,6 +63,22 @@ def link_port_of(settings: SchedulerSettings, args: argparse.Namespace) -> int |
     return settings.link_port
 
 
+def core_params(settings: SchedulerSettings) -> Params:
+    """The core's policy constants from the ``[scheduler]`` table (0 turns a limit off)."""
+    return Params(
+        turn_timeout_s=settings.turn_timeout_s,
+        run_idle_expiry_s=settings.run_idle_expiry_s,
+        dataplane_grace_s=settings.dataplane_grace_s,
+        cap_raise_step=settings.cap_raise_step,
+        keep_prefixes=settings.keep_prefixes,
+        prefix_miss_share=settings.prefix_miss_share,
+        queue_probes=settings.queue_probes,
+        initial_cap=settings.initial_cap or None,
+        interactive_pace_s=settings.interactive_pace_ms / 1000 or None,
+        pace_min_tokens=settings.pace_min_tokens,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     boot = Bootstrap("scheduler", args, os.environ)
     config: StackConfig = load_config_or_exit(args.config)
@@ -86,16 +102,7 @@ def main(args: argparse.Namespace) -> int:
 
     async def start(svc: Service) -> None:
         clock = time.monotonic
-        params = Params(
-            turn_timeout_s=settings.turn_timeout_s,
-            run_idle_expiry_s=settings.run_idle_expiry_s,
-            dataplane_grace_s=settings.dataplane_grace_s,
-            cap_raise_step=settings.cap_raise_step,
-            keep_prefixes=settings.keep_prefixes,
-            prefix_miss_share=settings.prefix_miss_share,
-            queue_probes=settings.queue_probes,
-            initial_cap=settings.initial_cap or None,
-        )
+        params = core_params(settings)
         host = Host(initial_state(replica_specs(config), params, clock()), clock)
         svc.task(host.run(), name="writer")
         prober = Prober(config.endpoints, secrets.api_keys, settings.probe_period_s, host.post)
