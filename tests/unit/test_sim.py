@@ -12,6 +12,7 @@ from xml.etree import ElementTree
 import pytest
 
 from luftpause.config import SchedulerSettings
+from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen.mix import Group, MixError
 from luftpause.scheduler.core import (
     Admit,
@@ -24,6 +25,7 @@ from luftpause.scheduler.core import (
     initial_state,
 )
 from luftpause.scheduler.service.host import Host
+from luftpause.scheduler.service.main import core_params
 from luftpause.sim.main import MODEL, SimConfig, Trace, simulate
 from luftpause.sim.sweep import fewest, parse_sweep
 from luftpause.sim.world import World
@@ -169,6 +171,7 @@ def test_cli_reports_every_arm_and_writes_json(tmp_path: Path) -> None:
         (("--group", "2:batch:c:subagents"), "own-loop agents only"),
         (("--group", "2:batch", "--arms", "luftpause,smg-max"), "unknown arm(s) smg-max"),
         (("--group", "2:batch", "--arms", "smg-cap3"), "capacity must be more than 4"),
+        (("--group", "2:batch", "--arms", "luftpause-pace"), "unknown arm(s) luftpause-pace"),
         (("--group", "2:nightly"), "class must be interactive or batch"),
         (("--agents", "2", "--context-chars", "40000"), "do not fit the engine's context"),
     ],
@@ -182,9 +185,34 @@ def test_cli_refuses_bad_input_with_a_clear_error(args: tuple[str, ...], message
 
 def test_params_are_the_services_defaults() -> None:
     """The luftpause arm runs the core with the scheduler's default policy constants,
-    the ramp from idle (S2) included, which the service's settings share."""
+    the ramp from idle (S2) and the decode pace included, which the service's default
+    settings give the core."""
     assert SimConfig(groups=SMALL.groups).params == Params()
-    assert SchedulerSettings().initial_cap == Params().initial_cap
+    assert core_params(SchedulerSettings()) == Params()
+
+
+def test_a_decode_pace_target_speeds_up_interactive_turns_beside_long_batch_contexts() -> None:
+    """Decode pace, B1, B10: one long-context replica, one interactive coding agent beside
+    twelve batch ones. Nothing queues there, so S2's cap never engages; with
+    ``interactive_pace_s`` (arm ``luftpause-pace100``) the batch turns beside the
+    interactive run are limited and its turns end sooner, and batch work goes on (an
+    ordering, in virtual time)."""
+    engine = EngineParams(priority_scheduling=True, context_length=131072, kv_tokens=1_000_000)
+    config = SimConfig(
+        groups=(
+            Group("people", 1, "interactive", "people", profile="coding-agent"),
+            Group("crowd", 12, "batch", "crowd", profile="coding-agent"),
+        ),
+        replicas=1,
+        duration_s=300.0,
+        warmup_s=120.0,
+        engine=engine,
+    )
+    plain = simulate(config, "luftpause")["classes"]
+    paced = simulate(config, "luftpause-pace100")["classes"]
+    turn_p50 = [r["interactive"]["turns_ended"]["wall_s"]["p50"] for r in (plain, paced)]
+    assert turn_p50[1] < turn_p50[0]
+    assert paced["batch"]["turns_ended"]["completion_tokens_per_min"] > 0
 
 
 def test_sweep_values_are_checked() -> None:

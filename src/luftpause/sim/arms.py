@@ -29,8 +29,10 @@ from luftpause.sim.fleet import Replica
 from luftpause.sim.world import World
 
 ARMS = ("luftpause", "router", "engine-prio", "smg")
-# Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap.
-SIZED_ARMS = ("smg-cap", "smg-fifo")
+# Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
+# and luftpause with a decode pace target of MS milliseconds per token
+# (``interactive_pace_s``).
+SIZED_ARMS = ("smg-cap", "smg-fifo", "luftpause-pace")
 # Body priorities of the engine-prio arm (as tools/bench/flood.py sends them).
 ENGINE_PRIORITY = {"interactive": 10, "batch": 0}
 # SGLang Model Gateway 1.13's priority scheduler as tools/bench/flood.py configures it:
@@ -87,7 +89,6 @@ class Arm(Protocol):
 class LuftpauseArm:
     """The scheduler's pure core, fed what the real service feeds it."""
 
-    name = "luftpause"
     holds = True
 
     def __init__(
@@ -101,7 +102,9 @@ class LuftpauseArm:
         log: list[Event] | None = None,
         admits: list[Admit] | None = None,
         class_priority: bool = True,
+        name: str = "luftpause",
     ) -> None:
+        self.name = name
         self.world = world
         # As the flood's endpoints declare ``class_priority``: the dataplane sends each
         # turn to its engine with its class's priority (interactive 10, batch 0).

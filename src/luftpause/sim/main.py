@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -108,9 +108,19 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     if name == "smg":
         return SmgArm(world, replicas)
     size = sized_arm(name)
+    if size is not None and size[0] == "luftpause-pace":
+        params = replace(config.params, interactive_pace_s=size[1] / 1000)
+        return LuftpauseArm(
+            world, replicas, frozenset({MODEL}), params, config.probe_s,
+            log=None if trace is None else trace.events,
+            admits=None if trace is None else trace.admits,
+            class_priority=config.class_priority, name=name,
+        )  # fmt: skip
     if size is not None:
         return SmgArm(world, replicas, size[1], priority=size[0] == "smg-cap", name=name)
-    raise ValueError(f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC")
+    raise ValueError(
+        f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, luftpause-paceMS"
+    )
 
 
 def sized_arm(name: str) -> tuple[str, int] | None:
@@ -307,7 +317,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(ARMS),
         metavar="ARM[,ARM...]",
         help=f"arms to run, in order (default: {','.join(ARMS)}); also smg-capC (SMG's "
-        "priority scheduler with C slots over all replicas) and smg-fifoC (its FIFO cap of C)",
+        "priority scheduler with C slots over all replicas), smg-fifoC (its FIFO cap of C) "
+        "and luftpause-paceMS (luftpause limiting batch turns beside interactive runs to keep "
+        "replies at MS ms per token: interactive_pace_ms)",
     )
     sim.add_argument(
         "--replicas", type=positive_int, default=2, help="engine replicas (default: 2)"
@@ -446,7 +458,8 @@ def arms_from_args(text: str) -> list[str]:
     if unknown or not arms:
         raise MixError(
             f"unknown arm(s) {', '.join(unknown) or '(none given)'}; arms are "
-            f"{', '.join(ARMS)}, and smg-capC / smg-fifoC for a capacity of C slots"
+            f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, and "
+            "luftpause-paceMS for a decode pace target of MS ms per token"
         )
     small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]
     if small:
