@@ -88,7 +88,7 @@ DIGESTS = (
         None,
         "3835516d27712b9abdc3a5f08ccc96ce8b6bf939c96cd1e697547d0439ca1778",
     ),
-    (PARAMS.initial_cap, 0.2, "586c3bc6faf1d45b579a78384033086f0280b15069aae7934a3641d826b742cc"),
+    (PARAMS.initial_cap, 0.2, "7d2bca888f23c9863cd04d73186ea5b96e92fe950a953669bfea6338911c6ede"),
 )
 
 
@@ -318,6 +318,7 @@ def digest(outs: list[tuple[Action, ...]], final: State) -> str:
             assert rep.pop("batch_in_flight") == 0  # (the history is drained)
             assert rep.pop("batch_limit_from_pace") is None
             assert rep.pop("pace_s_per_token") is None
+            assert rep.pop("best_pace_s_per_token") is None
     h.update(json.dumps(snapshot, sort_keys=True).encode())
     return h.hexdigest()
 

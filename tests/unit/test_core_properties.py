@@ -394,17 +394,20 @@ class CoreMachine(RuleBasedStateMachine):
 
     @initialize(
         n_generative=st.sampled_from([2, 3]),
-        caps=st.lists(st.sampled_from([None, None, 1, 2]), min_size=4, max_size=4),
+        caps=st.lists(st.sampled_from([None, 0, 0, 1, 2]), min_size=4, max_size=4),
         ordering=st.sampled_from(["---", "---", "o--", "-oo"]),
     )
     def setup(self, n_generative: int, caps: list[int | None], ordering: str) -> None:
-        """Most histories start with every replica probed healthy (some capped), so that
+        """Most histories start with every replica probed healthy (some capped, some
+        reporting load without a queue, so that the decode pace may limit them), so that
         turns flow; the probe rule makes them unhealthy or changes caps later. Some
         replicas' engines order their queue by class."""
         self.specs = pool(n_generative, ordering)
         self.restart_core()
         for spec, cap in zip(self.specs, caps, strict=False):
-            ev = ReplicaProbed(self.now, spec.name, True, cap, None if cap is None else 1)
+            # None: no load reported (not limited); 0: load without a queue; C: a queue
+            waiting = None if cap is None else (1 if cap else 0)
+            ev = ReplicaProbed(self.now, spec.name, True, cap, waiting)
             self.last_probe[spec.name] = ev
             self.step(ev)
 
@@ -446,7 +449,7 @@ class CoreMachine(RuleBasedStateMachine):
         data=st.data(),
         how=st.sampled_from(["idle", "paused", "paused", "failed", "unreachable"]),
         cached=st.sampled_from([None, 0, 10, 90]),
-        streamed_s=st.sampled_from([None, 0.0, 2.0]),
+        streamed_s=st.sampled_from([None, 0.0, 0.1, 0.1, 2.0]),
     )
     def finish(
         self, data: st.DataObject, how: str, cached: int | None, streamed_s: float | None

@@ -1572,6 +1572,7 @@ def test_status_view_shape() -> None:
         "batch_in_flight": 0,
         "batch_limit_from_pace": None,
         "pace_s_per_token": None,
+        "best_pace_s_per_token": None,
         "probed_s_ago": 5.0,
     }
     sp = v["replicas"][1]
@@ -1675,11 +1676,14 @@ def streamed(sim: Sim, turn: str, tokens: int, s_per_token: float, **finish: Any
     return sim.finish(turn, reply=tokens, **finish)
 
 
-def paced_replica(batch: int = 6) -> Sim:
-    """Replica ``a`` (its engine reports no queue: no S2 cap) with an interactive run
-    ``i`` in flight and ``batch`` batch turns ``b0``… beside it."""
+def paced_replica(batch: int = 6, best: float = 0.01) -> Sim:
+    """Replica ``a`` (its engine reports no queue: no S2 cap) whose fastest reply so far
+    streamed at ``best`` s per token, then an interactive run ``i`` in flight and
+    ``batch`` batch turns ``b0``… beside it."""
     sim = Sim(gen("a"), params=PACED)
     sim.probe("a", running=0, waiting=0)
+    sim.req("alone", "r-alone")
+    streamed(sim, "alone", 21, best)
     assert admits(sim.req("ti", "i", cls=INT, caller="u")) == {"ti": "a"}
     for n in range(batch):
         assert admits(sim.req(f"b{n}", f"rb{n}")) == {f"b{n}": "a"}
@@ -1695,7 +1699,7 @@ def test_pace_too_slow_beside_an_interactive_run_limits_batch_turns() -> None:
     streamed(sim, "b0", 21, 0.3)  # 0.3 s per token, 6 batch turns ran: limit 4
     rep = sim.replica("a")
     assert rep["batch_limit_from_pace"] == 4 and rep["batch_in_flight"] == 5
-    assert rep["pace_s_per_token"] == 0.3
+    assert rep["best_pace_s_per_token"] == 0.01
     assert rep["capacity"] is None  # S2's cap is not touched
     assert sim.req("b9", "rb9") == ()  # held: 5 batch turns in flight, limit 4
     assert admits(sim.req("ti2", "i2", cls=INT, caller="u")) == {"ti2": "a"}
@@ -1749,7 +1753,7 @@ def test_pace_is_not_judged_on_short_replies_or_without_a_first_token() -> None:
     streamed(sim, "b0", 15, 1.0)  # 15 < 16 tokens
     sim.finish("b1", reply=100)  # no first token
     rep = sim.replica("a")
-    assert rep["batch_limit_from_pace"] is None and rep["pace_s_per_token"] is None
+    assert rep["batch_limit_from_pace"] is None and rep["pace_s_per_token"] == 0.01
     off = Sim(gen("a"))
     off.probe("a")
     off.req("ti", "i", cls=INT)
@@ -1766,7 +1770,11 @@ def test_pace_counts_batch_turns_adopted_on_resync() -> None:
     sim = Sim(gen("a"), params=PACED)
     sim.probe("a", running=0, waiting=0)
     sim.resync_generating("a", 3)
-    assert sim.replica("a")["batch_in_flight"] == 3
+    sim.finish("t2")  # (not measured)
+    sim.req("alone", "r-alone")
+    streamed(sim, "alone", 21, 0.01)
+    assert sim.replica("a")["batch_in_flight"] == 2
+    sim.req("t9", "r9")
     sim.req("ti", "i", cls=INT, caller="u")
     sim.t = 1.0
     streamed(sim, "t0", 21, 0.5)  # 3 batch turns ran beside it: limit 2
@@ -1788,3 +1796,17 @@ def test_pace_limits_no_replica_that_reports_no_load() -> None:
     streamed(sim, "b10", 21, 0.5)  # admitted after: would cut, but no load is reported
     rep = sim.replica("a")
     assert rep["batch_limit_from_pace"] is None and rep["pace_s_per_token"] > 0.1
+
+
+def test_pace_target_is_at_least_one_and_a_half_times_the_replicas_best() -> None:
+    """Decode pace: an engine whose fastest reply with at most one batch turn beside it
+    was 0.3 s per token cannot meet a target of 0.1; its target is 1.5 times its best,
+    0.45, so a reply at 0.4 cuts nothing and one at 0.5 cuts the batch limit. Faster
+    replies with more batch turns beside them do not count as its best."""
+    sim = paced_replica(6, best=0.3)
+    streamed(sim, "b0", 21, 0.05)  # 5 batch turns left beside it: not its best
+    streamed(sim, "b1", 21, 0.4)
+    rep = sim.replica("a")
+    assert rep["batch_limit_from_pace"] is None and rep["best_pace_s_per_token"] == 0.3
+    streamed(sim, "b2", 21, 0.5)  # 4 batch turns ran beside it: limit 3
+    assert sim.replica("a")["batch_limit_from_pace"] == 3

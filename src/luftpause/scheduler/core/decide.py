@@ -141,10 +141,12 @@ from luftpause.scheduler.core.types import (
 _CLASS_ORDER = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 # Decode pace (Params.interactive_pace_s): the weight of each new reply in the smoothed
 # pace the status view shows, the share of the batch turns kept when a reply is too
-# slow, and the share of the target a reply must stay under for the limit to rise.
+# slow, the share of the target a reply must stay under for the limit to rise, and the
+# floor on the target, as a multiple of the replica's fastest reply.
 PACE_WEIGHT = 0.25
 PACE_BACKOFF = 0.75
 PACE_HEADROOM = 0.8
+PACE_BEST_FACTOR = 1.5  # the target is at least this many times the replica's best pace
 _KIND_LABEL = {EndpointKind.GENERATIVE: "Generative", EndpointKind.SINGLE_PASS: "SinglePass"}
 _MAX_ID = 256  # longest turn/run ID accepted from a peer
 
@@ -652,7 +654,11 @@ class _Tx:
         interactive run lives there, such a reply slower than ``interactive_pace_s`` per
         token cuts the batch limit to ``PACE_BACKOFF`` of the batch turns it ran beside
         (at most the limit; at least 1), and one faster than ``PACE_HEADROOM`` of it, with
-        batch turns at the limit, raises the limit by one. As S2's cap, the limit is only
+        batch turns at the limit, raises the limit by one. The target is at least
+        ``PACE_BEST_FACTOR`` times the fastest reply the replica gave with at most one
+        batch turn beside it, so an engine slower than the target even then still runs
+        batch turns beside an interactive run, and only those that would slow it further
+        are held. As S2's cap, the limit is only
         set on a replica whose last probe reported its load. ``pace_s`` smooths every reply
         for the status view; the limit follows single replies, because a smoothed pace
         would still remember the turns before a cut and cut again."""
@@ -662,6 +668,13 @@ class _Tx:
             return
         pace = max(0.0, self.now - turn.first_token_at) / (completion_tokens - 1)
         smoothed = pace if rep.pace_s is None else rep.pace_s + PACE_WEIGHT * (pace - rep.pace_s)
+        best = rep.pace_best_s
+        if rep.batch_in_flight <= 1 and (best is None or pace < best):
+            best = pace  # (a reply with at most one batch turn left beside it)
+        if best is not None:
+            # an engine slower than the target even with batch work held back is not
+            # asked for the impossible
+            target = max(target, PACE_BEST_FACTOR * best)
         cap = rep.pace_cap
         set_at = rep.pace_set_at
         interactive_here = rep.reserved > 0 or rep.in_flight > rep.batch_in_flight
@@ -679,7 +692,8 @@ class _Tx:
             set_at = self.now
             self.dirty.add(turn.replica)  # (a raise makes room; a cut changes nothing held)
         self.replicas = self.replicas.set(
-            turn.replica, _replica_with(rep, pace_cap=cap, pace_s=smoothed, pace_set_at=set_at)
+            turn.replica,
+            _replica_with(rep, pace_cap=cap, pace_s=smoothed, pace_set_at=set_at, pace_best_s=best),
         )
 
     def on_failed(self, ev: TurnFailed) -> None:
@@ -960,6 +974,7 @@ class _Tx:
                 pace_cap,
                 rep.pace_s,
                 pace_set_at,
+                rep.pace_best_s,
             ),
         )
         if cap != rep.cap or pace_cap != rep.pace_cap:
@@ -1014,6 +1029,7 @@ class _Tx:
                 rep.pace_cap,
                 rep.pace_s,
                 rep.pace_set_at,
+                rep.pace_best_s,
             ),
         )
 
@@ -1429,6 +1445,7 @@ def _replica_with(
     pace_cap: int | _Keep | None = _KEEP,
     pace_s: float | _Keep | None = _KEEP,
     pace_set_at: float | _Keep | None = _KEEP,
+    pace_best_s: float | _Keep | None = _KEEP,
 ) -> ReplicaState:
     """A copy of ``rep`` with some counters changed (hand-written, as ``_run_with``)."""
     return new_replica(
@@ -1451,6 +1468,7 @@ def _replica_with(
         rep.pace_cap if isinstance(pace_cap, _Keep) else pace_cap,
         rep.pace_s if isinstance(pace_s, _Keep) else pace_s,
         rep.pace_set_at if isinstance(pace_set_at, _Keep) else pace_set_at,
+        rep.pace_best_s if isinstance(pace_best_s, _Keep) else pace_best_s,
     )
 
 

@@ -106,12 +106,14 @@ class ReplicaState:
     ramping: bool = False  # S2: the cap is Params.initial_cap's ramp; no queue seen yet
     # Decode pace (Params.interactive_pace_s): batch turns in flight here, the limit on
     # them while an interactive run lives here (None: none), the smoothed seconds per
-    # reply token of turns that ended here, and when the limit last changed (a turn
-    # admitted before that says nothing about it).
+    # reply token of turns that ended here, when the limit last changed (a turn admitted
+    # before that says nothing about it), and the fastest pace a reply here had with at
+    # most one batch turn beside it.
     batch_in_flight: int = 0
     pace_cap: int | None = None
     pace_s: float | None = None
     pace_set_at: float | None = None
+    pace_best_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +317,7 @@ def new_replica(
     pace_cap: int | None,
     pace_s: float | None,
     pace_set_at: float | None,
+    pace_best_s: float | None,
 ) -> ReplicaState:
     r: Any = _new(_ReplicaDraft)
     r.spec = spec
@@ -336,6 +339,7 @@ def new_replica(
     r.pace_cap = pace_cap
     r.pace_s = pace_s
     r.pace_set_at = pace_set_at
+    r.pace_best_s = pace_best_s
     r.__class__ = ReplicaState
     return r  # type: ignore[no-any-return]
 

@@ -84,5 +84,5 @@ class Params:
     # replies there stream at no more than this many seconds per token; the limit is
     # learned from the turns that end there. A replica that reports no load is not
     # limited (S2). None: off.
-    interactive_pace_s: float | None = None
+    interactive_pace_s: float | None = 0.1
     pace_min_tokens: int = 16  # replies shorter than this say too little about the pace

@@ -36,6 +36,9 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "batch_in_flight": rep.batch_in_flight,
                 "batch_limit_from_pace": rep.pace_cap,
                 "pace_s_per_token": None if rep.pace_s is None else round(rep.pace_s, 4),
+                "best_pace_s_per_token": (
+                    None if rep.pace_best_s is None else round(rep.pace_best_s, 4)
+                ),
                 "probed_s_ago": None if rep.probed_at is None else round(now - rep.probed_at, 3),
             }
         )
