@@ -191,7 +191,7 @@ class SchedulerSettings(_Frozen):
     # Decode pace (docs/scheduling.md): while an interactive run lives on a replica, its
     # batch turns are limited so that replies there stream at no more than this many
     # milliseconds per token; 0 = off. Replies shorter than pace_min_tokens are not judged.
-    interactive_pace_ms: Annotated[float, Field(ge=0)] = 0.0
+    interactive_pace_ms: Annotated[float, Field(ge=0)] = 100.0
     pace_min_tokens: Annotated[int, Field(ge=2)] = 16
     # S12: runtimes (base URLs, http(s)://host:port) the status page may show besides
     # loopback ones; the scheduler fetches their /status for the page.

@@ -26,6 +26,7 @@ import pytest
 from fullstack import MODEL, loadgen_here, start_scheduler_and_dataplane
 
 from luftpause.loadgen.mix import Group
+from luftpause.scheduler.core import Params
 from luftpause.sim.main import SimConfig, simulate
 
 pytestmark = pytest.mark.integration
@@ -92,6 +93,8 @@ async def test_the_simulator_and_the_stack_order_the_arms_alike(
     config = tmp_path / "stack.toml"
     config.write_text(
         f"[scheduler]\nprobe_period_s = {2.0 / SCALE:g}\n"
+        # the decode pace's target, like the probe period, in the engines' faster time
+        f"interactive_pace_ms = {(Params().interactive_pace_s or 0) * 1000 / SCALE:g}\n"
         "[dataplane]\nreport_reconnect_s = 0.2\n"
         f'[[endpoints]]\nname = "engine-a"\nurl = "{ours.urls["http"]}"\n'
         f'models = ["{MODEL}"]\nmetrics = "sglang"\n'

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -194,9 +195,10 @@ def test_params_are_the_services_defaults() -> None:
 def test_a_decode_pace_target_speeds_up_interactive_turns_beside_long_batch_contexts() -> None:
     """Decode pace, B1, B10: one long-context replica, one interactive coding agent beside
     twelve batch ones. Nothing queues there, so S2's cap never engages; with
-    ``interactive_pace_s`` (arm ``luftpause-pace100``) the batch turns beside the
-    interactive run are limited and its turns end sooner, and batch work goes on (an
-    ordering, in virtual time)."""
+    ``interactive_pace_s`` (the default, 0.1 s per token) the batch turns beside the
+    interactive run are limited and its turns end sooner than with it off, and batch
+    work goes on (an ordering, in virtual time). The arm ``luftpause-pace100`` is the
+    same target."""
     engine = EngineParams(priority_scheduling=True, context_length=131072, kv_tokens=1_000_000)
     config = SimConfig(
         groups=(
@@ -208,8 +210,11 @@ def test_a_decode_pace_target_speeds_up_interactive_turns_beside_long_batch_cont
         warmup_s=120.0,
         engine=engine,
     )
-    plain = simulate(config, "luftpause")["classes"]
-    paced = simulate(config, "luftpause-pace100")["classes"]
+    assert config.params.interactive_pace_s == 0.1
+    off = replace(config, params=replace(config.params, interactive_pace_s=None))
+    plain = simulate(off, "luftpause")["classes"]
+    paced = simulate(config, "luftpause")["classes"]
+    assert simulate(config, "luftpause-pace100")["classes"] == paced
     turn_p50 = [r["interactive"]["turns_ended"]["wall_s"]["p50"] for r in (plain, paced)]
     assert turn_p50[1] < turn_p50[0]
     assert paced["batch"]["turns_ended"]["completion_tokens_per_min"] > 0

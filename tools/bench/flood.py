@@ -95,6 +95,7 @@ from luftpause.procs import (
     launch_smg,
     stop_all,
 )
+from luftpause.scheduler.core import Params
 from luftpause.sim.arms import SMG_STARVATION_S
 
 MODEL = "llama-3.2-1b"
@@ -211,7 +212,9 @@ class Stack:
     engines: list[str] = field(default_factory=list)
     tools_url: str = ""
     dataplane: str = ""
-    dataplane_no_pk: str = ""  # a second scheduler and dataplane without prefix keeping
+    # ablations: arm -> the dataplane of a second scheduler with one policy off
+    # (luftpause-no-pk: prefix keeping; luftpause-no-pace: the decode pace)
+    ablations: dict[str, str] = field(default_factory=dict)
     runtimes: dict[str, str] = field(default_factory=dict)  # arm -> /mcp URL
     setups: dict[str, str] = field(default_factory=dict)  # SMG arm -> its configuration
 
@@ -239,12 +242,18 @@ def _config(
     probe_s: float,
     keep_prefixes: bool = True,
     initial_cap: int | None = None,
+    pace: bool = True,
 ) -> Path:
     """A stack file for one scheduler and dataplane on the stack's engines;
-    ``initial_cap`` None leaves the scheduler's default ramp from idle."""
+    ``initial_cap`` None leaves the scheduler's default ramp from idle. The decode pace's
+    default target is in model time: the engines run ``time_scale`` faster, so it is
+    scaled as the probe period is (``pace`` False: off)."""
+    target = Params().interactive_pace_s or 0.0
+    pace_ms = target * 1000 / stack.plan.time_scale if pace else 0.0
     text = (
         f"[scheduler]\nprobe_period_s = {probe_s:g}\n"
         f"keep_prefixes = {str(keep_prefixes).lower()}\n"
+        f"interactive_pace_ms = {pace_ms:g}\n"
         + ("" if initial_cap is None else f"initial_cap = {initial_cap}\n")
         + "[dataplane]\nreport_reconnect_s = 0.2\n"
     )
@@ -367,14 +376,20 @@ def start_engines(s: Stack, extra: tuple[str, ...] = ()) -> None:
     s.tools_url = f"{tools.urls['http']}/mcp"
 
 
-def start_stack(plan: Plan, tmp: Path, benches: set[str], ablate: bool = False) -> Stack:
+def start_stack(
+    plan: Plan, tmp: Path, benches: set[str], ablate: frozenset[str] = frozenset()
+) -> Stack:
+    """``ablate``: "prefix-keeping" and/or "pace", a luftpause arm each with it off."""
     s = Stack(tmp, plan)
     start_engines(s, CODING_ENGINE_ARGS if "coding" in benches else ())
     probe_s = probe_period(plan)
     s.dataplane = _luftpause(s, _config(tmp / "stack.toml", s, probe_s), "")
-    if ablate:
+    if "prefix-keeping" in ablate:
         config = _config(tmp / "stack-no-pk.toml", s, probe_s, keep_prefixes=False)
-        s.dataplane_no_pk = _luftpause(s, config, "-no-pk")
+        s.ablations["luftpause-no-pk"] = _luftpause(s, config, "-no-pk")
+    if "pace" in ablate:
+        config = _config(tmp / "stack-no-pace.toml", s, probe_s, pace=False)
+        s.ablations["luftpause-no-pace"] = _luftpause(s, config, "-no-pace")
     s.routers["cache_aware"] = launch_sglang_router(
         s.engines, "cache_aware", tmp / "router-cache_aware.log", MODEL
     )
@@ -661,19 +676,10 @@ def own_arms(
     ]  # fmt: skip
     router = stack.routers["cache_aware"].url
     engines = ",".join(stack.engines)
-    ablation = (
-        [
-            Arm(
-                bench,
-                "luftpause-no-pk",
-                load,
-                ["--target", stack.dataplane_no_pk, *common],
-                dataplane=stack.dataplane_no_pk,
-            )
-        ]
-        if stack.dataplane_no_pk
-        else []
-    )
+    ablation = [
+        Arm(bench, name, load, ["--target", url, *common], dataplane=url)
+        for name, url in stack.ablations.items()
+    ]
     # SMG arms: its priority classes and the run ID as sticky key by header, and the same
     # engine priorities in the body as luftpause sends (SMG forwards a body's priority).
     smg_flags = [
@@ -1251,24 +1257,26 @@ class Point:
 
     @property
     def kind(self) -> str:
-        for prefix in ("smg-cap", "smg-fifo"):
+        for prefix in ("smg-cap", "smg-fifo", "luftpause-pace"):
             if self.name.startswith(prefix):
                 return prefix
         return self.name
 
     @property
     def cap(self) -> int | None:
-        for prefix in ("smg-cap", "smg-fifo"):
+        for prefix in ("smg-cap", "smg-fifo", "luftpause-pace"):
             if self.name.startswith(prefix) and self.name[len(prefix) :].isdigit():
                 return int(self.name[len(prefix) :])
         return None
 
 
-FRONTIER_ORDER = ("luftpause", "luftpause-no-pk", "smg", "smg-cap", "smg-fifo", "router",
-                  "engine-prio")  # fmt: skip
+FRONTIER_ORDER = ("luftpause", "luftpause-no-pk", "luftpause-no-pace", "luftpause-pace",
+                  "smg", "smg-cap", "smg-fifo", "router", "engine-prio")  # fmt: skip
 FRONTIER_LABEL = {
     "luftpause": "luftpause",
     "luftpause-no-pk": "luftpause, no prefix keeping",
+    "luftpause-no-pace": "luftpause, no decode pace",
+    "luftpause-pace": "luftpause, decode pace target MS ms",
     "smg": "SMG (priority scheduler, engines' own capacity)",
     "smg-cap": "SMG priority scheduler, capacity C",
     "smg-fifo": "SMG FIFO cap (--max-concurrent-requests C)",
@@ -1335,6 +1343,8 @@ def _esc(text: str) -> str:
 SVG_STYLE = {  # kind -> (colour, marker, filled)
     "luftpause": ("#d62728", "circle", True),
     "luftpause-no-pk": ("#d62728", "circle", False),
+    "luftpause-no-pace": ("#d62728", "square", False),
+    "luftpause-pace": ("#d62728", "square", True),
     "smg": ("#1f77b4", "circle", False),
     "smg-cap": ("#1f77b4", "circle", True),
     "smg-fifo": ("#ff7f0e", "square", True),
@@ -1426,7 +1436,7 @@ def frontier_svg(panels: list[tuple[str, list[Point]]], title: str, subtitle: st
             f'<text x="{ox + 16}" y="{(y0 + y1) / 2:.0f}" text-anchor="middle" '
             f'transform="rotate(-90 {ox + 16} {(y0 + y1) / 2:.0f})">interactive runs/min</text>'
         )
-        for kind in ("smg-cap", "smg-fifo"):
+        for kind in ("smg-cap", "smg-fifo", "luftpause-pace"):
             line = [p for p in points if p.kind == kind]
             if len(line) > 1:
                 colour = SVG_STYLE[kind][0]
@@ -1451,7 +1461,7 @@ def frontier_svg(panels: list[tuple[str, list[Point]]], title: str, subtitle: st
             if p.cap is not None:  # the other arms' markers are named by the legend
                 out.append(
                     f'<text x="{cx + 8:.1f}" y="{cy - 7:.1f}" fill="{colour}" font-size="11">'
-                    f"C={p.cap}</text>"
+                    f"{'MS' if p.kind == 'luftpause-pace' else 'C'}={p.cap}</text>"
                 )
     ly = top + ph * rows + 8
     for i, (kind, text) in enumerate(FRONTIER_LABEL.items()):
@@ -1608,9 +1618,11 @@ def report(
         f"time scale {sc:g}: tools, engines and the scheduler's probe period run {sc:g}× faster "
         "than real time. **Every time and rate below is in the engine model's time** "
         f"(measured seconds × {sc:g}, runs/min ÷ {sc:g}).",
-        "- luftpause arm: the scheduler's defaults (prefix keeping on); an arm "
-        "`luftpause-no-pk`, where present (`--ablate-prefix-keeping`), is a second scheduler "
-        "and dataplane with `keep_prefixes = false` on the same engines",
+        "- luftpause arm: the scheduler's defaults (prefix keeping on, the decode pace's "
+        "target of 100 ms per token in model time, so `interactive_pace_ms` scaled by the "
+        "time scale); an arm `luftpause-no-pk`, where present (`--ablate-prefix-keeping`), "
+        "is a second scheduler and dataplane with `keep_prefixes = false` on the same "
+        "engines, and `luftpause-no-pace` (`--ablate-pace`) one with `interactive_pace_ms = 0`",
         *smg_lines,
         f"- repetitions: {plan.reps} per arm and load point; the arms' order at a point is a "
         "row of a Williams Latin square, the next row at the next repetition and the next "
@@ -1864,6 +1876,11 @@ def main() -> int:
         help="floods also run a luftpause arm with keep_prefixes = false (luftpause-no-pk)",
     )
     parser.add_argument(
+        "--ablate-pace",
+        action="store_true",
+        help="floods also run a luftpause arm with interactive_pace_ms = 0 (luftpause-no-pace)",
+    )
+    parser.add_argument(
         "--smg-caps",
         type=_caps(SMG_INTERACTIVE_RESERVED + 1),
         metavar="C,C,...",
@@ -1985,7 +2002,15 @@ def main() -> int:
         out = tmp / "results"
         out.mkdir()
         print(f"starting the stack (logs in {tmp})", file=sys.stderr)
-        stack = start_stack(plan, tmp, benches, ablate=args.ablate_prefix_keeping)
+        ablate = frozenset(
+            name
+            for name, on in (
+                ("prefix-keeping", args.ablate_prefix_keeping),
+                ("pace", args.ablate_pace),
+            )
+            if on
+        )
+        stack = start_stack(plan, tmp, benches, ablate=ablate)
         try:
             contexts = sorted(
                 {8000 for b in benches if b in ("own", "mcp", "routing")}
