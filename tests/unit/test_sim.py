@@ -198,7 +198,7 @@ def test_a_decode_pace_target_speeds_up_interactive_turns_beside_long_batch_cont
     ``interactive_pace_s`` (the default, 0.1 s per token) the batch turns beside the
     interactive run are limited and its turns end sooner than with it off, and batch
     work goes on (an ordering, in virtual time). The arm ``luftpause-pace100`` is the
-    same target."""
+    same target, ``luftpause-no-pace`` the target off."""
     engine = EngineParams(priority_scheduling=True, context_length=131072, kv_tokens=1_000_000)
     config = SimConfig(
         groups=(
@@ -215,6 +215,7 @@ def test_a_decode_pace_target_speeds_up_interactive_turns_beside_long_batch_cont
     plain = simulate(off, "luftpause")["classes"]
     paced = simulate(config, "luftpause")["classes"]
     assert simulate(config, "luftpause-pace100")["classes"] == paced
+    assert simulate(config, "luftpause-no-pace")["classes"] == plain
     turn_p50 = [r["interactive"]["turns_ended"]["wall_s"]["p50"] for r in (plain, paced)]
     assert turn_p50[1] < turn_p50[0]
     assert paced["batch"]["turns_ended"]["completion_tokens_per_min"] > 0

@@ -10,8 +10,9 @@ The own-loop flood's plan at each load point (4 interactive agents beside N batc
 agents, its warm-up, ramp and window: ``flood.FULL``), run by ``luftpause sim`` for
 every arm: luftpause, the router, engine priority, SMG with its engines' capacity,
 SMG's priority scheduler at each capacity C (``smg-capC``) and its FIFO cap
-(``smg-fifoC``), and luftpause with each decode pace target (``luftpause-paceMS``,
-``--luftpause-paces``). Each seed is one repetition; a cell shows the mean and its 95 %
+(``smg-fifoC``), luftpause with each decode pace target (``luftpause-paceMS``,
+``--luftpause-paces``) and with the decode pace off (``luftpause-no-pace``,
+``--ablate-pace``). Each seed is one repetition; a cell shows the mean and its 95 %
 t-interval over the seeds, as ``tools/bench/flood.py`` shows repetitions, and the
 frontier table and SVG are drawn by the flood's own code. Rates are closed-loop
 runs/min (agents × 60 / mean run time) in the engine model's time. A measurement:
@@ -78,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also luftpause with these decode pace targets, ms per token "
         "(interactive_pace_ms; arms luftpause-paceMS; default: none)",
     )
+    p.add_argument(
+        "--ablate-pace",
+        action="store_true",
+        help="also luftpause with the decode pace off (arm luftpause-no-pace)",
+    )
     p.add_argument("--out", type=Path, help="also write the tables here")
     p.add_argument("--plot", type=Path, help="also write the frontier as SVG")
     p.add_argument("--json", type=Path, help="also write every result")
@@ -113,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 + [f"smg-cap{c}" for c in caps(args.smg_caps, "--smg-caps")]
                 + [f"smg-fifo{c}" for c in caps(args.smg_fifo_caps, "--smg-fifo-caps")]
                 + [f"luftpause-pace{ms}" for ms in caps(args.luftpause_paces, "--luftpause-paces")]
+                + (["luftpause-no-pace"] if args.ablate_pace else [])
             )
         )
     except MixError as exc:

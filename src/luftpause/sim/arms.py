@@ -29,6 +29,8 @@ from luftpause.sim.fleet import Replica
 from luftpause.sim.world import World
 
 ARMS = ("luftpause", "router", "engine-prio", "smg")
+# luftpause with one default policy off (as tools/bench/flood.py's ablation arms)
+ABLATED_ARMS = ("luftpause-no-pace",)
 # Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
 # and luftpause with a decode pace target of MS milliseconds per token
 # (``interactive_pace_s``).

@@ -43,6 +43,7 @@ from luftpause.loadgen.workload import PROFILES, Profile
 from luftpause.scheduler.core import Admit, Event, Params
 from luftpause.sim.agents import Agent, Records
 from luftpause.sim.arms import (
+    ABLATED_ARMS,
     ARMS,
     SIZED_ARMS,
     Arm,
@@ -108,8 +109,9 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     if name == "smg":
         return SmgArm(world, replicas)
     size = sized_arm(name)
-    if size is not None and size[0] == "luftpause-pace":
-        params = replace(config.params, interactive_pace_s=size[1] / 1000)
+    if name == "luftpause-no-pace" or (size is not None and size[0] == "luftpause-pace"):
+        pace = None if size is None else size[1] / 1000
+        params = replace(config.params, interactive_pace_s=pace)
         return LuftpauseArm(
             world, replicas, frozenset({MODEL}), params, config.probe_s,
             log=None if trace is None else trace.events,
@@ -119,7 +121,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     if size is not None:
         return SmgArm(world, replicas, size[1], priority=size[0] == "smg-cap", name=name)
     raise ValueError(
-        f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, luftpause-paceMS"
+        f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
+        "luftpause-paceMS, luftpause-no-pace"
     )
 
 
@@ -318,8 +321,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ARM[,ARM...]",
         help=f"arms to run, in order (default: {','.join(ARMS)}); also smg-capC (SMG's "
         "priority scheduler with C slots over all replicas), smg-fifoC (its FIFO cap of C) "
-        "and luftpause-paceMS (luftpause limiting batch turns beside interactive runs to keep "
-        "replies at MS ms per token: interactive_pace_ms)",
+        "luftpause-paceMS (luftpause limiting batch turns beside interactive runs to keep "
+        "replies at MS ms per token: interactive_pace_ms) and luftpause-no-pace (the decode "
+        "pace off)",
     )
     sim.add_argument(
         "--replicas", type=positive_int, default=2, help="engine replicas (default: 2)"
@@ -454,12 +458,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def arms_from_args(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS and sized_arm(a) is None]
+    unknown = [a for a in arms if a not in (*ARMS, *ABLATED_ARMS) and sized_arm(a) is None]
     if unknown or not arms:
         raise MixError(
             f"unknown arm(s) {', '.join(unknown) or '(none given)'}; arms are "
-            f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, and "
-            "luftpause-paceMS for a decode pace target of MS ms per token"
+            f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, "
+            "luftpause-paceMS for a decode pace target of MS ms per token, and "
+            "luftpause-no-pace"
         )
     small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]
     if small:
