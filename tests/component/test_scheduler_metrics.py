@@ -148,6 +148,9 @@ async def test_replica_gauges_follow_probes_and_admissions(sched: Sched) -> None
     assert one(m, "replica_healthy", replica="a") == 1
     assert one(m, "replica_turn_cap", replica="a") == 2
     assert math.isinf(one(m, "replica_turn_cap", replica="b"))
+    assert sum(m[P + "replica_batch_turns_in_flight"].values()) == 2
+    assert math.isinf(one(m, "replica_batch_pace_limit", replica="a"))  # decode pace: none
+    assert m.get(P + "replica_reply_pace_seconds", {}) == {}  # no reply streamed yet
     assert sum(m[P + "replica_turns_in_flight"].values()) == 2
     assert one(m, "engine_requests_running", replica="a") == 2
     assert one(m, "engine_requests_waiting", replica="a") == 3

@@ -28,6 +28,8 @@ SCHEDULER_SERIES = [
     "luftpause_scheduler_replica_turn_cap",
     "luftpause_scheduler_replica_reserved_turns",
     "luftpause_scheduler_replica_pinned_runs",
+    "luftpause_scheduler_replica_batch_turns_in_flight",
+    "luftpause_scheduler_replica_batch_pace_limit",
     "luftpause_scheduler_replica_probe_age_seconds",
     "luftpause_scheduler_engine_requests_running",
     "luftpause_scheduler_engine_requests_waiting",

@@ -4,7 +4,8 @@ Two kinds of series, all prefixed ``luftpause_scheduler_``:
 
 * **State gauges**, computed at scrape time from the current (immutable) state by a
   custom collector, so the writer pays nothing per event for them: per replica
-  health, in-flight turns, cap, reservations, pinned runs, the engine's running and
+  health, in-flight turns, cap, reservations, pinned runs, batch turns in flight and
+  the decode pace's limit and smoothed pace, the engine's running and
   waiting requests and KV-cache usage from the last probe; held turns, distinct
   callers with held turns and the oldest held turn's age by class; in-flight turns by
   class; runs by phase and class; lost dataplanes; prefix misses per replica.
@@ -142,6 +143,22 @@ class _StateCollector(Collector):
             "KV-cache usage the engine reported at the last probe, 0 to 1",
             ["replica"],
         )
+        batch = g(
+            "replica_batch_turns_in_flight",
+            "Batch turns admitted to the replica and not yet ended",
+            ["replica"],
+        )
+        pace_limit = g(
+            "replica_batch_pace_limit",
+            "Batch turns the replica takes while an interactive run lives there, set from "
+            "its replies' decode pace; +Inf while not limited",
+            ["replica"],
+        )
+        pace = g(
+            "replica_reply_pace_seconds",
+            "Smoothed seconds per token of the replies streamed there (absent: none yet)",
+            ["replica"],
+        )
         probe_age = g(
             "replica_probe_age_seconds",
             "Time since the replica's last probe result",
@@ -160,6 +177,10 @@ class _StateCollector(Collector):
             cap.add_metric(labels, float("inf") if rep.cap is None else rep.cap)
             reserved.add_metric(labels, rep.reserved)
             pinned.add_metric(labels, rep.pinned_runs)
+            batch.add_metric(labels, rep.batch_in_flight)
+            pace_limit.add_metric(labels, float("inf") if rep.pace_cap is None else rep.pace_cap)
+            if rep.pace_s is not None:
+                pace.add_metric(labels, rep.pace_s)
             if rep.running is not None:
                 running.add_metric(labels, rep.running)
             if rep.waiting is not None:
@@ -169,7 +190,8 @@ class _StateCollector(Collector):
             if rep.probed_at is not None:
                 probe_age.add_metric(labels, max(0.0, now - rep.probed_at))
             misses.add_metric(labels, rep.prefix_misses)
-        yield from (healthy, in_flight, cap, reserved, pinned, running, waiting, kv, probe_age)
+        yield from (healthy, in_flight, cap, reserved, pinned, batch, pace_limit, pace)
+        yield from (running, waiting, kv, probe_age)
         yield misses
 
     def _held(self, state: State, now: float) -> Iterator[Metric]:
