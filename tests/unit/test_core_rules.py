@@ -1810,3 +1810,26 @@ def test_pace_target_is_at_least_one_and_a_half_times_the_replicas_best() -> Non
     assert rep["batch_limit_from_pace"] is None and rep["best_pace_s_per_token"] == 0.3
     streamed(sim, "b2", 21, 0.5)  # 4 batch turns ran beside it: limit 3
     assert sim.replica("a")["batch_limit_from_pace"] == 3
+
+
+def test_pace_counts_the_batch_turns_a_reply_ran_beside_from_its_admission() -> None:
+    """Decode pace: an interactive reply admitted beside 6 batch turns that all end before
+    it does still ran beside them: its slow pace cuts the limit from 6 (to 4), not from
+    the none left at its end; and it is judged though its run goes idle with it."""
+    sim = paced_replica(6)
+    sim.finish("ti")  # that run is idle; another interactive one arrives after the batch
+    assert admits(sim.req("tj", "j", cls=INT, caller="u")) == {"tj": "a"}
+    sim.t = 1.0
+    for n in range(6):
+        sim.finish(f"b{n}")  # (unmeasured)
+    streamed(sim, "tj", 21, 0.3)  # its run ends idle: the last interactive run there
+    assert sim.replica("a")["batch_limit_from_pace"] == 4
+
+
+def test_pace_does_not_cut_for_a_reply_no_batch_turn_ran_beside() -> None:
+    """Decode pace: an interactive reply slow with no batch turn beside it at any point was
+    not slowed by batch work: no limit."""
+    sim = paced_replica(0)
+    sim.t = 1.0
+    streamed(sim, "ti", 21, 0.5)
+    assert sim.replica("a")["batch_limit_from_pace"] is None

@@ -541,6 +541,7 @@ class _Tx:
                 None,  # first_token_at
                 expect_cached,
                 trace_id,
+                self.replicas[replica].batch_in_flight,  # (decode pace)
             ),
         )
         self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, turn_id)
@@ -651,12 +652,14 @@ class _Tx:
         steps (every request it runs shares each step). Only a turn admitted after the
         limit last changed speaks for the limit as it is, so the limit changes at most once
         per turn's length, as a congestion window changes once per round trip. While an
-        interactive run lives there, such a reply slower than ``interactive_pace_s`` per
-        token cuts the batch limit to ``PACE_BACKOFF`` of the batch turns it ran beside
-        (at most the limit; at least 1), and one faster than ``PACE_HEADROOM`` of it, with
-        batch turns at the limit, raises the limit by one. The target is at least
+        interactive run lives there (or the reply is that run's), such a reply slower than
+        ``interactive_pace_s`` per token cuts the batch limit to ``PACE_BACKOFF`` of the
+        batch turns it ran beside (at most the limit; at least 1; none if no other batch
+        turn ran beside it), and one faster than ``PACE_HEADROOM`` of it, with batch turns
+        at the limit, raises the limit by one. "Ran beside": in flight when it was
+        admitted or when it ended, whichever is more. The target is at least
         ``PACE_BEST_FACTOR`` times the fastest reply the replica gave with at most one
-        batch turn beside it, so an engine slower than the target even then still runs
+        other batch turn beside it, so an engine slower than the target even then still runs
         batch turns beside an interactive run, and only those that would slow it further
         are held. As S2's cap, the limit is only
         set on a replica whose last probe reported its load. ``pace_s`` smooths every reply
@@ -668,21 +671,29 @@ class _Tx:
             return
         pace = max(0.0, self.now - turn.first_token_at) / (completion_tokens - 1)
         smoothed = pace if rep.pace_s is None else rep.pace_s + PACE_WEIGHT * (pace - rep.pace_s)
+        # Other batch turns that ran beside it: as many as were in flight when it was
+        # admitted or are when it ends, whichever is more (a reply the batch turns left
+        # just before its end still ran beside them).
+        others = max(turn.batch_beside, rep.batch_in_flight)
+        is_batch = turn.service_class is ServiceClass.BATCH
         best = rep.pace_best_s
-        if rep.batch_in_flight <= 1 and (best is None or pace < best):
-            best = pace  # (a reply with at most one batch turn left beside it)
+        if others <= 1 and (best is None or pace < best):
+            best = pace  # (a reply with at most one other batch turn beside it)
         if best is not None:
             # an engine slower than the target even with batch work held back is not
             # asked for the impossible
             target = max(target, PACE_BEST_FACTOR * best)
         cap = rep.pace_cap
         set_at = rep.pace_set_at
-        interactive_here = rep.reserved > 0 or rep.in_flight > rep.batch_in_flight
+        interactive_here = (
+            not is_batch  # (the interactive turn itself, whether or not its run lives on)
+            or rep.reserved > 0
+            or rep.in_flight > rep.batch_in_flight
+        )
         reports_load = rep.running is not None and rep.waiting is not None  # (last probe)
         if reports_load and interactive_here and (set_at is None or turn.admitted_at >= set_at):
-            # the batch turns that ran beside it, itself included
-            batch = rep.batch_in_flight + (turn.service_class is ServiceClass.BATCH)
-            if pace > target:
+            batch = others + is_batch  # the batch turns of that moment, itself included
+            if pace > target and others > 0:  # (alone, batch work did not slow it)
                 lowered = max(1, int(min(batch, batch if cap is None else cap) * PACE_BACKOFF))
                 if cap is None or lowered < cap:
                     cap = lowered
@@ -1289,6 +1300,7 @@ class _Tx:
                 admitted_at=self.now,
                 deadline=deadline,
                 started=t.started,
+                batch_beside=self.replicas[t.replica].batch_in_flight,
             ),
         )
         self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, t.turn_id)
@@ -1489,6 +1501,7 @@ def _turn_with(t: TurnState, started: bool, first_token_at: float | None) -> Tur
         first_token_at if first_token_at is not None else t.first_token_at,
         t.expect_cached,
         t.trace_id,
+        t.batch_beside,
     )
 
 

@@ -155,6 +155,7 @@ class TurnState:
     # (its run's previous prompt on this replica when it was admitted); 0 = not judged.
     expect_cached: int = 0
     trace_id: str = ""  # the turn's trace (X1), from its request
+    batch_beside: int = 0  # decode pace: other batch turns in flight on its replica at admission
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +393,7 @@ def new_turn(
     first_token_at: float | None,
     expect_cached: int,
     trace_id: str,
+    batch_beside: int,
 ) -> TurnState:
     t: Any = _new(_TurnDraft)
     t.turn_id = turn_id
@@ -408,6 +410,7 @@ def new_turn(
     t.first_token_at = first_token_at
     t.expect_cached = expect_cached
     t.trace_id = trace_id
+    t.batch_beside = batch_beside
     t.__class__ = TurnState
     return t  # type: ignore[no-any-return]
 
