@@ -45,7 +45,7 @@ from flood import CODING_CONTEXT, CODING_INTERACTIVE, CODING_KV_TOKENS, turn_fig
 
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen.mix import Group
-from luftpause.sim.arms import ARMS
+from luftpause.sim.arms import ABLATED_ARMS, ARMS
 from luftpause.sim.main import SimConfig, simulate, sized_arm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def markers(part: str) -> tuple[str, str]:
 
 def simulated(arm: str) -> bool:
     """The simulator has this flood arm (``luftpause-no-pk`` and the like it has not)."""
-    return arm in ARMS or sized_arm(arm) is not None
+    return arm in ARMS or arm in ABLATED_ARMS or sized_arm(arm) is not None
 
 
 def plan_for(plan: dict[str, Any], load: int) -> tuple[float, float, float]:

@@ -320,7 +320,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(ARMS),
         metavar="ARM[,ARM...]",
         help=f"arms to run, in order (default: {','.join(ARMS)}); also smg-capC (SMG's "
-        "priority scheduler with C slots over all replicas), smg-fifoC (its FIFO cap of C) "
+        "priority scheduler with C slots over all replicas), smg-fifoC (its FIFO cap of C), "
         "luftpause-paceMS (luftpause limiting batch turns beside interactive runs to keep "
         "replies at MS ms per token: interactive_pace_ms) and luftpause-no-pace (the decode "
         "pace off)",
