@@ -188,7 +188,7 @@ class SchedulerSettings(_Frozen):
     # finds less than this share of its run's previous prompt cached lowers the cap.
     keep_prefixes: bool = True
     prefix_miss_share: Annotated[float, Field(gt=0, le=1)] = 0.5
-    # Decode pace (docs/scheduling.md): while an interactive run lives on a replica, its
+    # Decode pace (docs/decode-pace.md): while an interactive run lives on a replica, its
     # batch turns are limited so that replies there stream at no more than this many
     # milliseconds per token; 0 = off. Replies shorter than pace_min_tokens are not judged.
     interactive_pace_ms: Annotated[float, Field(ge=0)] = 100.0

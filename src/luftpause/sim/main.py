@@ -95,12 +95,18 @@ class Trace:
 
 def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig,
              trace: Trace | None = None) -> Arm:  # fmt: skip
-    if name == "luftpause":
+    size = sized_arm(name)
+    paced = size is not None and size[0] == "luftpause-pace"
+    if name in ("luftpause", "luftpause-no-pace") or paced:
+        params = config.params  # luftpause-paceMS: another target; luftpause-no-pace: none
+        if name != "luftpause":
+            pace = size[1] / 1000 if size is not None and paced else None
+            params = replace(params, interactive_pace_s=pace)
         return LuftpauseArm(
-            world, replicas, frozenset({MODEL}), config.params, config.probe_s,
+            world, replicas, frozenset({MODEL}), params, config.probe_s,
             log=None if trace is None else trace.events,
             admits=None if trace is None else trace.admits,
-            class_priority=config.class_priority,
+            class_priority=config.class_priority, name=name,
         )  # fmt: skip
     if name == "router":
         return RouterArm(replicas)
@@ -108,16 +114,6 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         return EnginePriorityArm(replicas)
     if name == "smg":
         return SmgArm(world, replicas)
-    size = sized_arm(name)
-    if name == "luftpause-no-pace" or (size is not None and size[0] == "luftpause-pace"):
-        pace = None if size is None else size[1] / 1000
-        params = replace(config.params, interactive_pace_s=pace)
-        return LuftpauseArm(
-            world, replicas, frozenset({MODEL}), params, config.probe_s,
-            log=None if trace is None else trace.events,
-            admits=None if trace is None else trace.admits,
-            class_priority=config.class_priority, name=name,
-        )  # fmt: skip
     if size is not None:
         return SmgArm(world, replicas, size[1], priority=size[0] == "smg-cap", name=name)
     raise ValueError(

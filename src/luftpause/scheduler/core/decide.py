@@ -685,11 +685,8 @@ class _Tx:
             target = max(target, PACE_BEST_FACTOR * best)
         cap = rep.pace_cap
         set_at = rep.pace_set_at
-        interactive_here = (
-            not is_batch  # (the interactive turn itself, whether or not its run lives on)
-            or rep.reserved > 0
-            or rep.in_flight > rep.batch_in_flight
-        )
+        # (the interactive turn itself counts, whether or not its run lives on)
+        interactive_here = not is_batch or _interactive_lives_on(rep)
         reports_load = rep.running is not None and rep.waiting is not None  # (last probe)
         if reports_load and interactive_here and (set_at is None or turn.admitted_at >= set_at):
             batch = others + is_batch  # the batch turns of that moment, itself included
@@ -1368,12 +1365,18 @@ def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
 
 def _paced(rep: ReplicaState) -> bool:
     """Decode pace: the replica's batch turns are at the limit its pace set, and an
-    interactive run lives there (a turn in flight, or paused on a tool: reserved)."""
+    interactive run lives there."""
     return (
         rep.pace_cap is not None
         and rep.batch_in_flight >= rep.pace_cap
-        and (rep.reserved > 0 or rep.in_flight > rep.batch_in_flight)
+        and _interactive_lives_on(rep)
     )
+
+
+def _interactive_lives_on(rep: ReplicaState) -> bool:
+    """An interactive run has a turn in flight on ``rep`` (every turn there that is not
+    batch is interactive) or is paused on a tool there (S4's reservation)."""
+    return rep.reserved > 0 or rep.in_flight > rep.batch_in_flight
 
 
 Buckets = Map[int, Map[str, None]]
