@@ -397,8 +397,8 @@ def start_stack(
         yaml_path = tmp / "smg-priority.yaml"
         yaml_path.write_text(smg_scheduler_yaml(plan.time_scale))
         for name, (flags, capacity) in smg_arms_config(plan, yaml_path).items():
-            if name != "smg" and "own" not in benches:
-                continue  # the capacity sweeps run in the own-loop flood only
+            if name != "smg" and not benches & {"own", "coding"}:
+                continue  # the capacity sweeps run in the own-loop and coding floods only
             labels = [{"max_running_requests": str(c)} for c in capacity] if capacity else None
             s.routers[name] = launch_smg(
                 s.engines, "cache_aware", tmp / f"{name}.log", MODEL,
@@ -695,7 +695,7 @@ def own_arms(
             smg_metrics="" if name.startswith("smg-fifo") else r.metrics_url,
         )
         for name, r in stack.routers.items()
-        if name == "smg" or (bench == "own" and name.startswith("smg-"))
+        if name == "smg" or (bench in ("own", "coding") and name.startswith("smg-"))
     ]
     return [
         Arm(bench, "router", load, ["--target", router, "--no-class-headers", *common]),
@@ -712,7 +712,7 @@ def own_arms(
 
 
 def coding_arms(stack: Stack, load: int) -> list[Arm]:
-    """The coding-agent flood at one point: the own-loop arms (no SMG capacity sweeps),
+    """The coding-agent flood at one point: the own-loop arms (SMG's caps with ``--smg-caps``),
     every run sampled from the ``coding-agent`` profile; its tool times run
     ``--time-scale`` faster, like the engines."""
     plan = stack.plan
@@ -1884,8 +1884,8 @@ def main() -> int:
         "--smg-caps",
         type=_caps(SMG_INTERACTIVE_RESERVED + 1),
         metavar="C,C,...",
-        help="own-loop flood: one more SMG arm per C (smg-capC), its priority scheduler "
-        f"given C slots over both engines ({SMG_INTERACTIVE_RESERVED} reserved for "
+        help="own-loop and coding floods: one more SMG arm per C (smg-capC), its priority "
+        f"scheduler given C slots over both engines ({SMG_INTERACTIVE_RESERVED} reserved for "
         f"interactive, so C > {SMG_INTERACTIVE_RESERVED}); sweeps SMG's frontier, e.g. "
         "8,12,16 (default: none)",
     )
@@ -1893,8 +1893,8 @@ def main() -> int:
         "--smg-fifo-caps",
         type=_caps(1),
         metavar="C,C,...",
-        help="own-loop flood: one more SMG arm per C (smg-fifoC): no priority scheduler, "
-        "--max-concurrent-requests C with a FIFO queue - a class-blind router queue cap "
+        help="own-loop and coding floods: one more SMG arm per C (smg-fifoC): no priority "
+        "scheduler, --max-concurrent-requests C with a FIFO queue - a class-blind router queue cap "
         "(default: none)",
     )
     parser.add_argument(
