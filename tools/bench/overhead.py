@@ -1,7 +1,7 @@
 """What the dataplane costs: added latency, and turns per second next to the SGLang router.
 
-    python tools/bench/overhead.py            # full: ~3 minutes
-    python tools/bench/overhead.py --quick    # ~1 minute
+    python tools/bench/overhead.py            # full: ~8 minutes
+    python tools/bench/overhead.py --quick    # ~3 minutes
     python tools/bench/overhead.py --tracing  # the same, the dataplane and scheduler
                                               # exporting spans to a local OTLP sink
 
@@ -23,7 +23,12 @@ run, with arms alternated block by block:
     to hundreds of milliseconds and the streams' turns end at different times, as
     agents' do. In (a) the engines answer at once, so 20 closed-loop streams keep the
     hop saturated and a turn's own time is mostly its wait behind the other 19; here
-    the hop has the headroom a real engine leaves it.
+    the hop has the headroom a real engine leaves it;
+(d) the same as (c) with each block warmed first: in (c) an arm's block starts after
+    the other arms' blocks, by when the servers have closed its idle connections, so
+    the block's first turns all open connections at once; here one unmeasured turn per
+    worker opens them, and the workers start 40 ms apart, so the measured turns are
+    those of streams already running and out of phase.
 
 Everything runs on this machine. So that the added latency is the hop's own time
 and not the CPU it competes for with the load generator and the engines, the
@@ -92,6 +97,8 @@ def percentile(values: list[float], q: float) -> float:
 _BODY = json.dumps(BODY).encode()
 PACED_MODEL = "llama-3.2-1b-paced"  # served by the engines at the model's own speed
 PACED_TOKENS = range(8, 49)
+PACED_TURN_S = 0.8  # about the p50 of such a turn on the paced engines, 20 at a time
+PACED_WARM = "20, paced, warm"
 _PACED_BODIES = [
     json.dumps({**BODY, "model": PACED_MODEL, "max_tokens": n, "ignore_eos": True}).encode()
     for n in PACED_TOKENS
@@ -139,16 +146,23 @@ async def latency_block(
     turns: int,
     offset: int,
     body: Callable[[int, int], bytes] | None = None,
+    stagger_s: float = 0.0,
+    record: bool = True,
 ) -> None:
     """``turns`` turns spread over ``concurrency`` closed-loop workers (``body``: worker
-    and turn number -> the request body; default the short fixed turn)."""
+    and turn number -> the request body; default the short fixed turn). Worker ``w``
+    starts ``w × stagger_s`` late; ``record`` False: the latencies are not kept."""
     per_worker = max(1, turns // concurrency)
 
     async def worker(w: int) -> None:
+        if stagger_s:
+            await asyncio.sleep(w * stagger_s)
         for i in range(per_worker):
             url = arm.urls[(offset + w + i) % len(arm.urls)]
             data = _BODY if body is None else body(w, offset * per_worker + i)
-            arm.latencies.append(await one_turn(client, url, arm.headers(w), data))
+            latency = await one_turn(client, url, arm.headers(w), data)
+            if record:
+                arm.latencies.append(latency)
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
 
@@ -164,11 +178,19 @@ async def latency_phase(
     clock: ArmClock,
     body: Callable[[int, int], bytes] | None = None,
     label: str = "",
+    warm_stagger_s: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """``turns`` turns per arm at ``concurrency``, in ``blocks`` blocks with the arms'
     order reversed every other block; the one dataplane's own time (its histogram,
     scraped around each of its blocks: the two-process arm is left out, a scrape
-    reaches one of the two) and every arm's latency percentiles."""
+    reaches one of the two) and every arm's latency percentiles.
+
+    An arm's block starts cold: the other arms ran for many seconds meanwhile, so the
+    servers have closed its idle connections (uvicorn's keep-alive is 5 s) and every
+    worker opens new ones at once. With ``warm_stagger_s`` each block first runs one
+    turn per worker that is not measured (the connections are open again), and the
+    workers start ``warm_stagger_s`` apart, so the measured turns are those of streams
+    already running and out of phase, as agents' are."""
     for arm in arms:
         arm.latencies.clear()
     own: dict[float, float] = {}
@@ -181,9 +203,14 @@ async def latency_phase(
                 file=sys.stderr,
                 flush=True,
             )
+            stagger = warm_stagger_s or 0.0
+            if warm_stagger_s is not None:
+                await latency_block(
+                    client, arm, concurrency, concurrency, b, body, stagger, record=False
+                )
             if arm is one:
                 before = await own_buckets(client, dataplane)
-            await latency_block(client, arm, concurrency, turns // blocks, b, body)
+            await latency_block(client, arm, concurrency, turns // blocks, b, body, stagger)
             if arm is one:
                 add_delta(own, before, await own_buckets(client, dataplane))
             clock.finished()
@@ -347,7 +374,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         # The one dataplane's own time per turn, from its histogram, scraped around each of
         # its blocks (the two-process arm is left out: a scrape reaches one of the two).
         own: dict[str, dict[str, Any]] = {}
-        clock = ArmClock(3 * args.blocks * len(arms) + len(arms) * args.repeat)
+        clock = ArmClock(4 * args.blocks * len(arms) + len(arms) * args.repeat)
         for concurrency, turns in ((1, args.sequential_turns), (20, args.concurrent_turns)):
             key = str(concurrency)
             own[key], latency[key] = await latency_phase(
@@ -366,6 +393,12 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         own["20, paced"], latency["20, paced"] = await latency_phase(
             client, paced, paced[1], stack.dataplane, 20, args.paced_turns, args.blocks, clock,
             body=paced_body, label=" at an engine's pace",
+        )  # fmt: skip
+        # (d) the same with each block warmed and its streams out of phase.
+        own[PACED_WARM], latency[PACED_WARM] = await latency_phase(
+            client, paced, paced[1], stack.dataplane, 20, args.paced_turns, args.blocks, clock,
+            body=paced_body, label=" at an engine's pace, warm",
+            warm_stagger_s=PACED_TURN_S / 20,
         )  # fmt: skip
         through: dict[str, list[float]] = {arm.name: [] for arm in arms}
         # The dataplanes' own CPU time per turn, measured per throughput run: what a turn
@@ -416,7 +449,8 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
 def render(result: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         "## Added latency (streamed turn, request → [DONE]; 16 tokens at once, or 8-48 "
-        "tokens at the model's speed in the *20, paced* rows)",
+        "tokens at the model's speed in the *20, paced* rows; *warm*: each block warmed first "
+        "and its streams out of phase)",
         "",
     ]
     lines.append("| concurrency | arm | n | p50 ms | p99 ms | added p50 ms | added p99 ms |")
@@ -507,8 +541,9 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
     # At an engine's pace the end-to-end difference is the engines' batching, hundreds of
     # milliseconds either way: only the dataplane's own time says what the hop costs.
     paced_text = (
-        f"; at 20 streams at an engine's pace, own time {own_text('20, paced')}"
-        if "20, paced" in result["dataplane_own"]
+        f"; at 20 streams at an engine's pace, own time {own_text('20, paced')} with each "
+        f"block starting cold, {own_text(PACED_WARM)} warm and out of phase"
+        if PACED_WARM in result["dataplane_own"]
         else ""
     )
     lines += [
