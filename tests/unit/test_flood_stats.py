@@ -262,3 +262,46 @@ def test_coding_flood_runs_alone(capsys: pytest.CaptureFixture[str]) -> None:
         sys.argv = argv
     assert exit_info.value.code == 2
     assert "--benches coding runs alone" in capsys.readouterr().err
+
+
+def test_engine_line_shows_how_an_arm_spread_its_work() -> None:
+    """H4: the flood's engine line gives, beside the sums, each engine's share of the
+    requests and its decode batch, mean over repetitions, so an arm that piles runs on
+    one engine shows; a result recorded before there was a per-engine record shows none."""
+    side = {"prefill_share": 0.1, "decode_batch": 6.0, "cached_share": 0.9, "behind": 0.0}
+    reps = [
+        {"engine_side": {**side, "engines": [
+            {"requests": 30, "decode_batch": 9.0}, {"requests": 10, "decode_batch": 3.0}]}},
+        {"engine_side": {**side, "engines": [
+            {"requests": 10, "decode_batch": 7.0}, {"requests": 10, "decode_batch": None}]}},
+    ]  # fmt: skip
+    (line, _) = flood.engine_lines({"smg": reps, "old": [{"engine_side": side}]}, 24)
+    assert "smg prefill 10% of busy time, decode batch 6.0, cached 90%, behind 0%, " in line
+    assert "requests by engine 62% / 38%, decode batch by engine 8.0 / 3.0;" in line
+    assert line.endswith("old prefill 10% of busy time, decode batch 6.0, cached 90%, behind 0%.")
+
+
+def test_engine_watch_counts_each_engines_requests() -> None:
+    """H4: the engine watch records which engine finished each request and each engine's
+    own step counters over the arm."""
+    watch = flood.EngineWatch(["http://a", "http://b"])
+    watch.seen = {
+        "r1": {"engine": 0, "prompt_tokens": 10, "cached_tokens": 5,
+               "timing": {"queued_s": 0.0, "prefill_s": 0.1, "decode_s": 1.0}},
+        "r2": {"engine": 1, "prompt_tokens": 10, "cached_tokens": 5,
+               "timing": {"queued_s": 0.0, "prefill_s": 0.1, "decode_s": 1.0}},
+        "r3": {"engine": 1, "prompt_tokens": 10, "cached_tokens": 5,
+               "timing": {"queued_s": 0.0, "prefill_s": 0.1, "decode_s": 1.0}},
+    }  # fmt: skip
+    zero = dict.fromkeys(flood.COUNTERS, 0.0)
+    watch.counters = {**zero, "busy_s": 2.0, "decode_steps": 4.0, "decode_seqs": 10.0}
+    watch.each = [
+        {**zero, "busy_s": 1.0, "decode_steps": 2.0, "decode_seqs": 8.0},
+        {**zero, "busy_s": 1.0, "decode_steps": 2.0, "decode_seqs": 2.0},
+    ]
+    summary = watch.summary(1.0)
+    assert summary["decode_batch"] == 2.5
+    assert summary["engines"] == [
+        {"requests": 1, "decode_batch": 4.0},
+        {"requests": 2, "decode_batch": 1.0},
+    ]

@@ -474,20 +474,29 @@ class EngineWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._start = dict.fromkeys(COUNTERS, 0.0)
         self.counters = dict.fromkeys(COUNTERS, 0.0)  # the engines' step counters over the arm
+        self._start_each: list[dict[str, float]] = []
+        self.each: list[dict[str, float]] = []  # the same, engine by engine
 
-    def _poll(self, c: httpx.Client) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        """The engines' recently finished requests, and their step counters summed."""
+    def _poll(
+        self, c: httpx.Client
+    ) -> tuple[list[dict[str, Any]], dict[str, float], list[dict[str, float]]]:
+        """The engines' recently finished requests (each with ``engine``: its engine's
+        index), their step counters summed, and each engine's own counters."""
         rows: list[dict[str, Any]] = []
         counters = dict.fromkeys(COUNTERS, 0.0)
-        for url in self.engines:
+        each: list[dict[str, float]] = []
+        for i, url in enumerate(self.engines):
+            own = dict.fromkeys(COUNTERS, 0.0)
+            each.append(own)
             try:
                 state = c.get(f"{url}/debug/state").json()
             except (httpx.HTTPError, ValueError):
                 continue
-            rows.extend(state.get("recent", []))
+            rows.extend({**r, "engine": i} for r in state.get("recent", []))
             for k in COUNTERS:
-                counters[k] += float(state.get(k, 0.0))
-        return rows, counters
+                own[k] = float(state.get(k, 0.0))
+                counters[k] += own[k]
+        return rows, counters, each
 
     def _run(self) -> None:
         with httpx.Client(timeout=5) as c:
@@ -500,7 +509,7 @@ class EngineWatch:
     def __enter__(self) -> EngineWatch:
         # The engines' recent list still holds earlier arms' requests: not this arm's.
         with httpx.Client(timeout=5) as c:
-            rows, self._start = self._poll(c)
+            rows, self._start, self._start_each = self._poll(c)
         self.before = {r["request_id"] for r in rows}
         self._thread.start()
         return self
@@ -509,8 +518,10 @@ class EngineWatch:
         self._stop.set()
         self._thread.join(timeout=10)
         with httpx.Client(timeout=5) as c:
-            _, end = self._poll(c)
+            _, end, end_each = self._poll(c)
         self.counters = {k: end[k] - self._start[k] for k in COUNTERS}
+        pairs = zip(self._start_each, end_each, strict=True)
+        self.each = [{k: e[k] - s[k] for k in COUNTERS} for s, e in pairs]
 
     def summary(self, scale: float) -> dict[str, Any]:
         rows = list(self.seen.values())
@@ -535,6 +546,17 @@ class EngineWatch:
             "behind": late / (busy + late) if busy else None,
             "prefill_share": c["prefill_s"] / busy if busy else None,
             "decode_batch": c["decode_seqs"] / c["decode_steps"] if c["decode_steps"] else None,
+            # Engine by engine: how the arm spread the work (a router that piles runs on
+            # one engine shows here, not in the sums above).
+            "engines": [
+                {
+                    "requests": sum(1 for r in rows if r.get("engine") == i),
+                    "decode_batch": e["decode_seqs"] / e["decode_steps"]
+                    if e["decode_steps"]
+                    else None,
+                }
+                for i, e in enumerate(self.each)
+            ],
         }
 
 
@@ -1235,9 +1257,30 @@ def engine_lines(by_arm: dict[str, list[dict[str, Any]]], load: int) -> list[str
             continue
         parts.append(
             f"{name} prefill {_f(pre, pct=True)} of busy time, decode batch {_f(batch)}, "
-            f"cached {_f(cached, pct=True)}, behind {_f(behind, pct=True)}"
+            f"cached {_f(cached, pct=True)}, behind {_f(behind, pct=True)}" + _split_text(sides)
         )
     return [f"Engines at {load}: " + "; ".join(parts) + ".", ""] if parts else []
+
+
+def _split_text(sides: list[dict[str, Any]]) -> str:
+    """How the arm spread its requests and decode batches over the engines, mean over
+    repetitions (runs without a per-engine record, from before it existed: "")."""
+    per = [e["engines"] for e in sides if len(e.get("engines") or []) > 1]
+    if not per:
+        return ""
+    n = min(len(p) for p in per)
+    shares, batches = [], []
+    for i in range(n):
+        shares.append(
+            _m([p[i]["requests"] / total for p in per if (total := sum(x["requests"] for x in p))])
+        )
+        batches.append(_m([b for p in per if (b := p[i]["decode_batch"]) is not None]))
+    return (
+        ", requests by engine "
+        + " / ".join(_f(v, 0, pct=True) for v in shares)
+        + ", decode batch by engine "
+        + " / ".join(_f(v) for v in batches)
+    )
 
 
 # ------------------------------------------------------------------ the SMG frontier
