@@ -700,3 +700,19 @@ def test_metric_gauges_show_the_queue_as_of_the_last_scheduling_decision() -> No
         t = engine.step(t).end
     engine.step(t)  # idle
     assert (engine.metrics().running_gauge, engine.metrics().queue_gauge) == (0, 0)
+
+
+def test_number_arguments_are_whole() -> None:
+    """H1: a required "number" is filled with a whole number within its bounds: clients
+    declare ids as "number" and parse them as integers (Codex's write_stdin
+    session_id), so a fractional value would fail their tool call."""
+    schema = {
+        "type": "object",
+        "properties": {"session_id": {"type": "number"}, "ratio": {"type": "number",
+                       "minimum": 0.5, "maximum": 3.5}},
+        "required": ["session_id", "ratio"],
+    }  # fmt: skip
+    for seed in ("a", "b", "c", "d", "e"):
+        args = fill_schema(schema, seed)
+        assert isinstance(args["session_id"], int) and 1 <= args["session_id"] <= 100
+        assert isinstance(args["ratio"], int) and 1 <= args["ratio"] <= 3

@@ -13,8 +13,8 @@ Rules
   function, as OpenAI's API defines them) gets one whatever the count, as a
   real engine's constrained decoding gives it. Arguments fill the schema's
   *required* properties by type with
-  deterministic filler (enums take one of their values, numbers respect
-  ``minimum``/``maximum``). The call id is ``call_`` plus a hash of the
+  deterministic filler (enums take one of their values, numbers are whole and
+  respect ``minimum``/``maximum``). The call id is ``call_`` plus a hash of the
   conversation and the call's index, so ids are unique per call and stable.
   Options: ``text_tool_calls`` writes the call as Llama-3 plain text
   (``{"name": ..., "parameters": {...}}``, with or without a leading
@@ -204,9 +204,9 @@ def fill_schema(schema: Any, seed: str, *, wrong_types: bool = False) -> Any:
         lo = schema.get("minimum", 1)
         hi = schema.get("maximum", lo + 99)
         lo_i, hi_i = math.ceil(float(lo)), math.floor(float(hi))
-        value: int | float = lo_i + h % max(1, hi_i - lo_i + 1)
-        if kind == "number" and value + 0.5 <= float(hi):
-            value = value + 0.5
+        # Whole numbers for "number" too: clients declare ids and counts as "number" and
+        # parse them as integers (Codex's write_stdin session_id), as a model writes them.
+        value = lo_i + h % max(1, hi_i - lo_i + 1)
         return str(value) if wrong_types else value
     if kind == "boolean":
         flag = h % 2 == 0
