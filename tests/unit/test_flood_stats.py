@@ -305,3 +305,12 @@ def test_engine_watch_counts_each_engines_requests() -> None:
         {"requests": 1, "decode_batch": 4.0},
         {"requests": 2, "decode_batch": 1.0},
     ]
+
+
+def test_smg_policy_is_the_plans() -> None:
+    """H4: SMG's placement policy is part of the plan (cache_aware, SMG's own, unless
+    --smg-policy says otherwise) and of the command line each SMG arm reports."""
+    assert flood.FULL.smg_policy == "cache_aware"
+    assert "--policy cache_aware " in flood.smg_command([], None)
+    line = flood.smg_command(["--sticky-sessions"], [6, 6], "power_of_two")
+    assert "--policy power_of_two " in line and "POST /workers" in line

@@ -148,6 +148,8 @@ class Plan:
     # both engines), and SMG's legacy FIFO admission at these --max-concurrent-requests.
     smg_caps: tuple[int, ...] = ()
     smg_fifo_caps: tuple[int, ...] = ()
+    # SMG's --policy: where a run's first turn goes (sticky sessions keep the rest there).
+    smg_policy: str = "cache_aware"
     # The coding-agent flood: batch agents per point, its window and warm-up (model s).
     coding_loads: tuple[int, ...] = (8, 24)
     coding_window_s: float = 1800.0
@@ -337,11 +339,11 @@ def smg_arms_config(plan: Plan, yaml_path: Path) -> dict[str, tuple[list[str], l
     return out
 
 
-def smg_command(flags: list[str], capacity: list[int] | None) -> str:
+def smg_command(flags: list[str], capacity: list[int] | None, policy: str = "cache_aware") -> str:
     """The command line an SMG arm ran (ports and engine URLs by name)."""
     workers = "" if capacity else " --worker-urls ENGINE_A ENGINE_B"
     text = (
-        f"smg launch --host 127.0.0.1 --port PORT{workers} --policy cache_aware "
+        f"smg launch --host 127.0.0.1 --port PORT{workers} --policy {policy} "
         "--prometheus-host 127.0.0.1 --prometheus-port PORT2 --shutdown-grace-period-secs 5 "
         + " ".join(flags)
     )
@@ -401,11 +403,11 @@ def start_stack(
                 continue  # the capacity sweeps run in the own-loop and coding floods only
             labels = [{"max_running_requests": str(c)} for c in capacity] if capacity else None
             s.routers[name] = launch_smg(
-                s.engines, "cache_aware", tmp / f"{name}.log", MODEL,
+                s.engines, plan.smg_policy, tmp / f"{name}.log", MODEL,
                 extra_args=flags, worker_labels=labels,
             )  # fmt: skip
             shown = [yaml_path.name if f == str(yaml_path) else f for f in flags]
-            s.setups[name] = smg_command(shown, capacity)
+            s.setups[name] = smg_command(shown, capacity, plan.smg_policy)
     if "routing" in benches:
         s.routers["round_robin"] = launch_sglang_router(
             s.engines, "round_robin", tmp / "router-round_robin.log", MODEL
@@ -1610,7 +1612,7 @@ def report(
             "engines): the load generator sends `x-smg-priority: interactive` on interactive "
             "turns and `bulk` on batch turns (SMG's class for background work), the run ID in "
             f"`{SMG_KEY_HEADER}` (sticky sessions: a run stays on one engine, SMG's "
-            "`cache_aware` places its first turn) and the engine priorities luftpause sends "
+            f"`{plan.smg_policy}` places its first turn) and the engine priorities luftpause sends "
             "(interactive 10, batch 0: SMG forwards a body's `priority`). `smg`: the priority "
             "scheduler on with the capacity the engines report (3,437 running requests each: "
             "nothing waits in SMG); `smg-capC`: the same scheduler given a capacity of C slots "
@@ -1933,6 +1935,13 @@ def main() -> int:
         "8,12,16 (default: none)",
     )
     parser.add_argument(
+        "--smg-policy",
+        choices=("cache_aware", "power_of_two", "round_robin", "random"),
+        help="SMG's --policy, where a run's first turn goes (sticky sessions keep the rest "
+        "there); default cache_aware, SMG's own. On runs with long shared prefixes "
+        "cache_aware can put every run on one engine: power_of_two spreads them by load",
+    )
+    parser.add_argument(
         "--smg-fifo-caps",
         type=_caps(1),
         metavar="C,C,...",
@@ -1991,6 +2000,8 @@ def main() -> int:
         overrides["smg_caps"] = args.smg_caps
     if args.smg_fifo_caps:
         overrides["smg_fifo_caps"] = args.smg_fifo_caps
+    if args.smg_policy:
+        overrides["smg_policy"] = args.smg_policy
     if args.coding_loads:
         overrides["coding_loads"] = args.coding_loads
     if args.coding_window_s is not None:
