@@ -312,5 +312,5 @@ def test_smg_policy_is_the_plans() -> None:
     --smg-policy says otherwise) and of the command line each SMG arm reports."""
     assert flood.FULL.smg_policy == "cache_aware"
     assert "--policy cache_aware " in flood.smg_command([], None)
-    line = flood.smg_command(["--sticky-sessions"], [6, 6], "power_of_two")
-    assert "--policy power_of_two " in line and "POST /workers" in line
+    line = flood.smg_command(["--sticky-sessions"], [6, 6], "round_robin")
+    assert "--policy round_robin " in line and "POST /workers" in line

@@ -1936,10 +1936,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--smg-policy",
-        choices=("cache_aware", "power_of_two", "round_robin", "random"),
+        # SMG 1.13 refuses power_of_two without --worker-urls, as the capped arms start.
+        choices=("cache_aware", "round_robin", "random"),
         help="SMG's --policy, where a run's first turn goes (sticky sessions keep the rest "
         "there); default cache_aware, SMG's own. On runs with long shared prefixes "
-        "cache_aware can put every run on one engine: power_of_two spreads them by load",
+        "cache_aware can put every run on one engine: round_robin spreads them",
     )
     parser.add_argument(
         "--smg-fifo-caps",
