@@ -474,18 +474,14 @@ class EngineWatch:
         self.before: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._start = dict.fromkeys(COUNTERS, 0.0)
-        self.counters = dict.fromkeys(COUNTERS, 0.0)  # the engines' step counters over the arm
-        self._start_each: list[dict[str, float]] = []
-        self.each: list[dict[str, float]] = []  # the same, engine by engine
+        self._start: list[dict[str, float]] = []
+        self.each: list[dict[str, float]] = []  # each engine's step counters over the arm
+        self.counters = dict.fromkeys(COUNTERS, 0.0)  # the same, summed over the engines
 
-    def _poll(
-        self, c: httpx.Client
-    ) -> tuple[list[dict[str, Any]], dict[str, float], list[dict[str, float]]]:
+    def _poll(self, c: httpx.Client) -> tuple[list[dict[str, Any]], list[dict[str, float]]]:
         """The engines' recently finished requests (each with ``engine``: its engine's
-        index), their step counters summed, and each engine's own counters."""
+        index), and each engine's step counters (zeros for one that did not answer)."""
         rows: list[dict[str, Any]] = []
-        counters = dict.fromkeys(COUNTERS, 0.0)
         each: list[dict[str, float]] = []
         for i, url in enumerate(self.engines):
             own = dict.fromkeys(COUNTERS, 0.0)
@@ -497,8 +493,7 @@ class EngineWatch:
             rows.extend({**r, "engine": i} for r in state.get("recent", []))
             for k in COUNTERS:
                 own[k] = float(state.get(k, 0.0))
-                counters[k] += own[k]
-        return rows, counters, each
+        return rows, each
 
     def _run(self) -> None:
         with httpx.Client(timeout=5) as c:
@@ -511,7 +506,7 @@ class EngineWatch:
     def __enter__(self) -> EngineWatch:
         # The engines' recent list still holds earlier arms' requests: not this arm's.
         with httpx.Client(timeout=5) as c:
-            rows, self._start, self._start_each = self._poll(c)
+            rows, self._start = self._poll(c)
         self.before = {r["request_id"] for r in rows}
         self._thread.start()
         return self
@@ -520,10 +515,10 @@ class EngineWatch:
         self._stop.set()
         self._thread.join(timeout=10)
         with httpx.Client(timeout=5) as c:
-            _, end, end_each = self._poll(c)
-        self.counters = {k: end[k] - self._start[k] for k in COUNTERS}
-        pairs = zip(self._start_each, end_each, strict=True)
+            _, end = self._poll(c)
+        pairs = zip(self._start, end, strict=True)
         self.each = [{k: e[k] - s[k] for k in COUNTERS} for s, e in pairs]
+        self.counters = {k: sum(e[k] for e in self.each) for k in COUNTERS}
 
     def summary(self, scale: float) -> dict[str, Any]:
         rows = list(self.seen.values())
