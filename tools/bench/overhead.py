@@ -1,7 +1,7 @@
 """What the dataplane costs: added latency, and turns per second next to the SGLang router.
 
-    python tools/bench/overhead.py            # full: ~8 minutes
-    python tools/bench/overhead.py --quick    # ~3 minutes
+    python tools/bench/overhead.py            # full: ~10 minutes on 2 cores
+    python tools/bench/overhead.py --quick    # fewer turns, shorter runs
     python tools/bench/overhead.py --tracing  # the same, the dataplane and scheduler
                                               # exporting spans to a local OTLP sink
 
