@@ -26,6 +26,12 @@ the turns that ended in the window and the reply tokens per minute. The load
 generator and the simulator sample their runs from the same profile but not the
 same runs (each from its own seed).
 
+SMG's arms are simulated with the placement policy the flood gave SMG (its plan's
+``smg_policy``, ``cache_aware`` where the flood did not record one). Where the flood
+recorded how many requests each engine got, a second table sets the busiest engine's
+share of the requests in each repetition beside the simulator's: which engine is the
+busy one is a matter of which run came first, so the share is compared, not the engine.
+
 The flood's figures are one run of the real stack (the mean of its repetitions);
 the simulator's are one seed. Nothing is asserted: this is a measurement.
 """
@@ -38,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +137,23 @@ def coding_config(plan: dict[str, Any], load: int, seed: int) -> SimConfig:
     )
 
 
+def busiest_share(counts: list[int]) -> float | None:
+    """The largest of ``counts`` as a share of their sum (None for no requests)."""
+    total = sum(counts)
+    return max(counts) / total if total else None
+
+
+def real_shares(reps: list[dict[str, Any]]) -> list[float]:
+    """The busiest engine's share of the requests, per repetition that recorded them."""
+    shares = []
+    for rep in reps:
+        engines = (rep.get("engine_side") or {}).get("engines") or []
+        share = busiest_share([e.get("requests", 0) for e in engines])
+        if share is not None:
+            shares.append(share)
+    return shares
+
+
 def pct(sim: float, real: float) -> str:
     return f"{(sim - real) / real * 100:+.0f} %" if real else "–"
 
@@ -165,6 +189,7 @@ def main() -> int:
         capture_output=True, text=True, check=False,
     ).stdout.strip() or "unknown"  # fmt: skip
     rows = []
+    splits: list[tuple[str, str, list[float], float]] = []
     started = time.perf_counter()
     loads = sorted(own, key=int)
     for k, load in enumerate(loads, 1):
@@ -181,16 +206,22 @@ def main() -> int:
         )
         if coding:
             config = coding_config(plan, int(load), args.seed)
+        config = replace(config, smg_policy=plan.get("smg_policy", "cache_aware"))
         for arm in own[load]:
             if not simulated(arm):
                 continue
             print(f"[{k}/{len(loads)}] {load} batch agents: {arm}", file=sys.stderr, flush=True)
+            result = simulate(config, arm)
             if coding:
                 real = real_turn_figures(own[load][arm], scale)
-                sim = sim_turn_figures(simulate(config, arm))
+                sim = sim_turn_figures(result)
             else:
                 real = real_figures(own[load][arm], scale)
-                sim = sim_figures(simulate(config, arm))
+                sim = sim_figures(result)
+            measured = real_shares(own[load][arm])
+            simulated_share = busiest_share(list(result["requests_by_replica"].values()))
+            if measured and simulated_share is not None:
+                splits.append((load, arm, measured, simulated_share))
             for cls in CLASSES:
                 if cls in real and cls in sim:
                     rows.append((load, arm, cls, real[cls], sim[cls]))
@@ -236,6 +267,20 @@ def main() -> int:
         f"Within ±10 % on both {'reply tokens/min' if coding else 'runs/min'} and p50: "
         f"{sum(within)} of {len(within)} rows.",
     ]
+    if splits:
+        lines += [
+            "",
+            f"Placement (SMG's `--policy {plan.get('smg_policy', 'cache_aware')}`): the busiest "
+            "engine's share of the requests.",
+            "",
+            "| batch agents | arm | flood, per repetition | sim |",
+            "|---|---|---|---|",
+        ]
+        for load, arm, measured, share in splits:
+            lines.append(
+                f"| {load} | {arm} | {', '.join(f'{100 * m:.0f} %' for m in measured)} | "
+                f"{100 * share:.0f} % |"
+            )
     table = "\n".join(lines)
     print(table)
     if args.out is not None:

@@ -11,10 +11,12 @@ an *arm* (``arms``) decides where and when each turn enters an engine:
 * ``luftpause``: the scheduler's ``decide`` itself, fed the events the real
   service would feed it (turn requested, started, first token, finished; a probe
   of every replica's queue every ``probe_s``; a clock tick every second);
-* ``router``: no admission: a run goes back to the replica of its last turn
-  (where its prefix is cached), a new run to the replica with the fewest requests
-  in it - the SGLang router's ``cache_aware`` policy as agent runs see it, since
-  each run's prompt extends its own previous one;
+* ``router``: no admission; every turn placed by the SGLang router's ``cache_aware``
+  policy (``placement``: a prefix tree of the texts it routed, balanced by load only
+  when loads are far apart);
+* ``smg``, ``smg-capC``, ``smg-fifoC``: the SGLang Model Gateway, sticky sessions, a
+  run's first turn placed by its ``--policy`` (``cache_aware`` by default), and its
+  priority scheduler or FIFO cap;
 * ``engine-prio``: agent *i* pinned to replica *i* mod N, the engines ordering
   their queues by a per-class ``priority`` (as ``tools/bench/flood.py`` runs it).
 

@@ -27,6 +27,7 @@ from luftpause.loadgen.mix import Group
 from luftpause.loadgen.stats import EndedTurn, ErrorRecord, RunRecord, TurnRecord
 from luftpause.sim.arms import Arm, Ask, TurnEnd
 from luftpause.sim.fleet import Replica
+from luftpause.sim.placement import routing_text
 from luftpause.sim.world import World
 
 # The fake tool server's lookup tool, as its MCP listing offers it to the model.
@@ -185,6 +186,7 @@ class Agent:
                 tool_calls=0,
             ),
         )
+        run.routing = routing_text(run.messages)
         self._turn(run)
 
     def _turn(self, run: _Run) -> None:
@@ -210,6 +212,7 @@ class Agent:
             cls=self.group.cls,
             caller=self.group.caller,
             agent=self.index,
+            routing_text=run.routing,
         )
         asked_at = self.world.now
 
@@ -317,3 +320,4 @@ class _Run:
     tool_results: int
     record: RunRecord
     pending_call: ToolCall | None = None  # the tool call the turn in flight will make
+    routing: str = ""  # what a gateway routes on: the system and user messages' text

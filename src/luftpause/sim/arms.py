@@ -26,6 +26,7 @@ from luftpause.scheduler.core import (
     initial_state,
 )
 from luftpause.sim.fleet import Replica
+from luftpause.sim.placement import Placement, router_placement, smg_placement
 from luftpause.sim.world import World
 
 ARMS = ("luftpause", "router", "engine-prio", "smg")
@@ -56,6 +57,9 @@ class Ask:
     cls: str
     caller: str
     agent: int  # the agent's index (engine-prio pins agents to replicas by it)
+    # what a gateway places the turn by: its system and user messages' text
+    # (``placement.routing_text``), the same for every turn of a run
+    routing_text: str = ""
 
 
 Admitted = Callable[[str, float], None]  # replica, seconds held
@@ -220,26 +224,23 @@ class _Unhosted:
 
 @dataclass
 class RouterArm(_Unhosted):
-    """No admission: back to the run's last replica, else the one with the fewest requests."""
+    """No admission; every turn placed by the SGLang router's ``cache_aware`` (0.3.2, as the
+    flood runs it; ``placement``). A run routes on the same text every turn, so its turns
+    stay on the replica of its first unless the loads grow far apart."""
 
     replicas: Sequence[Replica]
     name: str = "router"
     holds: bool = False
-    _last: dict[str, str] = field(default_factory=dict)
+    placement: Placement = field(default_factory=router_placement)
 
     def request(self, ask: Ask, admitted: Admitted, refused: Refused) -> None:
-        last = self._last.get(ask.run_id)
-        if last is None:
-            last = min(self.replicas, key=lambda r: (r.in_flight, r.name)).name
-            self._last[ask.run_id] = last
-        admitted(last, 0.0)
+        admitted(self.placement.place(ask.routing_text, self.replicas), 0.0)
 
     def priority(self, cls: str) -> int:
         return 0
 
     def finished(self, ask: Ask, end: TurnEnd) -> None:
-        if not end.paused_on_tool:
-            self._last.pop(ask.run_id, None)  # the run is over; its next run starts afresh
+        return None
 
 
 @dataclass
@@ -273,9 +274,9 @@ class SmgArm(_Unhosted):
     flood measured of it (``docs/simulator.md`` says what is left out).
 
     Placement: sticky sessions keyed on the run ID: a run's turns go to the replica of its
-    first turn, which goes to the replica with the fewest requests (``cache_aware`` for a
-    prompt it has not seen). Every turn carries its class's engine priority, as the flood's
-    SMG arms send it. Admission, one of three:
+    first turn, which ``placement`` chooses (SMG's ``--policy``: ``cache_aware`` by
+    default, as SMG's own default and the flood's). Every turn carries its class's engine
+    priority, as the flood's SMG arms send it. Admission, one of three:
 
     * ``capacity=None`` (the ``smg`` arm): the priority scheduler with the capacity the fake
       engines report (3,437 running requests each), so nothing ever waits in it;
@@ -297,6 +298,7 @@ class SmgArm(_Unhosted):
         priority: bool = True,
         reserved: int = SMG_INTERACTIVE_RESERVED,
         name: str = "smg",
+        placement: Placement | None = None,
     ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError("an SMG arm's capacity must be at least 1")
@@ -311,6 +313,7 @@ class SmgArm(_Unhosted):
         self.by_class = priority
         self.reserved = reserved if priority else 0
         self.name = name
+        self.placement = smg_placement("cache_aware") if placement is None else placement
         self.in_flight = 0
         self.interactive_in_flight = 0
         # one FIFO per class (priority scheduler) or a single one (legacy admission)
@@ -371,6 +374,6 @@ class SmgArm(_Unhosted):
                 self.interactive_in_flight += 1
             replica = self._pins.get(ask.run_id)
             if replica is None:
-                replica = min(self.replicas, key=lambda r: (r.in_flight, r.name)).name
+                replica = self.placement.place(ask.routing_text, self.replicas)
                 self._pins[ask.run_id] = replica
             head.admitted(replica, self.world.now - head.since)

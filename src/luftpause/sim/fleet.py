@@ -43,6 +43,7 @@ class Replica:
         self._stepping = False
         self.steps = 0
         self.busy_s = 0.0
+        self.submitted = 0  # requests sent here (accepted or refused)
 
     @property
     def in_flight(self) -> int:
@@ -59,6 +60,7 @@ class Replica:
         on_finished: Callable[[FinishedRequest], None],
     ) -> None:
         """Queue ``request``; raises the model's ``SubmitError`` for one it cannot take."""
+        self.submitted += 1
         self.model.submit(request, self.world.now)
         self._requests[request.request_id] = _Waiting(on_first_token, on_finished)
         if not self._stepping:

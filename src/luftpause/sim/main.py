@@ -53,6 +53,7 @@ from luftpause.sim.arms import (
     SmgArm,
 )
 from luftpause.sim.fleet import Replica
+from luftpause.sim.placement import SMG_POLICIES, smg_placement
 from luftpause.sim.shaped import ShapedAgent
 from luftpause.sim.world import World
 
@@ -78,6 +79,8 @@ class SimConfig:
     # luftpause arm: engines get each turn's class priority (interactive 10, batch 0), as
     # the flood's stack files declare with ``class_priority``.
     class_priority: bool = True
+    # SMG arms: where SMG places a run's first turn (its ``--policy``; placement.py)
+    smg_policy: str = "cache_aware"
     script: ScriptOptions = field(default_factory=ScriptOptions)
     # B10: runs of a trace to replay (beside the groups or alone), and the profiles a
     # group's ``profile`` names.
@@ -113,9 +116,12 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     if name == "engine-prio":
         return EnginePriorityArm(replicas)
     if name == "smg":
-        return SmgArm(world, replicas)
+        return SmgArm(world, replicas, placement=smg_placement(config.smg_policy))
     if size is not None:
-        return SmgArm(world, replicas, size[1], priority=size[0] == "smg-cap", name=name)
+        return SmgArm(
+            world, replicas, size[1], priority=size[0] == "smg-cap", name=name,
+            placement=smg_placement(config.smg_policy),
+        )  # fmt: skip
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
         "luftpause-paceMS, luftpause-no-pace"
@@ -208,12 +214,22 @@ def simulate(
         "engine_busy_share": {
             r.name: round(r.busy_s / window[1], 3) if window[1] else 0.0 for r in replicas
         },
+        # requests each replica was sent, the whole run (warm-up included)
+        "requests_by_replica": {r.name: r.submitted for r in replicas},
     }
 
 
 def cell(value: float | None, digits: int = 1) -> str:
     """A table cell: the value to ``digits`` places, or a dash where there is none."""
     return "–" if value is None else f"{value:.{digits}f}"
+
+
+def shares(counts: Mapping[str, int]) -> str:
+    """``engine-0 60 %, engine-1 40 %``: each replica's share of the requests."""
+    total = sum(counts.values())
+    if not total:
+        return "none"
+    return ", ".join(f"{name} {100 * n / total:.0f} %" for name, n in counts.items())
 
 
 def comparison(results: list[dict[str, Any]]) -> str:
@@ -283,6 +299,8 @@ def render(results: list[dict[str, Any]], config: SimConfig, command: str) -> st
             *([turns, ""] if (turns := stats.turns_table(result)) else []),
             f"{result['events']:,} events, {result['turns']:,} turns in {result['wall_s']:.1f} s "
             f"of wall time ({result['speedup']}× real time)",
+            "",
+            f"Requests by replica (the whole run): {shares(result['requests_by_replica'])}",
             "",
         ]
         if result["error_count"]:
@@ -362,6 +380,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=2.0,
         help="luftpause arm: seconds between probes of the replicas (default: 2)",
+    )
+    sim.add_argument(
+        "--smg-policy",
+        choices=SMG_POLICIES,
+        default="cache_aware",
+        help="SMG arms: where a run's first turn goes (SMG's --policy; default cache_aware, "
+        "its own, which follows the longest shared prefix: runs with a long shared system "
+        "prompt all land on one replica); round_robin spreads them, least_load picks the "
+        "replica with the fewest requests",
     )
     sim.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     plan = parser.add_argument_group("capacity planning")
@@ -449,6 +476,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         probe_s=args.probe_s,
         engine=engine,
         replay=tuple(replay),
+        smg_policy=args.smg_policy,
     )
 
 

@@ -67,6 +67,9 @@ class _Play:
     children_left: int = 0
     child_failure: tuple[str, str] | None = None
     children: list[RunRecord] = field(default_factory=list)
+    # What a gateway routes on (``placement.routing_text``): the run's first text, which
+    # is its system prompt and task; tool results and replies are not part of it.
+    routing: str = ""
 
     @property
     def run_id(self) -> str:
@@ -154,7 +157,8 @@ class ShapedAgent:
             turns=0,
             tool_calls=0,
         )
-        play = _Play(plan, key, record, first_text(plan, key, plan.turns[0].prompt_tokens), ended)
+        text = first_text(plan, key, plan.turns[0].prompt_tokens)
+        play = _Play(plan, key, record, text, ended, routing=text)
         self._turn(play)
 
     def _turn(self, play: _Play) -> None:
@@ -167,6 +171,7 @@ class ShapedAgent:
             cls=self.group.cls,
             caller=self.group.caller,
             agent=self.index,
+            routing_text=play.routing,
         )
         asked_at = self.world.now
 
@@ -230,6 +235,7 @@ class ShapedAgent:
             play.text += more_text(following - turn.prompt_tokens, f"{play.key}:{play.k + 1}")
         else:  # compacted: a fresh conversation after the system prompt
             play.text = first_text(play.plan, f"{play.key}@{play.k + 1}", following)
+            play.routing = play.text
         play.k += 1
         if turn.subagents:
             self._start_children(play, turn.subagents)

@@ -1,0 +1,221 @@
+"""Where a gateway without admission of its own sends a turn: the placement policies of
+the SGLang Model Gateway (``smg`` 1.13) and the SGLang router (0.3.2), as the simulator's
+``smg`` and ``router`` arms use them.
+
+``cache_aware`` is modelled on both gateways' source (``policies/cache_aware.rs`` and the
+approximate string tree it keeps): every request's *routing text* is matched against a
+radix tree of the texts sent so far, each node remembering the replica whose text first
+created it.
+
+* If the replicas' loads (requests in flight) are imbalanced, both more than
+  ``balance_abs`` apart and the largest more than ``balance_rel`` times the smallest, the
+  request goes to the least loaded replica.
+* Otherwise, if more than ``cache_threshold`` of the text matches, it goes to the replica
+  that owns the node where the match ends.
+* Otherwise the gateway falls back: SMG to the least loaded replica, the older router to
+  the replica with the fewest characters in the tree.
+
+Either way the text is then inserted for the chosen replica. A chat request's routing
+text is its system and user messages' contents, joined by spaces: tool results and the
+model's own replies are not in it, so every turn of a run routes on the same text. Runs
+that share a long system prompt (coding agents) therefore match each other by more than
+the threshold, and with loads never far enough apart they all follow the replica of the
+first: the flood measured SMG capped at 12 sending every request to one engine.
+
+Not modelled: the tree's size-bounded LRU eviction (runs here are far below its limit)
+and the order in which a node's tenants are scanned when its owner has been evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Both gateways' defaults (``--cache-threshold``, ``--balance-abs-threshold``,
+# ``--balance-rel-threshold``), as the flood runs them.
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS = 64
+BALANCE_REL = 1.5
+
+# ``--smg-policy`` choices: SMG's own names for the policies modelled here.
+SMG_POLICIES = ("cache_aware", "round_robin", "least_load")
+
+
+class Loaded(Protocol):
+    """A replica as a gateway sees it: its name and its requests in flight."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+
+def _shared(text: str, at: int, edge: str) -> int:
+    """How many characters ``text[at:]`` and ``edge`` have in common at their start."""
+    n = min(len(edge), len(text) - at)
+    if text.startswith(edge if n == len(edge) else edge[:n], at):
+        return n
+    lo, hi = 0, n  # the first lo characters match, the first hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if text.startswith(edge[:mid], at):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class _Node:
+    __slots__ = ("children", "owner", "tenants", "text")
+
+    def __init__(self, text: str, owner: str | None, tenants: set[str]) -> None:
+        self.text = text
+        self.children: dict[str, _Node] = {}
+        self.owner = owner  # the replica whose text created this node (kept across splits)
+        self.tenants = tenants  # every replica whose text passed through it
+
+
+class PrefixTree:
+    """The gateways' approximate tree: characters of routing texts, per replica."""
+
+    def __init__(self) -> None:
+        self._root = _Node("", None, set())
+        self.chars: dict[str, int] = {}  # characters in the tree per replica
+
+    def match(self, text: str) -> tuple[int, str | None]:
+        """(characters of ``text`` matched, the owner of the node where the match ends;
+        None where nothing matched)."""
+        node, at, last = self._root, 0, self._root
+        while at < len(text):
+            child = node.children.get(text[at])
+            if child is None:
+                break
+            n = _shared(text, at, child.text)
+            at += n
+            last = child
+            if n < len(child.text):
+                break
+            node = child
+        return at, last.owner
+
+    def insert(self, text: str, replica: str) -> None:
+        """Record ``text`` as sent to ``replica``."""
+        self.chars.setdefault(replica, 0)
+        node, at = self._root, 0
+        while at < len(text):
+            child = node.children.get(text[at])
+            if child is None:
+                node.children[text[at]] = _Node(text[at:], replica, {replica})
+                self.chars[replica] += len(text) - at
+                return
+            n = _shared(text, at, child.text)
+            if n < len(child.text):  # split: the upper part keeps the owner and tenants
+                upper = _Node(child.text[:n], child.owner, set(child.tenants))
+                child.text = child.text[n:]
+                upper.children[child.text[0]] = child
+                node.children[text[at]] = upper
+                child = upper
+            if replica not in child.tenants:
+                child.tenants.add(replica)
+                self.chars[replica] += len(child.text)
+            at += n
+            node = child
+
+
+def _least_loaded(replicas: Sequence[Loaded]) -> str:
+    """The replica with the fewest requests in flight, the first of equals."""
+    return min(replicas, key=lambda r: r.in_flight).name
+
+
+@dataclass
+class LeastLoad:
+    """SMG's ``least_load``: the replica with the fewest requests in flight."""
+
+    name: str = "least_load"
+
+    def place(self, text: str, replicas: Sequence[Loaded]) -> str:
+        return _least_loaded(replicas)
+
+
+@dataclass
+class RoundRobin:
+    """``round_robin``: the replicas in turn, whatever their load."""
+
+    name: str = "round_robin"
+    _next: int = 0
+
+    def place(self, text: str, replicas: Sequence[Loaded]) -> str:
+        choice = replicas[self._next % len(replicas)].name
+        self._next += 1
+        return choice
+
+
+@dataclass
+class CacheAware:
+    """``cache_aware`` (the module docstring); ``fallback`` is ``least_load`` (SMG 1.13)
+    or ``smallest_tree`` (the SGLang router 0.3.2)."""
+
+    fallback: str = "least_load"
+    cache_threshold: float = CACHE_THRESHOLD
+    balance_abs: int = BALANCE_ABS
+    balance_rel: float = BALANCE_REL
+    name: str = "cache_aware"
+    tree: PrefixTree = field(default_factory=PrefixTree)
+
+    def __post_init__(self) -> None:
+        if self.fallback not in ("least_load", "smallest_tree"):
+            raise ValueError(f"unknown cache_aware fallback {self.fallback!r}")
+
+    def place(self, text: str, replicas: Sequence[Loaded]) -> str:
+        loads = [r.in_flight for r in replicas]
+        high, low = max(loads), min(loads)
+        if high - low > self.balance_abs and high > low * self.balance_rel:
+            choice = _least_loaded(replicas)
+        else:
+            matched, owner = self.tree.match(text)
+            names = [r.name for r in replicas]
+            if text and matched / len(text) > self.cache_threshold and owner in names:
+                choice = owner
+            elif self.fallback == "least_load":
+                choice = _least_loaded(replicas)
+            else:
+                choice = min(names, key=lambda n: self.tree.chars.get(n, 0))
+        self.tree.insert(text, choice)
+        return choice
+
+
+Placement = LeastLoad | RoundRobin | CacheAware
+
+
+def smg_placement(policy: str) -> Placement:
+    """SMG's ``--policy`` as modelled here."""
+    if policy == "cache_aware":
+        return CacheAware(fallback="least_load")
+    if policy == "round_robin":
+        return RoundRobin()
+    if policy == "least_load":
+        return LeastLoad()
+    raise ValueError(f"unknown SMG policy {policy!r}; choose from {', '.join(SMG_POLICIES)}")
+
+
+def router_placement() -> Placement:
+    """The SGLang router 0.3.2's default ``cache_aware``, as the flood runs it."""
+    return CacheAware(fallback="smallest_tree")
+
+
+def routing_text(messages: Sequence[dict[str, Any]]) -> str:
+    """What the gateways route a chat request on: its system and user messages' text."""
+    parts: list[str] = []
+    for message in messages:
+        if message.get("role") not in ("system", "user"):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            if content:
+                parts.append(content)
+        elif isinstance(content, list):
+            texts = [p.get("text", "") for p in content if isinstance(p, dict)]
+            parts.append(" ".join(t for t in texts if t))
+    return " ".join(parts)

@@ -1,0 +1,140 @@
+"""Where the simulator's gateways place a run (B1, B10, issue #18): the SGLang Model
+Gateway's and the SGLang router's ``cache_aware`` over an approximate prefix tree,
+``round_robin`` and ``least_load``, and the routing text a chat request is placed by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from luftpause.loadgen.mix import Group
+from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.placement import (
+    CacheAware,
+    LeastLoad,
+    PrefixTree,
+    RoundRobin,
+    router_placement,
+    routing_text,
+    smg_placement,
+)
+
+
+@dataclass
+class Stub:
+    name: str
+    in_flight: int = 0
+
+
+SHARED = "You are a coding agent. " * 40  # 960 characters every run starts with
+
+
+def test_the_tree_matches_the_longest_prefix_and_names_the_replica_that_created_it() -> None:
+    """A match ends in the node where the text leaves the tree; its owner is the replica
+    whose text created that node, kept when a later text splits it."""
+    tree = PrefixTree()
+    tree.insert(SHARED + "task one", "a")
+    assert tree.match(SHARED + "task one") == (len(SHARED) + 8, "a")
+    tree.insert(SHARED + "task two", "b")  # splits a's node after "task "
+    assert tree.match(SHARED + "task two, again") == (len(SHARED) + 8, "b")
+    # ends inside the shared part, split off a's node: still a's
+    assert tree.match(SHARED + "other") == (len(SHARED), "a")
+    assert tree.match("nothing alike") == (0, None)
+    assert tree.chars == {"a": len(SHARED) + 8, "b": len(SHARED) + 8}
+
+
+def test_cache_aware_follows_the_prefix_unless_loads_are_far_apart() -> None:
+    """A text matching more than 30 % goes to the owner of the match even when the other
+    replica is idle; loads more than 64 apart (and 1.5× apart) send it to the least loaded."""
+    a, b = Stub("a"), Stub("b")
+    policy = smg_placement("cache_aware")
+    assert policy.place(SHARED + "run 1", [a, b]) == "a"  # empty tree: least loaded, a first
+    a.in_flight = 40
+    assert policy.place(SHARED + "run 2", [a, b]) == "a"  # 99 % match: a, busy or not
+    a.in_flight = 65
+    assert policy.place(SHARED + "run 3", [a, b]) == "b"  # imbalanced: the least loaded
+    a.in_flight = 10
+    assert policy.place(SHARED + "run 3", [a, b]) == "b"  # and the tree now has it on b
+
+
+def test_the_fallback_below_the_threshold_is_the_gateways_own() -> None:
+    """Below the match threshold SMG 1.13 picks the least loaded replica and the SGLang
+    router 0.3.2 the one with the fewest characters in its tree."""
+    short = "shared head " + "x" * 10
+    a, b = Stub("a", in_flight=3), Stub("b", in_flight=5)
+    smg, router = smg_placement("cache_aware"), router_placement()
+    for policy in (smg, router):
+        policy.place(short + " first run with a long task of its own " * 5, [a, b])
+    assert isinstance(smg, CacheAware) and isinstance(router, CacheAware)
+    assert smg.tree.chars.keys() == {"a"} and router.tree.chars.keys() == {"a"}
+    text = short + " another run, whose own text is most of it " * 5
+    assert smg.place(text, [a, b]) == "a"  # least loaded
+    assert router.place(text, [a, b]) == "b"  # b holds nothing yet
+
+
+def test_round_robin_and_least_load_ignore_the_text() -> None:
+    """round_robin takes the replicas in turn; least_load the emptiest, the first of equals."""
+    a, b = Stub("a", in_flight=9), Stub("b")
+    rr = RoundRobin()
+    assert [rr.place(SHARED, [a, b]) for _ in range(3)] == ["a", "b", "a"]
+    assert LeastLoad().place(SHARED, [a, b]) == "b"
+    b.in_flight = 9
+    assert LeastLoad().place(SHARED, [a, b]) == "a"
+    with pytest.raises(ValueError, match="unknown SMG policy 'power_of_two'"):
+        smg_placement("power_of_two")
+
+
+def test_the_routing_text_is_the_system_and_user_messages() -> None:
+    """Tool results and the model's replies are not routed on, so every turn of a run
+    routes on the same text; text parts of a user message count, images do not."""
+    first = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "task 7"},
+    ]
+    later = [
+        *first,
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a long tool result"},
+    ]
+    assert routing_text(first) == routing_text(later) == "be brief task 7"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image"}]}]
+    assert routing_text(parts) == "look"
+
+
+CODING = SimConfig(
+    groups=(
+        Group("people", 2, "interactive", "people", profile="coding-agent"),
+        Group("crowd", 24, "batch", "crowd", profile="coding-agent"),
+    ),
+    duration_s=200.0,
+    warmup_s=100.0,
+    ramp_s=50.0,
+)
+
+
+def share(result: dict[str, object]) -> float:
+    counts = result["requests_by_replica"]
+    assert isinstance(counts, dict)
+    return max(counts.values()) / sum(counts.values())
+
+
+def test_cache_aware_piles_coding_runs_onto_one_replica_and_round_robin_spreads_them() -> None:
+    """Coding runs share a 12,000-token system prompt: SMG's cache_aware, capped at 12
+    slots (loads never 64 apart), keeps most of them on the replica of the first, as the
+    flood measured it; round_robin spreads them; own-loop runs, whose shared preamble is a
+    small part of each prompt, stay balanced under cache_aware."""
+    piled = share(simulate(CODING, "smg-cap12"))
+    spread = share(simulate(replace(CODING, smg_policy="round_robin"), "smg-cap12"))
+    assert piled > 0.75
+    assert spread < 0.6
+    own = SimConfig(
+        groups=(
+            Group("interactive", 4, "interactive", "interactive"),
+            Group("batch", 48, "batch", "batch"),
+        ),
+        duration_s=60.0,
+        warmup_s=30.0,
+        ramp_s=15.0,
+    )
+    assert share(simulate(own, "smg-cap16")) < 0.6
