@@ -53,6 +53,7 @@ from sim_fidelity import coding_config
 
 from luftpause.loadgen.mix import Group, MixError
 from luftpause.sim.main import SimConfig, arms_from_args, simulate
+from luftpause.sim.placement import SMG_POLICIES
 
 BASE_ARMS = ("luftpause", "router", "engine-prio", "smg")
 
@@ -65,6 +66,25 @@ def caps(text: str, what: str) -> list[int]:
     if any(v < 1 for v in values):
         raise SystemExit(f"sim_frontier: {what} must be positive")
     return values
+
+
+def placement_table(arms_at: dict[str, list[dict[str, Any]]], policy: str) -> list[str]:
+    """Each arm's busiest replica's share of the requests, mean over the seeds."""
+    lines = [
+        f"Busiest replica's share of the requests (SMG placing runs by `{policy}`):",
+        "",
+        "| arm | share |",
+        "|---|---|",
+    ]
+    for arm, runs in arms_at.items():
+        shares = []
+        for result in runs:
+            counts = list(result["requests_by_replica"].values())
+            if sum(counts):
+                shares.append(max(counts) / sum(counts))
+        if shares:
+            lines.append(f"| {arm} | {100 * sum(shares) / len(shares):.0f} % |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         "--ablate-pace",
         action="store_true",
         help="also luftpause with the decode pace off (arm luftpause-no-pace)",
+    )
+    p.add_argument(
+        "--smg-policy",
+        choices=SMG_POLICIES,
+        default="cache_aware",
+        help="where SMG's arms place a run's first turn (SMG's --policy; default cache_aware, "
+        "its own, as the flood runs it; round_robin spreads runs whatever their prefix)",
     )
     p.add_argument("--out", type=Path, help="also write the tables here")
     p.add_argument("--plot", type=Path, help="also write the frontier as SVG")
@@ -144,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.profile:
             config = coding_config(coding, load, 0)
+        config = replace(config, smg_policy=args.smg_policy)
         by_arm: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
         for seed in range(args.seeds):
             for arm in arms:
@@ -176,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             lines += ["", *CODING_GOALS_HEAD, *cells]
         else:
             lines += frontier_table(arms_at, 1.0)
+        lines += ["", *placement_table(arms_at, args.smg_policy)]
         lines.append("")
     text = "\n".join(lines)
     print(text)
