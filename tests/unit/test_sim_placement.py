@@ -85,21 +85,32 @@ def test_round_robin_and_least_load_ignore_the_text() -> None:
         smg_placement("power_of_two")
 
 
-def test_the_routing_text_is_the_system_and_user_messages() -> None:
-    """Tool results and the model's replies are not routed on, so every turn of a run
-    routes on the same text; text parts of a user message count, images do not."""
+def test_the_routing_text_is_the_conversation_text() -> None:
+    """A chat request routes on every message's text, tool results and replies (with their
+    reasoning) included and tool calls' arguments not, so a run's next turn extends its
+    last; text parts of a content list count, images and empty contents add nothing."""
     first = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "task 7"},
     ]
     later = [
         *first,
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "a long tool result"},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "look it up",
+            "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": '{"q": 1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a tool result"},
     ]
-    assert routing_text(first) == routing_text(later) == "be brief task 7"
-    parts = [{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image"}]}]
-    assert routing_text(parts) == "look"
+    assert routing_text(first) == "be brief task 7"
+    assert routing_text(later) == "be brief task 7 look it up a tool result"
+    parts = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": [{"type": "image_url"}]},
+        {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url"}]},
+    ]
+    assert routing_text(parts) == "S look"
 
 
 CODING = SimConfig(
@@ -123,7 +134,8 @@ def test_cache_aware_piles_coding_runs_onto_one_replica_and_round_robin_spreads_
     """Coding runs share a 12,000-token system prompt: SMG's cache_aware, capped at 12
     slots (loads never 64 apart), keeps most of them on the replica of the first, as the
     flood measured it; round_robin spreads them; own-loop runs, whose shared preamble is a
-    small part of each prompt, stay balanced under cache_aware."""
+    small part of each prompt, stay balanced under cache_aware, and the router, placing
+    every turn, keeps each run where it started."""
     piled = share(simulate(CODING, "smg-cap12"))
     spread = share(simulate(replace(CODING, smg_policy="round_robin"), "smg-cap12"))
     assert piled > 0.75
@@ -138,3 +150,4 @@ def test_cache_aware_piles_coding_runs_onto_one_replica_and_round_robin_spreads_
         ramp_s=15.0,
     )
     assert share(simulate(own, "smg-cap16")) < 0.6
+    assert share(simulate(own, "router")) < 0.6

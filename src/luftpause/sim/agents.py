@@ -186,7 +186,6 @@ class Agent:
                 tool_calls=0,
             ),
         )
-        run.routing = routing_text(run.messages)
         self._turn(run)
 
     def _turn(self, run: _Run) -> None:
@@ -212,7 +211,7 @@ class Agent:
             cls=self.group.cls,
             caller=self.group.caller,
             agent=self.index,
-            routing_text=run.routing,
+            routing_text=routing_text(run.messages),
         )
         asked_at = self.world.now
 
@@ -320,4 +319,3 @@ class _Run:
     tool_results: int
     record: RunRecord
     pending_call: ToolCall | None = None  # the tool call the turn in flight will make
-    routing: str = ""  # what a gateway routes on: the system and user messages' text

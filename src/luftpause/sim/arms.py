@@ -57,8 +57,8 @@ class Ask:
     cls: str
     caller: str
     agent: int  # the agent's index (engine-prio pins agents to replicas by it)
-    # what a gateway places the turn by: its system and user messages' text
-    # (``placement.routing_text``), the same for every turn of a run
+    # what a gateway places the turn by: its conversation's text
+    # (``placement.routing_text``), which extends the run's last turn's
     routing_text: str = ""
 
 
@@ -225,7 +225,7 @@ class _Unhosted:
 @dataclass
 class RouterArm(_Unhosted):
     """No admission; every turn placed by the SGLang router's ``cache_aware`` (0.3.2, as the
-    flood runs it; ``placement``). A run routes on the same text every turn, so its turns
+    flood runs it; ``placement``). A turn's text extends its run's last, so a run's turns
     stay on the replica of its first unless the loads grow far apart."""
 
     replicas: Sequence[Replica]

@@ -16,14 +16,22 @@ created it.
   the replica with the fewest characters in the tree.
 
 Either way the text is then inserted for the chosen replica. A chat request's routing
-text is its system and user messages' contents, joined by spaces: tool results and the
-model's own replies are not in it, so every turn of a run routes on the same text. Runs
-that share a long system prompt (coding agents) therefore match each other by more than
-the threshold, and with loads never far enough apart they all follow the replica of the
-first: the flood measured SMG capped at 12 sending every request to one engine.
+text is its messages' text joined by spaces (the system prompt, the task, the replies and
+the tool results; not tool calls' arguments), so a run's next turn extends its last and
+matches it. The router places every turn this way; SMG with sticky sessions only a run's
+first (system prompt and task), the rest following the pin. Runs that share a long system
+prompt (coding agents) match each other by more than the threshold, and with loads never
+far enough apart they all follow the replica of the first: the flood measured SMG capped
+at 12 sending every request to one engine.
 
-Not modelled: the tree's size-bounded LRU eviction (runs here are far below its limit)
-and the order in which a node's tenants are scanned when its owner has been evicted.
+This is ``cache_aware`` as the router 0.3.2 and SMG up to its 1.9 source have it. SMG
+1.13's help text describes more, none of it modelled, as its source was not at hand: the
+balance check as a "spill gate" against the fleet's mean load with a margin that shrinks
+on small pools, a miss sent by expected wait rather than by requests in flight, and for a
+worker's first 60 s (or while its tree is thin) one miss in four and one hit in eight
+diverted to it. Nor are the tree's size-bounded eviction (these runs stay far below its
+64 M characters), the router's hash-map order where this model takes the creator of a
+node or the first of equal replicas, or SMG's tie-break on requests processed.
 """
 
 from __future__ import annotations
@@ -205,17 +213,26 @@ def router_placement() -> Placement:
     return CacheAware(fallback="smallest_tree")
 
 
+def _text(content: Any) -> str:
+    """A message content's text: the string, or a parts list's text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        return " ".join(t for t in texts if isinstance(t, str) and t)
+    return ""
+
+
 def routing_text(messages: Sequence[dict[str, Any]]) -> str:
-    """What the gateways route a chat request on: its system and user messages' text."""
+    """What the gateways route a chat request on: every message's text (a reply's content
+    and reasoning, not its tool calls' arguments), non-empty ones joined by spaces."""
     parts: list[str] = []
     for message in messages:
-        if message.get("role") not in ("system", "user"):
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            if content:
-                parts.append(content)
-        elif isinstance(content, list):
-            texts = [p.get("text", "") for p in content if isinstance(p, dict)]
-            parts.append(" ".join(t for t in texts if t))
+        text = _text(message.get("content"))
+        if message.get("role") == "assistant":
+            reasoning = message.get("reasoning_content")
+            if isinstance(reasoning, str) and reasoning:
+                text = f"{text} {reasoning}".strip()
+        if text:
+            parts.append(text)
     return " ".join(parts)

@@ -67,9 +67,6 @@ class _Play:
     children_left: int = 0
     child_failure: tuple[str, str] | None = None
     children: list[RunRecord] = field(default_factory=list)
-    # What a gateway routes on (``placement.routing_text``): the run's first text, which
-    # is its system prompt and task; tool results and replies are not part of it.
-    routing: str = ""
 
     @property
     def run_id(self) -> str:
@@ -157,8 +154,7 @@ class ShapedAgent:
             turns=0,
             tool_calls=0,
         )
-        text = first_text(plan, key, plan.turns[0].prompt_tokens)
-        play = _Play(plan, key, record, text, ended, routing=text)
+        play = _Play(plan, key, record, first_text(plan, key, plan.turns[0].prompt_tokens), ended)
         self._turn(play)
 
     def _turn(self, play: _Play) -> None:
@@ -171,7 +167,7 @@ class ShapedAgent:
             cls=self.group.cls,
             caller=self.group.caller,
             agent=self.index,
-            routing_text=play.routing,
+            routing_text=play.text,  # the conversation's text, as a gateway routes on it
         )
         asked_at = self.world.now
 
@@ -235,7 +231,6 @@ class ShapedAgent:
             play.text += more_text(following - turn.prompt_tokens, f"{play.key}:{play.k + 1}")
         else:  # compacted: a fresh conversation after the system prompt
             play.text = first_text(play.plan, f"{play.key}@{play.k + 1}", following)
-            play.routing = play.text
         play.k += 1
         if turn.subagents:
             self._start_children(play, turn.subagents)
