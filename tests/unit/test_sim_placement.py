@@ -11,7 +11,6 @@ import pytest
 from luftpause.loadgen.mix import Group
 from luftpause.sim.main import SimConfig, simulate
 from luftpause.sim.placement import (
-    CacheAware,
     LeastLoad,
     PrefixTree,
     RoundRobin,
@@ -58,19 +57,19 @@ def test_cache_aware_follows_the_prefix_unless_loads_are_far_apart() -> None:
     assert policy.place(SHARED + "run 3", [a, b]) == "b"  # and the tree now has it on b
 
 
-def test_the_fallback_below_the_threshold_is_the_gateways_own() -> None:
-    """Below the match threshold SMG 1.13 picks the least loaded replica and the SGLang
-    router 0.3.2 the one with the fewest characters in its tree."""
+def test_below_the_threshold_a_text_goes_to_the_least_loaded_replica() -> None:
+    """A text whose match is 30 % of it or less goes to the least loaded replica, in the
+    router's policy as in SMG's, and is then the tree's on that replica."""
     short = "shared head " + "x" * 10
     a, b = Stub("a", in_flight=3), Stub("b", in_flight=5)
-    smg, router = smg_placement("cache_aware"), router_placement()
-    for policy in (smg, router):
-        policy.place(short + " first run with a long task of its own " * 5, [a, b])
-    assert isinstance(smg, CacheAware) and isinstance(router, CacheAware)
-    assert smg.tree.chars.keys() == {"a"} and router.tree.chars.keys() == {"a"}
-    text = short + " another run, whose own text is most of it " * 5
-    assert smg.place(text, [a, b]) == "a"  # least loaded
-    assert router.place(text, [a, b]) == "b"  # b holds nothing yet
+    for policy in (smg_placement("cache_aware"), router_placement()):
+        assert policy.place(short + " first run with a long task of its own " * 5, [a, b]) == "a"
+        a.in_flight, b.in_flight = 6, 5
+        text = short + " another run, whose own text is most of it " * 5
+        assert policy.place(text, [a, b]) == "b"
+        a.in_flight, b.in_flight = 1, 5
+        assert policy.place(text + " and its next turn", [a, b]) == "b"  # follows its prefix
+        a.in_flight, b.in_flight = 3, 5
 
 
 def test_round_robin_and_least_load_ignore_the_text() -> None:

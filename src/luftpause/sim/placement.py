@@ -12,8 +12,7 @@ created it.
   request goes to the least loaded replica.
 * Otherwise, if more than ``cache_threshold`` of the text matches, it goes to the replica
   that owns the node where the match ends.
-* Otherwise the gateway falls back: SMG to the least loaded replica, the older router to
-  the replica with the fewest characters in the tree.
+* Otherwise it goes to the least loaded replica.
 
 Either way the text is then inserted for the chosen replica. A chat request's routing
 text is its messages' text joined by spaces (the system prompt, the task, the replies and
@@ -24,14 +23,15 @@ prompt (coding agents) match each other by more than the threshold, and with loa
 far enough apart they all follow the replica of the first: the flood measured SMG capped
 at 12 sending every request to one engine.
 
-This is ``cache_aware`` as the router 0.3.2 and SMG up to its 1.9 source have it. SMG
+This is ``cache_aware`` as SMG's 1.9 source has it, and as the router 0.3.2 behaves. SMG
 1.13's help text describes more, none of it modelled, as its source was not at hand: the
 balance check as a "spill gate" against the fleet's mean load with a margin that shrinks
 on small pools, a miss sent by expected wait rather than by requests in flight, and for a
 worker's first 60 s (or while its tree is thin) one miss in four and one hit in eight
 diverted to it. Nor are the tree's size-bounded eviction (these runs stay far below its
 64 M characters), the router's hash-map order where this model takes the creator of a
-node or the first of equal replicas, or SMG's tie-break on requests processed.
+node, or SMG's tie-break on requests processed where this model takes the first of
+equally loaded replicas.
 """
 
 from __future__ import annotations
@@ -162,19 +162,13 @@ class RoundRobin:
 
 @dataclass
 class CacheAware:
-    """``cache_aware`` (the module docstring); ``fallback`` is ``least_load`` (SMG 1.13)
-    or ``smallest_tree`` (the SGLang router 0.3.2)."""
+    """``cache_aware`` (the module docstring)."""
 
-    fallback: str = "least_load"
     cache_threshold: float = CACHE_THRESHOLD
     balance_abs: int = BALANCE_ABS
     balance_rel: float = BALANCE_REL
     name: str = "cache_aware"
     tree: PrefixTree = field(default_factory=PrefixTree)
-
-    def __post_init__(self) -> None:
-        if self.fallback not in ("least_load", "smallest_tree"):
-            raise ValueError(f"unknown cache_aware fallback {self.fallback!r}")
 
     def place(self, text: str, replicas: Sequence[Loaded]) -> str:
         loads = [r.in_flight for r in replicas]
@@ -186,10 +180,8 @@ class CacheAware:
             names = [r.name for r in replicas]
             if text and matched / len(text) > self.cache_threshold and owner in names:
                 choice = owner
-            elif self.fallback == "least_load":
-                choice = _least_loaded(replicas)
             else:
-                choice = min(names, key=lambda n: self.tree.chars.get(n, 0))
+                choice = _least_loaded(replicas)
         self.tree.insert(text, choice)
         return choice
 
@@ -200,7 +192,7 @@ Placement = LeastLoad | RoundRobin | CacheAware
 def smg_placement(policy: str) -> Placement:
     """SMG's ``--policy`` as modelled here."""
     if policy == "cache_aware":
-        return CacheAware(fallback="least_load")
+        return CacheAware()
     if policy == "round_robin":
         return RoundRobin()
     if policy == "least_load":
@@ -209,8 +201,11 @@ def smg_placement(policy: str) -> Placement:
 
 
 def router_placement() -> Placement:
-    """The SGLang router 0.3.2's default ``cache_aware``, as the flood runs it."""
-    return CacheAware(fallback="smallest_tree")
+    """The SGLang router 0.3.2's default ``cache_aware``, as the flood runs it: its binary
+    is of SMG's lineage (``smg::policies::cache_aware`` with ``select_worker_min_load``),
+    and a fallback to the smallest tree instead (older source) would pile runs onto the
+    slower replica, whose runs add text more slowly, which the flood did not show."""
+    return CacheAware()
 
 
 def _text(content: Any) -> str:
