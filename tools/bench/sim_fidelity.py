@@ -154,6 +154,22 @@ def real_shares(reps: list[dict[str, Any]]) -> list[float]:
     return shares
 
 
+# The commit that turned the decode pace on by default. A flood of code before it ran
+# luftpause without the pace, so the simulator's luftpause arm is run with it off too.
+PACE_ON = "b9088b7"
+
+
+def had_pace(code: str) -> bool:
+    """Whether the flood's commit (``flood["code"]``, "abc1234 (working tree clean)")
+    ran luftpause with the decode pace on by default; True where git cannot tell."""
+    commit = code.split()[0] if code.split() else ""
+    answer = subprocess.run(
+        ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", PACE_ON, commit],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    return answer.returncode != 1  # 0: an ancestor; 1: not; other: unknown commit
+
+
 def pct(sim: float, real: float) -> str:
     return f"{(sim - real) / real * 100:+.0f} %" if real else "–"
 
@@ -188,6 +204,7 @@ def main() -> int:
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
     ).stdout.strip() or "unknown"  # fmt: skip
+    paced = had_pace(str(flood.get("code", "")))
     rows = []
     splits: list[tuple[str, str, list[float], float]] = []
     started = time.perf_counter()
@@ -211,7 +228,8 @@ def main() -> int:
             if not simulated(arm):
                 continue
             print(f"[{k}/{len(loads)}] {load} batch agents: {arm}", file=sys.stderr, flush=True)
-            result = simulate(config, arm)
+            # the luftpause arm as the flood ran it: without the pace before it was on
+            result = simulate(config, arm if paced or arm != "luftpause" else "luftpause-no-pace")
             if coding:
                 real = real_turn_figures(own[load][arm], scale)
                 sim = sim_turn_figures(result)
@@ -234,6 +252,12 @@ def main() -> int:
         f"{commit}, seed {args.seed}, {elapsed:.0f} s); flood: `{flood.get('command', '?')}` "
         f"at commit {flood.get('code', '?')}, time scale {scale:g}, mean of "
         f"{plan.get('reps', '?')} repetitions. "
+        + (
+            ""
+            if paced
+            else f"That flood predates the decode pace (on by default since {PACE_ON}), so the "
+            "simulator's luftpause arm runs with it off, as the flood's did. "
+        )
         + (
             "Coding-agent runs: reply tokens/min and the p50 of the turns that ended in the "
             "window, in the engine model's time."
