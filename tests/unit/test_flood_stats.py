@@ -239,6 +239,32 @@ def test_coding_flood_compares_turns_per_repetition() -> None:
     )
 
 
+def test_a_coding_flood_plots_interactive_turns_against_batch_work(tmp_path: Path) -> None:
+    """H4, B10: the coding flood's frontier plot: per arm the interactive turn p50 (y, model
+    seconds) against batch reply tokens/min (x, model time), SMG's caps as a line; with
+    neither an own-loop nor a coding flood there is nothing to plot."""
+    by_arm = {
+        "luftpause": [coding_result(0, 2.0, 500.0), coding_result(1, 2.2, 520.0)],
+        "smg-cap8": [coding_result(0, 2.0, 300.0), coding_result(1, 2.0, 320.0)],
+        "smg-cap12": [coding_result(0, 3.0, 450.0), coding_result(1, 3.2, 470.0)],
+    }
+    points = flood.coding_points(by_arm, 10.0)
+    assert [p.name for p in points] == ["luftpause", "smg-cap8", "smg-cap12"]
+    assert (points[0].x, points[0].y) == (51.0, 21.0)  # tokens/min ÷ 10, seconds × 10
+    plan = flood.Plan(
+        time_scale=10.0, reps=2, loads=(), mcp_loads=(), warmup_s=1, window_s=1,
+        light_window_s=1, routing_window_s=1, floor_runs=1,
+    )  # fmt: skip
+    out = tmp_path / "coding.svg"
+    assert flood.write_plot(out, {"coding": {"24": by_arm}}, plan, "abc1234")
+    root = ET.fromstring(out.read_text())
+    text = "".join(root.itertext())
+    assert "interactive turn p50 s (lower is better)" in text
+    assert "batch reply tokens/min (model time)" in text and "C=12" in text
+    assert out.read_text().count("<polyline") == 1
+    assert not flood.write_plot(tmp_path / "none.svg", {"mcp": {}}, plan, "abc1234")
+
+
 def test_seconds_arguments() -> None:
     assert flood.positive("1.5") == 1.5 and flood.non_negative("0") == 0.0
     for parse, bad in ((flood.positive, "0"), (flood.non_negative, "-1"), (flood.positive, "x"),

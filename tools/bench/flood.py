@@ -1336,12 +1336,34 @@ def frontier_points(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> li
             continue
         (xm, xh), (ym, yh) = mean_ci(x), mean_ci(y)
         points.append(Point(name, xm, ym, xh, yh))
+    return sorted(points, key=_frontier_key)
 
-    def key(p: Point) -> tuple[int, int]:
-        kind = FRONTIER_ORDER.index(p.kind) if p.kind in FRONTIER_ORDER else len(FRONTIER_ORDER)
-        return kind, p.cap or 0
 
-    return sorted(points, key=key)
+def _frontier_key(p: Point) -> tuple[int, int]:
+    """Arms in ``FRONTIER_ORDER``, a sweep's caps ascending."""
+    kind = FRONTIER_ORDER.index(p.kind) if p.kind in FRONTIER_ORDER else len(FRONTIER_ORDER)
+    return kind, p.cap or 0
+
+
+def coding_points(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[Point]:
+    """The coding flood's arms at one load point as frontier points: batch reply
+    tokens/min (x) against the interactive turn p50 in seconds (y, lower is better),
+    model time, in ``FRONTIER_ORDER``."""
+    points = []
+    for name, results in by_arm.items():
+        x = [v / scale for r in results if (v := turn_figure(r, "batch", "tokens")) is not None]
+        y = [v * scale for r in results if (v := turn_figure(r, "interactive", "p50")) is not None]
+        if not x or not y:
+            continue
+        (xm, xh), (ym, yh) = mean_ci(x), mean_ci(y)
+        points.append(Point(name, xm, ym, xh, yh))
+    return sorted(points, key=_frontier_key)
+
+
+CODING_AXES = {
+    "x_label": "batch reply tokens/min (model time)",
+    "y_label": "interactive turn p50 s (lower is better)",
+}
 
 
 def frontier_table(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[str]:
@@ -1407,10 +1429,17 @@ def _marker(kind: str, x: float, y: float, r: float = 5.0) -> str:
     return f'<polygon points="{pts}" {paint}/>'
 
 
-def frontier_svg(panels: list[tuple[str, list[Point]]], title: str, subtitle: str = "") -> str:
-    """A plain SVG: per panel (one load point), batch runs/min (x) against interactive
-    runs/min (y); SMG's capacity sweeps as lines through their caps, every other arm a
-    marker; whiskers are 95 % t-intervals over the repetitions."""
+def frontier_svg(
+    panels: list[tuple[str, list[Point]]],
+    title: str,
+    subtitle: str = "",
+    x_label: str = "batch runs/min (model time)",
+    y_label: str = "interactive runs/min",
+) -> str:
+    """A plain SVG: per panel (one load point), batch work (x) against interactive
+    service (y; by default runs/min of each); SMG's capacity sweeps as lines through
+    their caps, every other arm a marker; whiskers are 95 % t-intervals over the
+    repetitions."""
     pw, ph, ml, mr, mt, mb = 640, 420, 64, 24, 44, 52
     cols = 1 if len(panels) == 1 else 2
     rows = math.ceil(len(panels) / cols)
@@ -1470,11 +1499,11 @@ def frontier_svg(panels: list[tuple[str, list[Point]]], title: str, subtitle: st
             out.append(f'<text x="{x0 - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
         out.append(
             f'<text x="{(x0 + x1) / 2:.0f}" y="{y1 + 36}" text-anchor="middle">'
-            "batch runs/min (model time)</text>"
+            f"{_esc(x_label)}</text>"
         )
         out.append(
             f'<text x="{ox + 16}" y="{(y0 + y1) / 2:.0f}" text-anchor="middle" '
-            f'transform="rotate(-90 {ox + 16} {(y0 + y1) / 2:.0f})">interactive runs/min</text>'
+            f'transform="rotate(-90 {ox + 16} {(y0 + y1) / 2:.0f})">{_esc(y_label)}</text>'
         )
         for kind in ("smg-cap", "smg-fifo", "luftpause-pace"):
             line = [p for p in points if p.kind == kind]
@@ -1518,21 +1547,32 @@ def write_plot(
     plan: Plan,
     code: str,
 ) -> bool:
-    """The own-loop flood's frontier as an SVG file; False when there is no such bench."""
+    """The own-loop flood's frontier as an SVG file, or, for a coding flood alone, its
+    interactive turn p50 against batch reply tokens/min; False when there is neither."""
+    reps = f"{plan.reps} repetition{'s' if plan.reps != 1 else ''}"
+    subtitle = (
+        f"time scale {plan.time_scale:g}, {reps}, whiskers 95 % t-intervals; "
+        f"code {code or 'unknown'}"
+    )
     own = results.get("own")
     if not own:
-        return False
+        coding = results.get("coding")
+        if not coding:
+            return False
+        panels = [
+            (f"{load} batch + {CODING_INTERACTIVE} interactive coding agents",
+             coding_points(by_arm, plan.time_scale))
+            for load, by_arm in sorted(coding.items(), key=lambda kv: int(kv[0]))
+        ]  # fmt: skip
+        title = "Coding flood: interactive turn p50 against batch reply tokens/min (model time)"
+        path.write_text(frontier_svg(panels, title, subtitle, **CODING_AXES))
+        return True
     panels = [
         (f"{load} batch + {INTERACTIVE_AGENTS} interactive agents",
          frontier_points(by_arm, plan.time_scale))
         for load, by_arm in sorted(own.items())
     ]  # fmt: skip
-    reps = f"{plan.reps} repetition{'s' if plan.reps != 1 else ''}"
     title = "Own-loop flood: interactive against batch runs/min (agents×60/mean, model time)"
-    subtitle = (
-        f"time scale {plan.time_scale:g}, {reps}, whiskers 95 % t-intervals; "
-        f"code {code or 'unknown'}"
-    )
     path.write_text(frontier_svg(panels, title, subtitle))
     return True
 
@@ -1950,7 +1990,8 @@ def main() -> int:
         type=Path,
         metavar="FILE.svg",
         help="also write the own-loop flood's frontier (interactive against batch runs/min "
-        "per arm, SMG's caps as lines, 95 %% intervals as whiskers) as an SVG file",
+        "per arm, SMG's caps as lines, 95 %% intervals as whiskers) as an SVG file; for a "
+        "coding flood alone, interactive turn p50 against batch reply tokens/min",
     )
     parser.add_argument(
         "--coding-loads",

@@ -23,7 +23,8 @@ With ``--profile coding-agent`` it runs the coding flood's plan instead
 from the coding-agent profile, long-context engines, ``--window-s`` and
 ``--warmup-s`` in model seconds), and reports what that flood reports: per arm the
 turns that ended in the window (interactive turn p50, batch reply tokens/min) and
-luftpause against each arm; no plot.
+luftpause against each arm; ``--plot`` draws the interactive turn p50 against batch
+reply tokens/min.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from flood import (
+    CODING_AXES,
     CODING_GOALS_HEAD,
     CODING_INTERACTIVE,
     FULL,
     INTERACTIVE_AGENTS,
     coding_goals,
+    coding_points,
     coding_table,
     frontier_points,
     frontier_svg,
@@ -134,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.profile and (args.window_s <= 0 or args.warmup_s < 0):
         p.error("--window-s must be above 0 and --warmup-s at least 0")
-    if args.profile and args.plot:
-        p.error("--plot draws the own-loop flood's frontier; --profile has none")
     loads = caps(args.loads, "--loads")
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
@@ -210,7 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.write_text(text)
-    if args.plot:
+    if args.plot and args.profile:
+        panels = [
+            (f"{point} batch + {CODING_INTERACTIVE} interactive", coding_points(arms_at, 1.0))
+            for point, arms_at in results.items()
+        ]
+        args.plot.write_text(
+            frontier_svg(
+                panels,
+                "SMG's frontier and luftpause on coding-agent runs, in the simulator",
+                f"luftpause sim at {commit}, {args.seeds} seeds, SMG placing runs by "
+                f"{args.smg_policy}; model time",
+                **CODING_AXES,
+            )
+        )
+    elif args.plot:
         panels = [
             (f"{point} batch + {INTERACTIVE_AGENTS} interactive", frontier_points(arms_at, 1.0))
             for point, arms_at in results.items()
