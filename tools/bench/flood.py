@@ -1551,8 +1551,8 @@ def write_plot(
     interactive turn p50 against batch reply tokens/min; False when there is neither."""
     reps = f"{plan.reps} repetition{'s' if plan.reps != 1 else ''}"
     subtitle = (
-        f"time scale {plan.time_scale:g}, {reps}, whiskers 95 % t-intervals; "
-        f"code {code or 'unknown'}"
+        f"time scale {plan.time_scale:g}, {reps}, SMG placing runs by {plan.smg_policy}, "
+        f"whiskers 95 % t-intervals; code {code or 'unknown'}"
     )
     own = results.get("own")
     if not own:
