@@ -211,30 +211,23 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.write_text(text)
-    if args.plot and args.profile:
+    if args.plot:
+        coding_plan = args.profile is not None
+        points = coding_points if coding_plan else frontier_points
+        interactive = CODING_INTERACTIVE if coding_plan else INTERACTIVE_AGENTS
         panels = [
-            (f"{point} batch + {CODING_INTERACTIVE} interactive", coding_points(arms_at, 1.0))
+            (f"{point} batch + {interactive} interactive", points(arms_at, 1.0))
             for point, arms_at in results.items()
         ]
         args.plot.write_text(
             frontier_svg(
                 panels,
-                "SMG's frontier and luftpause on coding-agent runs, in the simulator",
+                "SMG's frontier and luftpause"
+                + (" on coding-agent runs" if coding_plan else "")
+                + ", in the simulator",
                 f"luftpause sim at {commit}, {args.seeds} seeds, SMG placing runs by "
                 f"{args.smg_policy}; model time",
-                **CODING_AXES,
-            )
-        )
-    elif args.plot:
-        panels = [
-            (f"{point} batch + {INTERACTIVE_AGENTS} interactive", frontier_points(arms_at, 1.0))
-            for point, arms_at in results.items()
-        ]
-        args.plot.write_text(
-            frontier_svg(
-                panels,
-                "SMG's frontier and luftpause, in the simulator",
-                f"luftpause sim at {commit}, {args.seeds} seeds; runs/min in model time",
+                **(CODING_AXES if coding_plan else {}),
             )
         )
     if args.json:
