@@ -366,3 +366,45 @@ async def test_drain_applies_what_is_queued_once_in_order_from_the_caller() -> N
     finally:
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
+
+
+class _Transport:
+    """A transport that records what is written to it."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_frames_written_in_one_pass_go_out_first_alone_then_together() -> None:
+    """D4, D5 (admission requests and reports over the Link): the dataplane's first LinkUp frame
+    of a pass of the event loop is sent at once; frames written after it in the same pass
+    go in one write at the pass's end, in order; a close sends what waits first."""
+    from luftpause.dataplane.tcp_link import TcpLinkCall
+
+    transport = _Transport()
+    call = TcpLinkCall(None, transport, "test")  # type: ignore[arg-type]
+    ups = [pb.LinkUp(abandoned=[f"t{i}"]) for i in range(4)]
+    frames = [frame(u.SerializeToString()) for u in ups]
+    for up in ups[:3]:
+        call.write_nowait(up)
+    assert transport.writes == [frames[0]]  # the first at once
+    await asyncio.sleep(0)
+    assert transport.writes == [frames[0], frames[1] + frames[2]]
+    reader = FrameReader()
+    got = [pb.LinkUp.FromString(m) for w in transport.writes for m in reader.feed(w)]
+    assert [u.abandoned[0] for u in got] == ["t0", "t1", "t2"]
+    call.write_nowait(ups[3])  # a new pass: at once again
+    assert transport.writes[-1] == frames[3]
+    call.write_nowait(ups[0])
+    call.close()
+    assert transport.writes[-1] == frames[0] and transport.closed
