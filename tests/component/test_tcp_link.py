@@ -374,6 +374,7 @@ class _Transport:
     def __init__(self) -> None:
         self.writes: list[bytes] = []
         self.closed = False
+        self.eof = False
 
     def is_closing(self) -> bool:
         return self.closed
@@ -384,11 +385,18 @@ class _Transport:
     def close(self) -> None:
         self.closed = True
 
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
+
 
 async def test_frames_written_in_one_pass_go_out_first_alone_then_together() -> None:
     """D4, D5 (admission requests and reports over the Link): the dataplane's first LinkUp frame
     of a pass of the event loop is sent at once; frames written after it in the same pass
-    go in one write at the pass's end, in order; a close sends what waits first."""
+    go in one write at the pass's end, in order; ending the stream or closing sends what
+    waits first, and nothing is written once the transport is closing."""
     from luftpause.dataplane.tcp_link import TcpLinkCall
 
     transport = _Transport()
@@ -405,6 +413,17 @@ async def test_frames_written_in_one_pass_go_out_first_alone_then_together() -> 
     assert [u.abandoned[0] for u in got] == ["t0", "t1", "t2"]
     call.write_nowait(ups[3])  # a new pass: at once again
     assert transport.writes[-1] == frames[3]
+    await asyncio.sleep(0)
+    call.write_nowait(ups[1])
+    call.write_nowait(ups[2])
+    await call.done_writing()
+    assert transport.writes[-2:] == [frames[1], frames[2]] and transport.eof
+    await asyncio.sleep(0)
     call.write_nowait(ups[0])
+    call.write_nowait(ups[1])
     call.close()
-    assert transport.writes[-1] == frames[0] and transport.closed
+    assert transport.writes[-2:] == [frames[0], frames[1]] and transport.closed
+    sent = len(transport.writes)
+    call.write_nowait(ups[2])
+    await asyncio.sleep(0)
+    assert len(transport.writes) == sent

@@ -72,14 +72,20 @@ def test_below_the_threshold_a_text_goes_to_the_least_loaded_replica() -> None:
         a.in_flight, b.in_flight = 3, 5
 
 
-def test_round_robin_and_least_load_ignore_the_text() -> None:
-    """round_robin takes the replicas in turn; least_load the emptiest, the first of equals."""
+def test_round_robin_random_and_least_load_ignore_the_text() -> None:
+    """round_robin takes the replicas in turn; random any, the same ones for the same
+    seed; least_load the emptiest, the first of equals."""
     a, b = Stub("a", in_flight=9), Stub("b")
     rr = RoundRobin()
     assert [rr.place(SHARED, [a, b]) for _ in range(3)] == ["a", "b", "a"]
     assert LeastLoad().place(SHARED, [a, b]) == "b"
     b.in_flight = 9
     assert LeastLoad().place(SHARED, [a, b]) == "a"
+    picks = [smg_placement("random", seed=3).place(SHARED, [a, b]) for _ in range(1)]
+    one, other = smg_placement("random", seed=3), smg_placement("random", seed=3)
+    drawn = [one.place(SHARED, [a, b]) for _ in range(40)]
+    assert drawn == [other.place(SHARED, [a, b]) for _ in range(40)]
+    assert set(drawn) == {"a", "b"} and picks[0] == drawn[0]
     with pytest.raises(ValueError, match="unknown SMG policy 'power_of_two'"):
         smg_placement("power_of_two")
 
@@ -133,8 +139,8 @@ def test_cache_aware_piles_coding_runs_onto_one_replica_and_round_robin_spreads_
     """Coding runs share a 12,000-token system prompt: SMG's cache_aware, capped at 12
     slots (loads never 64 apart), keeps most of them on the replica of the first, as the
     flood measured it; round_robin spreads them; own-loop runs, whose shared preamble is a
-    small part of each prompt, stay balanced under cache_aware, and the router, placing
-    every turn, keeps each run where it started."""
+    small part of each prompt, stay balanced under cache_aware, and under the router,
+    which places every turn."""
     piled = share(simulate(CODING, "smg-cap12"))
     spread = share(simulate(replace(CODING, smg_policy="round_robin"), "smg-cap12"))
     assert piled > 0.75

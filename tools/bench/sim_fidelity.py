@@ -156,7 +156,7 @@ def real_shares(reps: list[dict[str, Any]]) -> list[float]:
 
 # The commit that turned the decode pace on by default. A flood of code before it ran
 # luftpause without the pace, so the simulator's luftpause arm is run with it off too.
-PACE_ON = "b9088b7"
+PACE_ON = "b9088b7a5d16e989f34eb8a8acc3b22933f2c6a2"
 
 
 def had_pace(code: str) -> bool:
@@ -255,7 +255,7 @@ def main() -> int:
         + (
             ""
             if paced
-            else f"That flood predates the decode pace (on by default since {PACE_ON}), so the "
+            else f"That flood predates the decode pace (on by default since {PACE_ON[:7]}), so the "
             "simulator's luftpause arm runs with it off, as the flood's did. "
         )
         + (

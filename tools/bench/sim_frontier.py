@@ -52,7 +52,7 @@ from flood import (
     frontier_svg,
     frontier_table,
 )
-from sim_fidelity import coding_config
+from sim_fidelity import busiest_share, coding_config
 
 from luftpause.loadgen.mix import Group, MixError
 from luftpause.sim.main import SimConfig, arms_from_args, simulate
@@ -80,11 +80,11 @@ def placement_table(arms_at: dict[str, list[dict[str, Any]]], policy: str) -> li
         "|---|---|",
     ]
     for arm, runs in arms_at.items():
-        shares = []
-        for result in runs:
-            counts = list(result["requests_by_replica"].values())
-            if sum(counts):
-                shares.append(max(counts) / sum(counts))
+        shares = [
+            share
+            for result in runs
+            if (share := busiest_share(list(result["requests_by_replica"].values()))) is not None
+        ]
         if shares:
             lines.append(f"| {arm} | {100 * sum(shares) / len(shares):.0f} % |")
     return lines

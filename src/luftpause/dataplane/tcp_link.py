@@ -125,9 +125,10 @@ class TcpLinkCall:
             return
         data = frame(up.SerializeToString())
         if self._pending is None:
+            loop = asyncio.get_running_loop()
             self._transport.write(data)
             self._pending = []
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
         else:
             self._pending.append(data)
 

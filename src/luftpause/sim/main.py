@@ -116,11 +116,11 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     if name == "engine-prio":
         return EnginePriorityArm(replicas)
     if name == "smg":
-        return SmgArm(world, replicas, placement=smg_placement(config.smg_policy))
+        return SmgArm(world, replicas, placement=smg_placement(config.smg_policy, config.seed))
     if size is not None:
         return SmgArm(
             world, replicas, size[1], priority=size[0] == "smg-cap", name=name,
-            placement=smg_placement(config.smg_policy),
+            placement=smg_placement(config.smg_policy, config.seed),
         )  # fmt: skip
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
@@ -388,7 +388,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="SMG arms: where a run's first turn goes (SMG's --policy; default cache_aware, "
         "its own, which follows the longest shared prefix: runs with a long shared system "
         "prompt all land on one replica); round_robin spreads them, least_load picks the "
-        "replica with the fewest requests",
+        "replica with the fewest requests, random any replica",
     )
     sim.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     plan = parser.add_argument_group("capacity planning")

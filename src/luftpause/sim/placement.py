@@ -36,6 +36,7 @@ equally loaded replicas.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,8 +47,9 @@ CACHE_THRESHOLD = 0.3
 BALANCE_ABS = 64
 BALANCE_REL = 1.5
 
-# ``--smg-policy`` choices: SMG's own names for the policies modelled here.
-SMG_POLICIES = ("cache_aware", "round_robin", "least_load")
+# ``--smg-policy`` choices: SMG's own names for the policies modelled here (the flood
+# offers the first three).
+SMG_POLICIES = ("cache_aware", "round_robin", "random", "least_load")
 
 
 class Loaded(Protocol):
@@ -161,6 +163,21 @@ class RoundRobin:
 
 
 @dataclass
+class Random:
+    """``random``: any replica, each equally likely (seeded, so a run repeats)."""
+
+    seed: int = 0
+    name: str = "random"
+    _rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(f"placement:{self.seed}")
+
+    def place(self, text: str, replicas: Sequence[Loaded]) -> str:
+        return self._rng.choice(list(replicas)).name
+
+
+@dataclass
 class CacheAware:
     """``cache_aware`` (the module docstring)."""
 
@@ -186,15 +203,17 @@ class CacheAware:
         return choice
 
 
-Placement = LeastLoad | RoundRobin | CacheAware
+Placement = LeastLoad | RoundRobin | Random | CacheAware
 
 
-def smg_placement(policy: str) -> Placement:
-    """SMG's ``--policy`` as modelled here."""
+def smg_placement(policy: str, seed: int = 0) -> Placement:
+    """SMG's ``--policy`` as modelled here (``seed``: the ``random`` policy's)."""
     if policy == "cache_aware":
         return CacheAware()
     if policy == "round_robin":
         return RoundRobin()
+    if policy == "random":
+        return Random(seed)
     if policy == "least_load":
         return LeastLoad()
     raise ValueError(f"unknown SMG policy {policy!r}; choose from {', '.join(SMG_POLICIES)}")
