@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen.mix import Group
 from luftpause.sim.main import SimConfig, simulate
 from luftpause.sim.placement import (
@@ -126,6 +127,7 @@ CODING = SimConfig(
     duration_s=200.0,
     warmup_s=100.0,
     ramp_s=50.0,
+    engine=EngineParams(priority_scheduling=True, context_length=131_072, kv_tokens=1_000_000),
 )
 
 
@@ -141,8 +143,10 @@ def test_cache_aware_piles_coding_runs_onto_one_replica_and_round_robin_spreads_
     flood measured it; round_robin spreads them; own-loop runs, whose shared preamble is a
     small part of each prompt, stay balanced under cache_aware, and under the router,
     which places every turn."""
-    piled = share(simulate(CODING, "smg-cap12"))
-    spread = share(simulate(replace(CODING, smg_policy="round_robin"), "smg-cap12"))
+    piled_run = simulate(CODING, "smg-cap12")
+    spread_run = simulate(replace(CODING, smg_policy="round_robin"), "smg-cap12")
+    assert piled_run["error_count"] == 0 and spread_run["error_count"] == 0  # the turns ran
+    piled, spread = share(piled_run), share(spread_run)
     assert piled > 0.75
     assert spread < 0.6
     own = SimConfig(
