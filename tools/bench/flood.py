@@ -1094,6 +1094,13 @@ def turn_figure(result: dict[str, Any], cls: str, key: str) -> float | None:
     return None if value is None else float(value)
 
 
+def turn_values(results: list[dict[str, Any]], cls: str, key: str, scale: float) -> list[float]:
+    """``turn_figure`` of each repetition that has it, in model time (seconds × scale,
+    per-minute rates ÷ scale)."""
+    values = (turn_figure(r, cls, key) for r in results)
+    return [v / scale if key == "tokens" else v * scale for v in values if v is not None]
+
+
 def paired_turn_ratios(
     results_a: list[dict[str, Any]], results_b: list[dict[str, Any]], cls: str, key: str
 ) -> list[float]:
@@ -1126,9 +1133,9 @@ def coding_table(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[
             ended = [r["classes"].get(cls, {}).get("turns_ended") for r in results]
             if not any(ended):
                 continue
-            p50 = [v * scale for r in results if (v := turn_figure(r, cls, "p50")) is not None]
-            p95 = [v * scale for r in results if (v := turn_figure(r, cls, "p95")) is not None]
-            tok = [v / scale for r in results if (v := turn_figure(r, cls, "tokens")) is not None]
+            p50 = turn_values(results, cls, "p50", scale)
+            p95 = turn_values(results, cls, "p95", scale)
+            tok = turn_values(results, cls, "tokens", scale)
             lines.append(
                 f"| {name} | {cls} | {sum(t['turns'] for t in ended if t)} | "
                 f"{ci_text(p50, 2)} | {ci_text(p95, 2)} | {ci_text(tok, 0)} | "
@@ -1328,10 +1335,38 @@ FRONTIER_LABEL = {
 def frontier_points(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[Point]:
     """Every arm of one load point as a frontier point, in ``FRONTIER_ORDER`` (caps
     ascending)."""
+    return _points(
+        by_arm,
+        lambda results: (
+            aggregate(results, "batch", scale)["rate"],
+            aggregate(results, "interactive", scale)["rate"],
+        ),
+    )
+
+
+def coding_points(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[Point]:
+    """The coding flood's arms at one load point as frontier points: batch reply
+    tokens/min (x) against the interactive turn p50 in seconds (y, lower is better),
+    model time, in ``FRONTIER_ORDER``."""
+    return _points(
+        by_arm,
+        lambda results: (
+            turn_values(results, "batch", "tokens", scale),
+            turn_values(results, "interactive", "p50", scale),
+        ),
+    )
+
+
+def _points(
+    by_arm: dict[str, list[dict[str, Any]]],
+    figures: Callable[[list[dict[str, Any]]], tuple[list[float], list[float]]],
+) -> list[Point]:
+    """One point per arm from ``figures`` (an arm's repetitions -> their x and y values):
+    the means and 95 % half-widths, arms in ``FRONTIER_ORDER``, a sweep's caps ascending;
+    an arm with no values on either axis is left out."""
     points = []
     for name, results in by_arm.items():
-        x = aggregate(results, "batch", scale)["rate"]
-        y = aggregate(results, "interactive", scale)["rate"]
+        x, y = figures(results)
         if not x or not y:
             continue
         (xm, xh), (ym, yh) = mean_ci(x), mean_ci(y)
@@ -1343,21 +1378,6 @@ def _frontier_key(p: Point) -> tuple[int, int]:
     """Arms in ``FRONTIER_ORDER``, a sweep's caps ascending."""
     kind = FRONTIER_ORDER.index(p.kind) if p.kind in FRONTIER_ORDER else len(FRONTIER_ORDER)
     return kind, p.cap or 0
-
-
-def coding_points(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> list[Point]:
-    """The coding flood's arms at one load point as frontier points: batch reply
-    tokens/min (x) against the interactive turn p50 in seconds (y, lower is better),
-    model time, in ``FRONTIER_ORDER``."""
-    points = []
-    for name, results in by_arm.items():
-        x = [v / scale for r in results if (v := turn_figure(r, "batch", "tokens")) is not None]
-        y = [v * scale for r in results if (v := turn_figure(r, "interactive", "p50")) is not None]
-        if not x or not y:
-            continue
-        (xm, xh), (ym, yh) = mean_ci(x), mean_ci(y)
-        points.append(Point(name, xm, ym, xh, yh))
-    return sorted(points, key=_frontier_key)
 
 
 CODING_AXES = {
