@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from luftpause.fakes.engine import tokens
 from luftpause.fakes.engine.model import (
     CLIP_MAX_NEW_TOKENS,
     DECODE_LOG_INTERVAL,
@@ -83,6 +85,17 @@ def test_token_count_is_ceil_chars_over_four() -> None:
     assert len(pieces) == 37
     assert count_tokens("".join(pieces)) == 37
     assert pieces == filler_tokens(37, "seed")
+
+
+def test_filler_words_are_not_programs() -> None:
+    """B9: a harness runs a fake tool call's filler arguments as a shell command (Codex's
+    ``exec_command``); no filler word may be a program on this machine, so every such
+    command ends at once instead of running until stopped (``watch`` did, and hung a run).
+    """
+    words = set(" ".join(tokens._WORDS).split())
+    assert len(words) > 20
+    programs = sorted(w for w in words if shutil.which(w))
+    assert programs == []
 
 
 def test_rendered_conversation_extends_previous_prompt() -> None:

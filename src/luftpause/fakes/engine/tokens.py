@@ -22,6 +22,10 @@ from typing import Any
 
 CHARS_PER_TOKEN = 4
 
+# Filler words. Harnesses run a tool call's arguments (Codex and Claude Code run a shell
+# command), so no word may be a program that runs until stopped: a filler command must
+# end at once, usually as "command not found" ("watch" was one, and hung a Codex run).
+
 _WORDS = [
     "the",
     "quick",
@@ -51,7 +55,7 @@ _WORDS = [
     "towers",
     "keep",
     "steady",
-    "watch",
+    "vigil",
     "over",
     "green",
     "terraces",
