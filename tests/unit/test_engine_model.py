@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 from dataclasses import replace
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luftpause.fakes.engine import tokens
+from luftpause.fakes.engine import script, tokens
 from luftpause.fakes.engine.model import (
     CLIP_MAX_NEW_TOKENS,
     DECODE_LOG_INTERVAL,
@@ -177,6 +178,20 @@ def test_lru_eviction_order_and_running_blocks_are_kept() -> None:
     states = {s.request_id: s.phase for s in engine.requests(step.end)}
     assert states == {"d": Phase.DECODE, "e": Phase.DECODE, "f": Phase.WAITING}
     run(engine, step.end)
+
+
+def test_block_chain_keys_stand_for_whole_prefixes() -> None:
+    """H1: a prompt that extends another shares its keys block for block; a change in
+    one block changes that key and every later one; a partial last block has no key."""
+    base = text("a", 320)  # 10 blocks of 32 characters
+    chain = block_chain(base, 32)
+    assert len(chain) == 10 and len(set(chain)) == 10
+    assert block_chain(base + "x" * 40, 32)[:10] == chain
+    assert len(block_chain(base + "x" * 40, 32)) == 11
+    changed = block_chain(base[:100] + "#" + base[101:], 32)
+    assert changed[:3] == chain[:3]
+    assert all(a != b for a, b in zip(changed[3:], chain[3:], strict=True))
+    assert block_chain(base[:31], 32) == ()
 
 
 def test_lru_evicts_leaf_blocks_before_their_prefix() -> None:
@@ -666,6 +681,63 @@ def test_answer_lengths_follow_the_documented_log_normal() -> None:
     plan = plan_reply(hello, None, ScriptOptions(), prompt_text=render_messages(hello))
     again = plan_reply(hello, None, ScriptOptions(), prompt_text=render_messages(hello))
     assert plan.reply_tokens == again.reply_tokens <= 100
+
+
+def _labels_by_pattern_alone(text: str) -> list[str]:
+    """extract_labels without its shortcut: the label-line pattern tried on every line."""
+    found: list[str] = []
+    for line in text.splitlines():
+        match = script._LABEL_LINE.search(line)
+        if match:
+            found.extend(re.split(r",|\||/|;|\bor\b", match.group(1)))
+            continue
+        bullet = script._BULLET.match(line)
+        if bullet:
+            found.append(bullet.group(1))
+    labels: list[str] = []
+    for raw in found:
+        label = raw.strip().strip("\"'`[](){}.").strip()
+        if label and len(label) <= 40 and label not in labels:
+            labels.append(label)
+    return labels[:20]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "LABELS",
+                "Category",
+                "opTions",
+                "CHOICES",
+                "class",
+                "claſſes",
+                "CHOİCES",
+                "choıces",
+                "are",
+                "is",
+                ":",
+                "=",
+                " ",
+                "\n",
+                "- ",
+                "1) ",
+                "red",
+                "ß",
+                "or",
+                ",",
+                "|",
+                "Kelvin\u212a",
+            ]
+        ),
+        max_size=30,
+    ).map("".join)
+)
+def test_label_shortcut_finds_what_the_pattern_finds(text: str) -> None:
+    """H1 (for R13): skipping the label-line pattern on texts without its words never
+    changes the labels found, whatever the case and Unicode folding of those words."""
+    assert extract_labels(text) == _labels_by_pattern_alone(text)
 
 
 def test_label_logprobs_include_several_labels() -> None:

@@ -355,14 +355,23 @@ _LABEL_LINE = re.compile(
     r"(?:labels?|categories|category|options|choices|classes)\s*(?:are|is)?\s*[:=]\s*(.+)",
     re.IGNORECASE,
 )
+# What a label line must hold (casefolded), and the two letters that case-insensitive
+# patterns match to "i" but casefold does not fold to it.
+_LABEL_WORDS = ("label", "categor", "option", "choice", "class")
+_DOTTED_I = ("\u0130", "\u0131")
 _BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+(.+?)\s*$")
 
 
 def extract_labels(text: str) -> list[str]:
     """Candidate labels listed in ``text`` (at most 20, in order, deduplicated)."""
+    # The label-line pattern is slow on long lines (case-insensitive, tried at every
+    # position), and an agent's last user message is long at every turn: a text with
+    # none of its words, folded as the pattern folds them, cannot match it.
+    folded = text.casefold()
+    maybe = any(word in folded for word in _LABEL_WORDS) or any(c in text for c in _DOTTED_I)
     found: list[str] = []
     for line in text.splitlines():
-        match = _LABEL_LINE.search(line)
+        match = _LABEL_LINE.search(line) if maybe else None
         if match:
             for part in re.split(r",|\||/|;|\bor\b", match.group(1)):
                 found.append(part)
