@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import random
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,23 @@ def test_prompts_have_the_asked_size_and_share_only_the_preamble() -> None:
     assert content.messages(8000, "run-a") == a  # deterministic
     small = content.messages(2000, "x")
     assert sum(len(m["content"]) for m in small) == 2000
+
+
+def test_filler_draws_the_words_random_choice_draws() -> None:
+    """H3: the filler's inlined draw gives the words ``random.Random(seed).choice`` gives,
+    so every run's text (and every seeded simulation) is what it was before."""
+
+    def by_choice(chars: int, seed: str) -> str:
+        rng = random.Random(seed)
+        parts: list[str] = []
+        while len(" ".join(parts)) < chars:
+            parts.append(rng.choice(content._WORDS))
+        return " ".join(parts)[:chars]
+
+    for chars in (0, 1, 5, 37, 400, 6000):
+        for seed in ("preamble", "run-a", "7"):
+            assert content.filler(chars, seed) == by_choice(chars, seed)
+            assert len(content.filler(chars, seed)) == max(chars, 0)
 
 
 async def test_ramp_spreads_a_groups_first_runs(monkeypatch: pytest.MonkeyPatch) -> None:

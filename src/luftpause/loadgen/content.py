@@ -82,11 +82,20 @@ def filler(chars: int, seed: str) -> str:
     """Deterministic word salad of exactly ``chars`` characters."""
     if chars <= 0:
         return ""
-    rng = random.Random(seed)
+    # The words ``random.Random(seed).choice(_WORDS)`` draws one by one, drawn as it
+    # draws them (rejection sampling over getrandbits) without its two calls per word:
+    # every run's task is thousands of characters of this.
+    bits = random.Random(seed).getrandbits
+    words = _WORDS
+    n = len(words)
+    k = n.bit_length()
     parts: list[str] = []
     size = 0
     while size < chars + 1:  # joined length = size - 1
-        word = rng.choice(_WORDS)
+        r = bits(k)
+        while r >= n:
+            r = bits(k)
+        word = words[r]
         parts.append(word)
         size += len(word) + 1
     return " ".join(parts)[:chars]
