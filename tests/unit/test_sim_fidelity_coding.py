@@ -1,10 +1,16 @@
-"""tools/bench/sim_fidelity.py on a coding-agent flood: the simulator given the flood's
-plan, and both read by the turns that ended in the window."""
+"""tools/bench/sim_fidelity.py: on a coding-agent flood, the simulator given the flood's
+plan and both read by the turns that ended in the window; on any flood, several seeds
+read as a mean and its range."""
 
 from __future__ import annotations
 
+import json
+import re
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 from _bench import load
 
 fidelity = load("sim_fidelity")
@@ -55,3 +61,38 @@ def test_turn_figures_in_model_time() -> None:
     assert fidelity.sim_turn_figures(sim) == {"interactive": (12.0, 5.0)}
     assert fidelity.pct(11.0, 10.0) == "+10 %"
     assert fidelity.real_turn_figures([{"classes": {"interactive": {}}}], 1.0) == {}
+
+
+def test_several_seeds_give_a_mean_and_its_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B1: with ``--seeds N`` each point is simulated with N seeds; a sim cell is their
+    mean with their lowest and highest, and the summary counts the flood figures that
+    lie inside that range as well as those within ±10 % of the mean."""
+    rep = {
+        "classes": {
+            cls: {"runs_per_min_closed": rate, "run_s": {"p50": p50}}
+            for cls, rate, p50 in (("interactive", 8.0, 20.0), ("batch", 4.0, 25.0))
+        }
+    }
+    plan = {"time_scale": 1.0, "warmup_s": 10.0, "window_s": 60.0, "reps": 1}
+    data = {"plan": plan, "results": {"own": {"2": {"router": [rep]}}}, "code": "HEAD"}
+    (tmp_path / "flood.json").write_text(json.dumps(data))
+    out = tmp_path / "doc.md"
+    out.write_text("before\n<!-- fidelity-x:start -->\nold\n<!-- fidelity-x:end -->\nafter\n")
+    argv = ["sim_fidelity.py", "--flood", str(tmp_path / "flood.json"), "--seeds", "3"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(out), "--part", "x"])
+    assert fidelity.main() == 0
+    capsys.readouterr()
+    text = out.read_text()
+    assert text.startswith("before\n<!-- fidelity-x:start -->\nCommand:") and "old" not in text
+    assert "--seeds 3" in text and "seeds 0–2" in text and "one repetition" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 2 | router |")]
+    assert len(rows) == 2
+    for row in rows:
+        mean, low, high = (float(x) for x in re.findall(r"([\d.]+) \(([\d.]+)–([\d.]+)\)", row)[0])
+        assert low <= mean <= high
+    assert re.search(r"2 rows; the flood inside the seeds' range on both: \d of 2\.", text)
+    monkeypatch.setattr(sys, "argv", [*argv[:-1], "0"])
+    with pytest.raises(SystemExit):
+        fidelity.main()
