@@ -317,16 +317,13 @@ class _Req:
 
 
 @dataclass
-class _Block:
-    refs: int = 0
-
-
-@dataclass
 class BlockCache:
     """Prefix-cache blocks keyed by hash chain; unreferenced blocks are LRU-evictable."""
 
     block_tokens: int
-    _blocks: dict[int, _Block] = field(default_factory=dict)
+    # Each cached block's reference count (admitted requests using it); a plain int per
+    # key, as every turn locks, inserts and unlocks its whole prompt's blocks.
+    _blocks: dict[int, int] = field(default_factory=dict)
     _evictable: OrderedDict[int, None] = field(default_factory=OrderedDict)  # oldest first
 
     @property
@@ -353,23 +350,27 @@ class BlockCache:
         return sum(1 for key in chain if key in self._evictable) * self.block_tokens
 
     def lock(self, chain: Sequence[int]) -> None:
+        blocks = self._blocks
+        evictable = self._evictable
         for key in chain:
-            block = self._blocks[key]
-            block.refs += 1
-            self._evictable.pop(key, None)
+            refs = blocks[key]
+            blocks[key] = refs + 1
+            if not refs:
+                evictable.pop(key, None)
 
     def insert_locked(self, key: int) -> None:
-        self._blocks[key] = _Block(refs=1)
+        self._blocks[key] = 1
 
     def unlock(self, chain: Sequence[int]) -> None:
         # Release leaf first so the leaf ends up older than its parent: LRU then
         # evicts leaves before the prefixes other chains may still share.
+        blocks = self._blocks
+        evictable = self._evictable
         for key in reversed(chain):
-            block = self._blocks[key]
-            block.refs -= 1
-            if block.refs == 0:
-                self._evictable[key] = None
-                self._evictable.move_to_end(key)
+            refs = blocks[key] - 1
+            blocks[key] = refs
+            if not refs:
+                evictable[key] = None  # a new key: it goes to the end, the newest
 
     def evict(self, n_blocks: int) -> list[int]:
         """Evict up to ``n_blocks`` least recently used unreferenced blocks."""
