@@ -1,0 +1,183 @@
+"""The flood's luftpause arm on a stack of its own: nothing else on the engines, ever.
+
+    python tools/bench/arm_alone.py                          # 48 batch agents, time scale 2
+    python tools/bench/arm_alone.py --loads 24,48 --json alone.json   # one after the other
+
+``tools/bench/flood.py`` runs every arm on one pair of engines, one arm at a time, and
+keeps one scheduler for the luftpause arm through the whole flood: between its blocks
+the other arms load the engines it probes. This runs the luftpause arm alone, with the
+flood's plan and settings (``flood.start_engines``, ``flood._config``, the own-loop
+load generator flags and seeds of ``flood.own_arms``/``flood.run_loadgen``), on fresh
+engines, tools, scheduler and dataplane, the loads in the order given on that one
+stack. So a figure that differs from the flood's comes from what the flood's shared
+stack carries between arms, and one that differs from ``luftpause sim`` from the model.
+
+Beside the load generator's line it samples the scheduler's ``/status`` every
+``--every`` seconds and reports, over each load's measured window, the median of each
+replica's cap (``capacity``), batch limit from the decode pace, turns in flight, and
+the turns held. Output: a table on stdout, every sample and result with ``--json``.
+Timings are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import types
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import flood
+
+
+class StatusSampler:
+    """``/status`` of the scheduler every ``every`` seconds, on a thread."""
+
+    def __init__(self, url: str, every: float) -> None:
+        self.url = url
+        self.every = every
+        self.samples: list[tuple[float, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StatusSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as r:
+                    self.samples.append((time.monotonic(), json.loads(r.read())))
+            except (OSError, ValueError) as exc:
+                self.samples.append((time.monotonic(), {"error": str(exc)}))
+            self._stop.wait(self.every)
+
+
+def window_figures(samples: list[tuple[float, dict[str, Any]]], since: float) -> dict[str, Any]:
+    """Medians over the samples taken from ``since`` on: per replica its cap, batch limit
+    from the pace and turns in flight; the turns held in all."""
+    kept = [s for t, s in samples if t >= since and "replicas" in s]
+    if not kept:
+        return {}
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    names = [r["name"] for r in kept[0]["replicas"]]
+    replicas = {}
+    for name in names:
+        rows = [r for s in kept for r in s["replicas"] if r["name"] == name]
+        replicas[name] = {
+            key: median([r.get(key) for r in rows])
+            for key in ("capacity", "batch_limit_from_pace", "in_flight", "engine_running")
+        }
+    return {
+        "samples": len(kept),
+        "replicas": replicas,
+        "held": median([s.get("held_total") for s in kept]),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--loads", default="48", help="batch agents per point, in order (default 48)"
+    )
+    parser.add_argument(
+        "--time-scale", type=float, default=2.0, help="engine/tool speed-up (default 2)"
+    )
+    parser.add_argument("--every", type=float, default=0.5, help="status sample period, s")
+    parser.add_argument("--json", type=Path, help="also write every result and sample here")
+    args = parser.parse_args()
+    try:
+        loads = [int(x) for x in args.loads.split(",")]
+    except ValueError:
+        parser.error(f"--loads: whole numbers separated by commas, not {args.loads!r}")
+    if not loads or min(loads) < 1:
+        parser.error("--loads: at least one load, each at least 1")
+    if args.time_scale <= 0 or args.every <= 0:
+        parser.error("--time-scale and --every must be positive")
+    plan = replace(flood.FULL, time_scale=args.time_scale, reps=1)
+    out: dict[str, Any] = {"loads": loads, "time_scale": args.time_scale, "points": []}
+    with tempfile.TemporaryDirectory(prefix="luftpause-alone-") as tmp_s:
+        tmp = Path(tmp_s)
+        stack = flood.Stack(tmp, plan)
+        try:
+            flood.start_engines(stack)
+            config = flood._config(tmp / "stack.toml", stack, flood.probe_period(plan))
+            sched = stack.start(
+                "scheduler", "--config", str(config), "--port", "0", "--http-port", "0",
+                "--log-level", "WARNING", name="scheduler",
+            )  # fmt: skip
+            dp = stack.start(
+                "dataplane", "--config", str(config), "--port", "0",
+                "--scheduler", f"127.0.0.1:{sched.ports['grpc']}", "--log-level", "WARNING",
+                name="dataplane",
+            )  # fmt: skip
+            stack.dataplane = dp.urls["http"]
+            # own_arms names every arm; only luftpause's runs, so no router is started.
+            stack.routers["cache_aware"] = types.SimpleNamespace(  # type: ignore[assignment]
+                url="http://127.0.0.1:9", stop=lambda: None
+            )
+            with StatusSampler(sched.urls["http"] + "/status", args.every) as sampler:
+                for load in loads:
+                    arm = next(a for a in flood.own_arms(stack, "own", load, 8000)
+                               if a.name == "luftpause")  # fmt: skip
+                    started = time.monotonic()
+                    result = flood.run_loadgen(stack, arm, 0, tmp)
+                    warmup = plan.real(plan.warmup_for(load))
+                    figures = window_figures(sampler.samples, started + warmup)
+                    out["points"].append({"load": load, "result": result, "status": figures})
+            out["samples"] = sampler.samples
+        finally:
+            stack.routers.clear()
+            stack.stop()
+    scale = args.time_scale
+    print(f"The luftpause arm alone, time scale {scale:g}, loads in this order: {args.loads}")
+    print()
+    print(
+        "| batch agents | interactive runs/min | batch runs/min | interactive p50 s "
+        "| batch p50 s | cap per replica | pace limit | in flight | held |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for point in out["points"]:
+        classes = point["result"]["classes"]
+        status = point["status"]
+        reps = status.get("replicas", {})
+
+        def each(key: str, reps: dict[str, Any] = reps) -> str:
+            return " / ".join("–" if r[key] is None else f"{r[key]:g}" for r in reps.values())
+
+        rate = {c: classes[c]["runs_per_min_closed"] / scale for c in classes}
+        p50 = {c: (classes[c]["run_s"]["p50"] or 0) * scale for c in classes}
+        print(
+            f"| {point['load']} | {rate.get('interactive', 0):.1f} | {rate.get('batch', 0):.1f} "
+            f"| {p50.get('interactive', 0):.1f} | {p50.get('batch', 0):.1f} "
+            f"| {each('capacity')} | {each('batch_limit_from_pace')} | {each('in_flight')} "
+            f"| {status.get('held', '–')} |"
+        )
+    print()
+    print(
+        "Rates: closed-loop runs/min (agents × 60 / mean run time), model time. Cap, pace "
+        "limit, in flight, held: medians of the scheduler's /status over the window."
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
