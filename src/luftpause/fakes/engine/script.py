@@ -369,9 +369,14 @@ def extract_labels(text: str) -> list[str]:
     # none of its words, folded as the pattern folds them, cannot match it.
     folded = text.casefold()
     maybe = any(word in folded for word in _LABEL_WORDS) or any(c in text for c in _DOTTED_I)
+    return _scan_labels(text, label_lines=maybe)
+
+
+def _scan_labels(text: str, *, label_lines: bool) -> list[str]:
+    """The labels of ``text``'s label lines (tried only if ``label_lines``) and bullets."""
     found: list[str] = []
     for line in text.splitlines():
-        match = _LABEL_LINE.search(line) if maybe else None
+        match = _LABEL_LINE.search(line) if label_lines else None
         if match:
             for part in re.split(r",|\||/|;|\bor\b", match.group(1)):
                 found.append(part)
