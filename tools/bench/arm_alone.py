@@ -7,7 +7,7 @@
 keeps one scheduler for the luftpause arm through the whole flood: between its blocks
 the other arms load the engines it probes. This runs the luftpause arm alone, with the
 flood's plan and settings (``flood.start_engines``, ``flood._config``, the own-loop
-load generator flags and seeds of ``flood.own_arms``/``flood.run_loadgen``), on fresh
+load generator flags and seeds of ``flood.own_flags``/``flood.run_loadgen``), on fresh
 engines, tools, scheduler and dataplane, the loads in the order given on that one
 stack. So a figure that differs from the flood's comes from what the flood's shared
 stack carries between arms, and one that differs from ``luftpause sim`` from the model.
@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import types
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -118,32 +117,21 @@ def main() -> int:
         try:
             flood.start_engines(stack)
             config = flood._config(tmp / "stack.toml", stack, flood.probe_period(plan))
-            sched = stack.start(
-                "scheduler", "--config", str(config), "--port", "0", "--http-port", "0",
-                "--log-level", "WARNING", name="scheduler",
-            )  # fmt: skip
-            dp = stack.start(
-                "dataplane", "--config", str(config), "--port", "0",
-                "--scheduler", f"127.0.0.1:{sched.ports['grpc']}", "--log-level", "WARNING",
-                name="dataplane",
-            )  # fmt: skip
+            sched, dp = flood.scheduler_and_dataplane(stack, config)
             stack.dataplane = dp.urls["http"]
-            # own_arms names every arm; only luftpause's runs, so no router is started.
-            stack.routers["cache_aware"] = types.SimpleNamespace(  # type: ignore[assignment]
-                url="http://127.0.0.1:9", stop=lambda: None
-            )
             with StatusSampler(sched.urls["http"] + "/status", args.every) as sampler:
                 for load in loads:
-                    arm = next(a for a in flood.own_arms(stack, "own", load, 8000)
-                               if a.name == "luftpause")  # fmt: skip
-                    started = time.monotonic()
+                    flags = flood.own_flags(stack, "own", load, 8000)
+                    arm = flood.Arm("own", "luftpause", load, ["--target", stack.dataplane, *flags])
                     result = flood.run_loadgen(stack, arm, 0, tmp)
-                    warmup = plan.real(plan.warmup_for(load))
-                    figures = window_figures(sampler.samples, started + warmup)
+                    # the load generator ran for its last wall_s seconds; its window
+                    # began one warm-up after it started
+                    began = time.monotonic() - result["wall_s"]
+                    window = began + plan.real(plan.warmup_for(load))
+                    figures = window_figures(sampler.samples, window)
                     out["points"].append({"load": load, "result": result, "status": figures})
             out["samples"] = sampler.samples
         finally:
-            stack.routers.clear()
             stack.stop()
     scale = args.time_scale
     print(f"The luftpause arm alone, time scale {scale:g}, loads in this order: {args.loads}")

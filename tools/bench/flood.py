@@ -270,8 +270,10 @@ def _config(
     return path
 
 
-def _luftpause(s: Stack, config: Path, name: str) -> str:
-    """A scheduler and a dataplane on ``config``; the dataplane's URL."""
+def scheduler_and_dataplane(
+    s: Stack, config: Path, name: str = ""
+) -> tuple[ServiceProcess, ServiceProcess]:
+    """A scheduler and a dataplane on ``config``, started."""
     sched = s.start(
         "scheduler", "--config", str(config), "--port", "0", "--http-port", "0",
         "--log-level", "WARNING", name=f"scheduler{name}",
@@ -281,7 +283,12 @@ def _luftpause(s: Stack, config: Path, name: str) -> str:
         "--scheduler", f"127.0.0.1:{sched.ports['grpc']}", "--log-level", "WARNING",
         name=f"dataplane{name}",
     )  # fmt: skip
-    return dp.urls["http"]
+    return sched, dp
+
+
+def _luftpause(s: Stack, config: Path, name: str) -> str:
+    """A scheduler and a dataplane on ``config``; the dataplane's URL."""
+    return scheduler_and_dataplane(s, config, name)[1].urls["http"]
 
 
 def _ceil_s(model_s: float, scale: float) -> int:
@@ -678,14 +685,12 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     return result
 
 
-def own_arms(
-    stack: Stack, bench: str, load: int, context: int, common: list[str] | None = None
-) -> list[Arm]:
-    """The own-loop arms at one point; ``common``: the load generator's flags every arm
-    shares (default: the classic flood's runs of ``context`` characters)."""
+def own_flags(stack: Stack, bench: str, load: int, context: int) -> list[str]:
+    """The load generator's flags every own-loop arm shares at one point: the classic
+    flood's runs of ``context`` characters, its groups, warm-up, ramp and window."""
     plan = stack.plan
     window = plan.light_window_s if bench == "light" else plan.window_for(load)
-    common = common or [
+    return [
         "--tools-url", stack.tools_url, "--context-chars", str(context),
         "--tool-calls", str(TOOL_CALLS), "--group", f"{load}:batch:crowd",
         "--group", f"{INTERACTIVE_AGENTS}:interactive:people",
@@ -693,6 +698,14 @@ def own_arms(
         "--ramp-s", f"{plan.real(plan.ramp_for(load)):g}",
         "--duration-s", f"{plan.real(window):g}",
     ]  # fmt: skip
+
+
+def own_arms(
+    stack: Stack, bench: str, load: int, context: int, common: list[str] | None = None
+) -> list[Arm]:
+    """The own-loop arms at one point; ``common``: the load generator's flags every arm
+    shares (default: ``own_flags``)."""
+    common = common or own_flags(stack, bench, load, context)
     router = stack.routers["cache_aware"].url
     engines = ",".join(stack.engines)
     ablation = [
