@@ -274,7 +274,8 @@ def test_s2_cap_raised_step_by_step_at_the_cap() -> None:
 
 def test_s2_cap_rises_only_on_the_engines_running_count() -> None:
     """S2: a cap rises only on evidence from the engine (its running count at the cap,
-    queue empty), never because luftpause's own in-flight count is high (a turn
+    queue empty; other clients' load: see the shared-engine test), never because
+    luftpause's own in-flight count is high (a turn
     reported late, or leaked): the cap does not drift above what the engine runs.
     The step is a parameter. (Prefix keeping's own raise has tests of its own.)"""
     sim = Sim(gen("a"), params=Params(cap_raise_step=3, keep_prefixes=False))
@@ -414,16 +415,51 @@ def test_s2_s9_a_replica_that_was_down_ramps_again() -> None:
 
 def test_s2_s11_a_restarted_scheduler_ramps_above_what_its_dataplanes_resync() -> None:
     """S2, S11: a restarted scheduler starts on the ramp; turns a dataplane resyncs stay
-    admitted above the limit, and the engine running them all with no queue doubles it."""
+    admitted above the limit, and the engine running them all with no queue doubles it.
+    Before the resync, the engine's running turns are not known to be luftpause's, so
+    they raise nothing."""
     sim = Sim(gen("a"), params=SPEC_RULES, initial_cap=4)
-    # the engine still runs 6 turns from before the restart, nothing queued: doubled
-    sim.probe("a", True, running=6, waiting=0)
-    assert sim.replica("a")["capacity"] == 8
+    # the engine still runs 6 turns from before the restart, nothing queued; no
+    # dataplane has resynced them yet
+    assert sim.probe("a", True, running=6, waiting=0) == ()
+    assert sim.replica("a")["capacity"] == 4
     sim.resync_generating("a", 10)
     assert sim.replica("a")["in_flight"] == 10
     assert sim.req("t10", "r10") == ()
+    assert sim.probe("a", True, running=10, waiting=0) == ()  # doubled to 8: still full
+    assert sim.replica("a")["capacity"] == 8
     assert admits(sim.probe("a", True, running=10, waiting=0)) == {"t10": "a"}
     assert sim.replica("a")["capacity"] == 16
+
+
+def test_s2_other_clients_on_a_shared_engine_raise_no_cap() -> None:
+    """S2 on a shared engine: requests of other clients make the engine run at (or
+    above) the cap with an empty queue, but a cap luftpause's turns do not fill is not
+    raised, on the ramp or after it; once luftpause's turns fill it, it rises again.
+    (Before this, a cap crept up while luftpause idled beside another client, and its
+    next burst went straight into the engine's queue.)"""
+    sim = Sim(gen("a"), params=SPEC_RULES, initial_cap=4, queue_probes=2)
+    sim.probe("a", True, running=0, waiting=0)
+    # on the ramp, luftpause idle, another client runs 9 requests: no doubling
+    for _ in range(5):
+        assert sim.probe("a", True, running=9, waiting=0) == ()
+    assert sim.replica("a") | {"capacity": 4, "capacity_ramping": True} == sim.replica("a")
+    # a lasting queue ends the ramp (the engine's capacity is found, whoever fills it)
+    sim.probe("a", True, running=9, waiting=3)
+    sim.probe("a", True, running=9, waiting=3)
+    assert sim.replica("a") | {"capacity": 9, "capacity_ramping": False} == sim.replica("a")
+    # luftpause uses 5 of its 9; the engine runs 12: no step
+    for i in range(5):
+        assert admits(sim.req(f"t{i}", f"r{i}")) == {f"t{i}": "a"}
+    for _ in range(3):
+        assert sim.probe("a", True, running=12, waiting=0) == ()
+    assert sim.replica("a")["capacity"] == 9
+    # luftpause's turns fill the cap and one is held: up by the step, the held one in
+    for i in range(5, 10):
+        sim.req(f"t{i}", f"r{i}")
+    assert sim.view()["held_total"] == 1
+    assert admits(sim.probe("a", True, running=12, waiting=0)) == {"t9": "a"}
+    assert sim.replica("a")["capacity"] == 10
 
 
 def test_s2_unhealthy_replica_gets_no_turns() -> None:
@@ -565,6 +601,8 @@ def test_prefix_keeping_an_evicted_prefix_lowers_the_cap_once_per_probe() -> Non
     sim.finish("Q2", paused=True, prompt=1100, cached=100)
     assert sim.replica("a")["capacity"] == 3  # the same over-full moment
     assert sim.replica("a")["prefix_misses"] == 2
+    for run in "PQ":
+        assert admits(sim.req(f"{run}3", run)) == {f"{run}3": "a"}  # at the cap of 3 again
     sim.probe("a", True, running=3, waiting=0)
     assert sim.replica("a")["capacity"] == 3  # no raise right after a miss
     sim.probe("a", True, running=3, waiting=0)

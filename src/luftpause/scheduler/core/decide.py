@@ -46,10 +46,12 @@ The cap (S2): a queue seen on ``Params.queue_probes`` consecutive probes (defaul
 burst of prompts being prefilled in chunks, does not. A probe with an empty queue
 never lowers the cap; it raises it by
 ``Params.cap_raise_step`` when the engine reports running at the cap
-(``running`` ≥ cap), so capacity is found step by step instead of letting the
-next burst straight back into the engine's queue. Only the engine's numbers
-raise it: luftpause's own in-flight count says what it sent, not what the
-engine can run. A probe without load numbers removes the cap.
+(``running`` ≥ cap) while luftpause's own turns fill it (in flight plus reserved
+≥ cap), so capacity is found step by step instead of letting the next burst
+straight back into the engine's queue. Both must hold: luftpause's own in-flight
+count says what it sent, not what the engine can run, and the engine's count
+includes other clients on a shared engine, which would raise a cap luftpause does
+not use. A probe without load numbers removes the cap.
 
 The ramp from idle (S2, ``Params.initial_cap``): before its engine has first
 queued, a replica's cap is a ramp that starts at ``initial_cap`` and doubles on
@@ -944,9 +946,14 @@ class _Tx:
             if (
                 cap is not None
                 and (
-                    # Evidence from the engine only: our own in-flight count may be
-                    # high for reasons of ours (a turn reported late, or never).
-                    ev.running >= cap
+                    # The engine runs at the cap, and luftpause's turns fill it. The
+                    # engine's count alone is no evidence: requests of other clients
+                    # on a shared engine would raise a cap luftpause does not use,
+                    # without bound while it idles (and double it on the ramp), so
+                    # its next burst would go straight into the engine's queue. Our
+                    # own count alone is none either: it may be high for reasons of
+                    # ours (a turn reported late, or never).
+                    (ev.running >= cap and rep.in_flight + rep.reserved >= cap)
                     # prefix keeping: new runs wait for the cap too
                     or (
                         self.params.keep_prefixes
