@@ -71,8 +71,14 @@ def worktree(rev: str, into: Path) -> tuple[str, str]:
 
 
 async def measure(
-    engine: str, dataplanes: dict[str, ServiceProcess], turns: int, streams: int = 1
+    engine: str,
+    dataplanes: dict[str, ServiceProcess],
+    turns: int,
+    streams: int = 1,
+    scheduler_pid: int | None = None,
 ) -> dict[str, Any]:
+    """``scheduler_pid``: also report the scheduler's CPU time per dataplane turn (its
+    probes included: one every 2 s)."""
     arms = [("direct", f"{engine}/v1")] + [
         (name, f"{dp.urls['http']}/v1") for name, dp in dataplanes.items()
     ]
@@ -84,6 +90,7 @@ async def measure(
                 await one_turn(client, url, {"x-luftpause-run-id": f"warm-{name}"})
         own0 = {name: await own_buckets(client, dp.urls["http"]) for name, dp in dataplanes.items()}
         cpu0 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
+        sched0 = cpu_seconds(scheduler_pid) if scheduler_pid is not None else 0.0
         if streams > 1:
             await _blocks(client, arms, latencies, turns, streams)
         for i in range(turns if streams == 1 else 0):
@@ -99,12 +106,17 @@ async def measure(
             if (i + 1) % 100 == 0:
                 print(f"  {i + 1}/{turns} rounds", file=sys.stderr, flush=True)
         cpu1 = {name: cpu_seconds(dp.pid) for name, dp in dataplanes.items()}
+        sched1 = cpu_seconds(scheduler_pid) if scheduler_pid is not None else 0.0
         for name, dp in dataplanes.items():
             grew: dict[float, float] = {}  # empty for a commit without the histogram
             add_delta(grew, own0[name], await own_buckets(client, dp.urls["http"]))
             own[name] = own_summary(grew) if grew else {}
     direct = statistics.median(latencies["direct"]) * 1000
+    dataplane_turns = sum(len(latencies[name]) for name in dataplanes)
     return {
+        "scheduler_cpu_ms_per_turn": (
+            (sched1 - sched0) / dataplane_turns * 1000 if scheduler_pid is not None else None
+        ),
         "turns_per_arm": len(latencies["direct"]),
         "streams": streams,
         "direct_p50_ms": direct,
@@ -222,7 +234,9 @@ def main() -> int:
             what = "rounds" if args.streams == 1 else f"turns per arm, {args.streams} at once"
             print(f"measuring {args.turns} {what} (progress on stderr)", file=sys.stderr)
             try:
-                result = asyncio.run(measure(engine, dataplanes, args.turns, args.streams))
+                result = asyncio.run(
+                    measure(engine, dataplanes, args.turns, args.streams, sched.pid)
+                )
             except RuntimeError as exc:  # a turn failed: say where, with the logs
                 logs = "".join(
                     f"\n--- {name} ---\n{dp.stderr_path.read_text(errors='replace')[-3000:]}"
@@ -271,7 +285,10 @@ def main() -> int:
         "load average at the end "
         f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; {how}, "
         f"{result['turns_per_arm']} turns per arm. Own time: the dataplane's "
-        "luftpause_dataplane_own_seconds (commits that have it)."
+        "luftpause_dataplane_own_seconds (commits that have it). The scheduler (the "
+        "working tree's, on the dataplanes' CPU when pinned) used "
+        f"{result['scheduler_cpu_ms_per_turn']:.2f} ms of CPU per dataplane turn, its "
+        "probes included."
     )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
