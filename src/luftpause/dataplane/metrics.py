@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -19,6 +21,26 @@ _OWN_BUCKETS = (
     0.00025, 0.0005, 0.00075, 0.001, 0.00125, 0.0015, 0.00175, 0.002, 0.0025, 0.003,
     0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.5,
 )  # fmt: skip
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Children(Generic[M]):
+    """A labelled metric's children by label values, each looked up once: ``labels()``
+    checks its values and takes a lock at every call, and a turn makes several. The
+    values are bounded sets here (service classes, outcomes)."""
+
+    __slots__ = ("_made", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._made: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._made.get(values)
+        if child is None:
+            child = self._made[values] = self._metric.labels(*values)
+        return child
 
 
 class Metrics:
@@ -66,6 +88,13 @@ class Metrics:
             ["service_class"],
             registry=self.registry,
         )
+
+        # the children by label values (see ``Children``)
+        self.turns_of = Children(self.turns)
+        self.held_of = Children(self.held)
+        self.ttft_of = Children(self.ttft)
+        self.in_flight_of = Children(self.in_flight)
+        self.holding_of = Children(self.holding)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -47,6 +47,12 @@ def _parent(headers: Mapping[str, str]) -> Context:
 def start_turn(
     headers: Mapping[str, str], *, route: str, model: str, service_class: str, run_id: str
 ) -> Span:
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        # No tracer provider: what the no-op tracer would give, without its detour (a
+        # non-recording span carrying the caller's context, so the scheduler and the
+        # engine still see the caller's trace; else the invalid span). Every turn
+        # passes here.
+        return trace.get_current_span(_parent(headers))
     return _tracer.start_span(
         f"turn {model}" if model else f"turn {route}",
         context=_parent(headers),
@@ -61,6 +67,8 @@ def start_turn(
 
 
 def traceparent_of(span: Span) -> str:
+    if not span.get_span_context().is_valid:
+        return ""  # (no trace: most turns when tracing is off)
     return telemetry.traceparent_of(trace.set_span_in_context(span, Context())) or ""
 
 
@@ -112,6 +120,8 @@ def renamed_run(span: Span, run_id: str) -> None:
 
 
 def admitted(span: Span, *, replica: str, held_s: float) -> None:
+    if not span.is_recording():
+        return
     span.set_attribute("luftpause.replica", replica)
     span.set_attribute("luftpause.held_ms", round(held_s * 1000.0, 3))
 
@@ -124,6 +134,8 @@ def end(
     completion_tokens: int | None = None,
     cached_tokens: int | None = None,
 ) -> None:
+    if not span.is_recording():
+        return  # (ending a span that records nothing does nothing)
     span.set_attribute("luftpause.outcome", outcome)
     if prompt_tokens is not None:
         span.set_attribute(gen_ai.GEN_AI_USAGE_INPUT_TOKENS, prompt_tokens)

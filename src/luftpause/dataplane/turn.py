@@ -70,7 +70,7 @@ class Turn:
         if runs is not None:
             runs.admitted(record)
             runs.started(record.turn_id)
-        metrics.in_flight.labels(record.service_class).inc()
+        metrics.in_flight_of(record.service_class).inc()
         self._report(started=pb.TurnStarted())
 
     def first_token(self, *, streamed: bool = True) -> None:
@@ -78,7 +78,7 @@ class Turn:
         reads a replica's decode pace from first token to end (``interactive_pace_s``),
         and a reply that arrives whole would read as instant."""
         if self.ended is None:
-            self._metrics.ttft.labels(self.record.service_class).observe(
+            self._metrics.ttft_of(self.record.service_class).observe(
                 time.monotonic() - self.started_at
             )
             if streamed:
@@ -148,8 +148,8 @@ class Turn:
         self.ended = outcome
         if self._runs is not None:
             self._runs.ended(self.record.turn_id, paused_on_tool=paused_on_tool)
-        self._metrics.in_flight.labels(self.record.service_class).dec()
-        self._metrics.turns.labels(self.record.service_class, outcome.value).inc()
+        self._metrics.in_flight_of(self.record.service_class).dec()
+        self._metrics.turns_of(self.record.service_class, outcome.value).inc()
         prompt, completion, cached = usage if usage is not None else (None, None, None)
         try:  # last, and never in the way: the bookkeeping above is what must happen
             tracing.end(
