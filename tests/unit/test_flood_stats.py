@@ -307,6 +307,43 @@ def test_engine_line_shows_how_an_arm_spread_its_work() -> None:
     assert line.endswith("old prefill 10% of busy time, decode batch 6.0, cached 90%, behind 0%.")
 
 
+def test_scheduler_line_shows_each_luftpause_arms_caps_over_the_window() -> None:
+    """H4: the flood's scheduler line gives, for each arm whose results carry the
+    scheduler's /status figures (the luftpause arms), each replica's cap, batch limit
+    from the decode pace and turns in flight, and the turns held: means over the
+    repetitions of each window's medians, a replica without a pace limit shown as "-";
+    arms without figures (the router, SMG) are left out, and with none there is no line."""
+
+    def window(cap_a: float, cap_b: float, pace_a: float | None, held: float) -> dict[str, Any]:
+        return {
+            "samples": 90,
+            "replicas": {
+                "engine-a": {"capacity": cap_a, "batch_limit_from_pace": pace_a,
+                             "in_flight": 20.0, "engine_running": 19.0},
+                "engine-b": {"capacity": cap_b, "batch_limit_from_pace": None,
+                             "in_flight": 22.0, "engine_running": 21.0},
+            },
+            "held": held,
+        }  # fmt: skip
+
+    by_arm = {
+        "router": [{"classes": {}}],
+        "luftpause": [
+            {"scheduler": window(24, 25.5, 16, 8)},
+            {"scheduler": window(26, 24.5, None, 4)},
+        ],
+        "luftpause-no-pace": [{"scheduler": {}}],
+    }
+    (line, blank) = flood.scheduler_lines(by_arm, 48)
+    assert blank == ""
+    assert line == (
+        "Scheduler at 48 (medians of its /status over the window, mean over repetitions; "
+        "per replica): luftpause cap 25.0 / 25.0, batch limit from the pace 16.0 / -, "
+        "in flight 20.0 / 22.0, held 6.0."
+    )
+    assert flood.scheduler_lines({"router": [{"classes": {}}]}, 48) == []
+
+
 def test_engine_watch_counts_each_engines_requests() -> None:
     """H4: the engine watch records which engine finished each request and each engine's
     own step counters over the arm."""

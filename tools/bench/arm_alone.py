@@ -23,71 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import flood
-
-
-class StatusSampler:
-    """``/status`` of the scheduler every ``every`` seconds, on a thread."""
-
-    def __init__(self, url: str, every: float) -> None:
-        self.url = url
-        self.every = every
-        self.samples: list[tuple[float, dict[str, Any]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> StatusSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with urllib.request.urlopen(self.url, timeout=2) as r:
-                    self.samples.append((time.monotonic(), json.loads(r.read())))
-            except (OSError, ValueError) as exc:
-                self.samples.append((time.monotonic(), {"error": str(exc)}))
-            self._stop.wait(self.every)
-
-
-def window_figures(samples: list[tuple[float, dict[str, Any]]], since: float) -> dict[str, Any]:
-    """Medians over the samples taken from ``since`` on: per replica its cap, batch limit
-    from the pace and turns in flight; the turns held in all."""
-    kept = [s for t, s in samples if t >= since and "replicas" in s]
-    if not kept:
-        return {}
-
-    def median(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return statistics.median(known) if known else None
-
-    names = [r["name"] for r in kept[0]["replicas"]]
-    replicas = {}
-    for name in names:
-        rows = [r for s in kept for r in s["replicas"] if r["name"] == name]
-        replicas[name] = {
-            key: median([r.get(key) for r in rows])
-            for key in ("capacity", "batch_limit_from_pace", "in_flight", "engine_running")
-        }
-    return {
-        "samples": len(kept),
-        "replicas": replicas,
-        "held": median([s.get("held_total") for s in kept]),
-    }
 
 
 def main() -> int:
@@ -119,7 +62,7 @@ def main() -> int:
             config = flood._config(tmp / "stack.toml", stack, flood.probe_period(plan))
             sched, dp = flood.scheduler_and_dataplane(stack, config)
             stack.dataplane = dp.urls["http"]
-            with StatusSampler(sched.urls["http"] + "/status", args.every) as sampler:
+            with flood.StatusSampler(sched.urls["http"] + "/status", args.every) as sampler:
                 for load in loads:
                     flags = flood.own_flags(stack, "own", load, 8000)
                     arm = flood.Arm("own", "luftpause", load, ["--target", stack.dataplane, *flags])
@@ -128,7 +71,7 @@ def main() -> int:
                     # began one warm-up after it started
                     began = time.monotonic() - result["wall_s"]
                     window = began + plan.real(plan.warmup_for(load))
-                    figures = window_figures(sampler.samples, window)
+                    figures = flood.window_figures(sampler.samples, window)
                     out["points"].append({"load": load, "result": result, "status": figures})
             out["samples"] = sampler.samples
         finally:

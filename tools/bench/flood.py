@@ -219,6 +219,8 @@ class Stack:
     ablations: dict[str, str] = field(default_factory=dict)
     runtimes: dict[str, str] = field(default_factory=dict)  # arm -> /mcp URL
     setups: dict[str, str] = field(default_factory=dict)  # SMG arm -> its configuration
+    # a luftpause dataplane's URL -> its scheduler's /status (sampled over its arms)
+    statuses: dict[str, str] = field(default_factory=dict)
 
     def start(self, *args: str, name: str) -> ServiceProcess:
         n = len(self.services)
@@ -287,8 +289,12 @@ def scheduler_and_dataplane(
 
 
 def _luftpause(s: Stack, config: Path, name: str) -> str:
-    """A scheduler and a dataplane on ``config``; the dataplane's URL."""
-    return scheduler_and_dataplane(s, config, name)[1].urls["http"]
+    """A scheduler and a dataplane on ``config``; the dataplane's URL (its scheduler's
+    ``/status`` is kept in ``s.statuses``)."""
+    sched, dp = scheduler_and_dataplane(s, config, name)
+    url = str(dp.urls["http"])
+    s.statuses[url] = sched.urls["http"] + "/status"
+    return url
 
 
 def _ceil_s(model_s: float, scale: float) -> int:
@@ -629,6 +635,63 @@ class Arm:
     smg_metrics: str = ""  # an SMG with its priority scheduler: its metrics (held times)
 
 
+STATUS_EVERY_S = 1.0  # how often a luftpause arm's scheduler /status is read
+
+
+class StatusSampler:
+    """``/status`` of a scheduler every ``every`` seconds, on a thread."""
+
+    def __init__(self, url: str, every: float = STATUS_EVERY_S) -> None:
+        self.url = url
+        self.every = every
+        self.samples: list[tuple[float, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StatusSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.is_set():
+                try:
+                    self.samples.append((time.monotonic(), client.get(self.url).json()))
+                except (httpx.HTTPError, ValueError) as exc:
+                    self.samples.append((time.monotonic(), {"error": str(exc)}))
+                self._stop.wait(self.every)
+
+
+def window_figures(samples: list[tuple[float, dict[str, Any]]], since: float) -> dict[str, Any]:
+    """Medians over the samples taken from ``since`` on: per replica its cap, batch limit
+    from the pace and turns in flight; the turns held in all."""
+    kept = [s for t, s in samples if t >= since and "replicas" in s]
+    if not kept:
+        return {}
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    names = [r["name"] for r in kept[0]["replicas"]]
+    replicas = {}
+    for name in names:
+        rows = [r for s in kept for r in s["replicas"] if r["name"] == name]
+        replicas[name] = {
+            key: median([r.get(key) for r in rows])
+            for key in ("capacity", "batch_limit_from_pace", "in_flight", "engine_running")
+        }
+    return {
+        "samples": len(kept),
+        "replicas": replicas,
+        "held": median([s.get("held_total") for s in kept]),
+    }
+
+
 def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     """One arm: ``luftpause loadgen`` with the arm's flags, run in this process (the same
     code as the command; saves a start-up per arm)."""
@@ -642,9 +705,16 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="luftpause loadgen")
     loadgen.add_arguments(parser)
     held: dict[str, Any] = {}
+    # a luftpause arm: its scheduler's caps, pace limits and held turns over the window
+    status_url = (
+        stack.statuses.get(arm.dataplane or stack.dataplane, "")
+        if arm.name.startswith("luftpause")
+        else ""
+    )
     wait_idle(stack)
     t0 = time.monotonic()
     with (
+        StatusSampler(status_url) if status_url else contextlib.nullcontext() as sampler,
         EngineWatch(stack.engines) as watch,
         held_delta(
             held,
@@ -663,6 +733,10 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
         )
     result = dict(json.loads(path.read_text()))
     result["engine_side"] = watch.summary(plan.time_scale)
+    if isinstance(sampler, StatusSampler):
+        # the load generator's window is its last window_s seconds (real time)
+        window_from = time.monotonic() - float(result.get("window_s") or 0.0)
+        result["scheduler"] = window_figures(sampler.samples, window_from)
     result["held_by_class"] = held
     result["wall_s"] = elapsed
     result["rep"] = rep
@@ -1279,6 +1353,47 @@ def engine_lines(by_arm: dict[str, list[dict[str, Any]]], load: int) -> list[str
     return [f"Engines at {load}: " + "; ".join(parts) + ".", ""] if parts else []
 
 
+def _per_replica(figures: list[dict[str, Any]], replicas: list[str], key: str) -> str:
+    """``key`` of each replica, the mean over repetitions of each window's median."""
+    return " / ".join(
+        _f(
+            _m(
+                [
+                    f["replicas"][n][key]
+                    for f in figures
+                    if f["replicas"].get(n, {}).get(key) is not None
+                ]
+            )
+        )
+        for n in replicas
+    )
+
+
+def scheduler_lines(by_arm: dict[str, list[dict[str, Any]]], load: int) -> list[str]:
+    """What each luftpause arm's scheduler did over the window (medians of its
+    ``/status``, mean over repetitions): each replica's cap and batch limit from the
+    decode pace, its turns in flight, and the turns held in all."""
+    parts = []
+    for name, results in by_arm.items():
+        figures = [r["scheduler"] for r in results if r.get("scheduler")]
+        if not figures:
+            continue
+        replicas = list(figures[0]["replicas"])
+        held = _m([f["held"] for f in figures if f.get("held") is not None])
+        parts.append(
+            f"{name} cap {_per_replica(figures, replicas, 'capacity')}, batch limit from the "
+            f"pace {_per_replica(figures, replicas, 'batch_limit_from_pace')}, in flight "
+            f"{_per_replica(figures, replicas, 'in_flight')}, held {_f(held)}"
+        )
+    if not parts:
+        return []
+    return [
+        f"Scheduler at {load} (medians of its /status over the window, mean over "
+        "repetitions; per replica): " + "; ".join(parts) + ".",
+        "",
+    ]
+
+
 def _split_text(sides: list[dict[str, Any]]) -> str:
     """How the arm spread its requests and decode batches over the engines, mean over
     repetitions (runs without a per-engine record, from before it existed: "")."""
@@ -1773,7 +1888,11 @@ def report(
         "give, per arm, the share of the engines' busy time spent prefilling, their mean "
         "decode batch, the cached share of all prompt tokens they served, and *behind*: "
         "the share of wall time their steps started late because the host's CPU was busy "
-        "(0 % = the model ran exactly on time).",
+        "(0 % = the model ran exactly on time). *Scheduler at N* lines give, per luftpause "
+        "arm, what its scheduler's `/status` said over the window (read every "
+        f"{STATUS_EVERY_S:g} s; medians, then the mean over repetitions): each replica's "
+        "cap, its batch limit from the decode pace, its turns in flight, and the turns "
+        "held in all.",
         "",
     ]
     out: list[str] = []
@@ -1806,6 +1925,7 @@ def report(
                 goal_rows.append(f"| {load} | " + " | ".join(cells) + " |")
                 out += [f"Where the time went at {load}: " + "; ".join(why) + ".", ""]
                 out += engine_lines(by_arm, load)
+                out += scheduler_lines(by_arm, load)
                 if bench == "own" and any(n.startswith("smg") for n in by_arm):
                     out += [
                         f"SMG's frontier at {load}: every arm's interactive against batch "
@@ -1916,6 +2036,7 @@ def report(
                     "",
                 ]
                 out += engine_lines(by_arm, load)
+                out += scheduler_lines(by_arm, load)
                 summary += [f"- coding {load}: {line}" for line in lines]
     return "\n".join([*header, "## Goals at a glance", "", *summary, "", *out]) + "\n"
 
