@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -67,10 +66,7 @@ def main() -> int:
                     flags = flood.own_flags(stack, "own", load, 8000)
                     arm = flood.Arm("own", "luftpause", load, ["--target", stack.dataplane, *flags])
                     result = flood.run_loadgen(stack, arm, 0, tmp)
-                    # the load generator ran for its last wall_s seconds; its window
-                    # began one warm-up after it started
-                    began = time.monotonic() - result["wall_s"]
-                    window = began + plan.real(plan.warmup_for(load))
+                    window = flood.window_start(result)
                     figures = flood.window_figures(sampler.samples, window)
                     out["points"].append({"load": load, "result": result, "status": figures})
             out["samples"] = sampler.samples

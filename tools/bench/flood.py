@@ -692,6 +692,12 @@ def window_figures(samples: list[tuple[float, dict[str, Any]]], since: float) ->
     }
 
 
+def window_start(result: dict[str, Any]) -> float:
+    """When the load generator's measured window began, on the monotonic clock, read
+    as soon as it has returned ``result``: its window is its last ``window_s`` seconds."""
+    return time.monotonic() - float(result.get("window_s") or 0.0)
+
+
 def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     """One arm: ``luftpause loadgen`` with the arm's flags, run in this process (the same
     code as the command; saves a start-up per arm)."""
@@ -734,9 +740,7 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     result = dict(json.loads(path.read_text()))
     result["engine_side"] = watch.summary(plan.time_scale)
     if isinstance(sampler, StatusSampler):
-        # the load generator's window is its last window_s seconds (real time)
-        window_from = time.monotonic() - float(result.get("window_s") or 0.0)
-        result["scheduler"] = window_figures(sampler.samples, window_from)
+        result["scheduler"] = window_figures(sampler.samples, window_start(result))
     result["held_by_class"] = held
     result["wall_s"] = elapsed
     result["rep"] = rep
