@@ -62,3 +62,21 @@ def test_no_turns_or_no_histogram_reads_as_unknown() -> None:
     assert other_edges["share_le_2ms"] is None and other_edges["p50_ms"] is not None
     beyond = overhead.own_summary({0.001: 0.0, 0.5: 0.0, float("inf"): 1.0})
     assert beyond["p50_ms"] == pytest.approx(500.0)  # in +Inf: the last finite edge
+
+
+def test_turns_per_cpu_second_adds_the_scheduler_to_a_dataplane_arm() -> None:
+    """A proxy arm's capacity on a core of its own (D10 benchmark): 1000 / its CPU ms per
+    turn, with the scheduler's added for a dataplane arm (its admissions are part of the
+    hop) and nothing for the router; an arm with no CPU figures is left out."""
+    result = {
+        "proxy_cpu_ms_per_turn": {
+            "dataplane": [0.3, 0.34],
+            overhead.ROUTER: [0.2, 0.2],
+            "2 dataplanes, one port": [],
+        },
+        "scheduler_cpu_ms_per_turn": {"dataplane": [0.08, 0.12], "2 dataplanes, one port": []},
+    }
+    per_cpu_s = overhead.turns_per_cpu_second(result)
+    assert per_cpu_s["dataplane"] == pytest.approx(1000 / 0.42)
+    assert per_cpu_s[overhead.ROUTER] == pytest.approx(5000)
+    assert "2 dataplanes, one port" not in per_cpu_s

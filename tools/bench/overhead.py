@@ -16,7 +16,9 @@ run, with arms alternated block by block:
     the router; one at a time and with 20 concurrent streams; the added latency is
     the difference of an arm's percentiles and the direct arm's;
 (b) closed-loop throughput (turns/s) with 64 concurrent streams in the same four
-    arms, with each dataplane arm's own CPU time per turn;
+    arms, with each proxy's own CPU time per turn (the dataplanes', the scheduler's,
+    the router's) and what that makes of one CPU-second: turns per CPU-second, the
+    proxy's capacity on a core of its own, which the engines here cannot reach;
 (c) latency at 20 concurrent streams *at an engine's pace*: on two more fake engines
     running at the calibrated model's speed (time scale 1) behind a second router,
     each turn asking for 8-48 tokens (``ignore_eos``), so a turn takes the engine tens
@@ -350,7 +352,8 @@ class Stack:
     paced_engines: list[str]  # the engines at the model's own speed, and their router
     paced_router: str
     procs: dict[str, int]  # name -> pid
-    dataplane_pids: dict[str, list[int]]  # arm name -> the dataplane processes it uses
+    proxy_pids: dict[str, list[int]]  # arm name -> the proxy processes it uses (the
+    # dataplanes, or the router; the scheduler is counted apart)
 
 
 async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
@@ -364,7 +367,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         direct = Arm("engine (direct)", [f"{u}/v1" for u in stack.engines])
         one = Arm("dataplane", [f"{stack.dataplane}/v1"], ours)
         two = Arm("2 dataplanes, one port", [f"{stack.dataplanes}/v1"], ours)
-        router = Arm("sglang router (cache_aware)", [f"{stack.router}/v1"])
+        router = Arm(ROUTER, [f"{stack.router}/v1"])
         arms = [direct, one, two, router]
         # Warm-up: connections, caches, JIT-free Python paths.
         for arm in arms:
@@ -401,10 +404,10 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
             warm_stagger_s=PACED_TURN_S / 20,
         )  # fmt: skip
         through: dict[str, list[float]] = {arm.name: [] for arm in arms}
-        # The dataplanes' own CPU time per turn, measured per throughput run: what a turn
-        # costs the dataplane itself, apart from the load generator and engines sharing
-        # the machine's cores.
-        cpu_per_turn: dict[str, list[float]] = {one.name: [], two.name: []}
+        # Each proxy's own CPU time per turn (the dataplanes', the router's), measured per
+        # throughput run: what a turn costs the proxy itself, apart from the load generator
+        # and engines sharing the machine's cores.
+        cpu_per_turn: dict[str, list[float]] = {name: [] for name in stack.proxy_pids}
         scheduler_per_turn: dict[str, list[float]] = {one.name: [], two.name: []}
         scheduler = stack.procs["scheduler"]
         cpu_before = {name: cpu_seconds(pid) for name, pid in stack.procs.items()}
@@ -413,7 +416,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
             order = arms if rep % 2 == 0 else list(reversed(arms))
             for arm in order:
                 print(f"[{clock.start()}] throughput: {arm.name}", file=sys.stderr, flush=True)
-                pids = stack.dataplane_pids.get(arm.name, [])
+                pids = stack.proxy_pids.get(arm.name, [])
                 if arm is one:
                     before = await own_buckets(client, stack.dataplane)
                 cpu0 = sum(cpu_seconds(pid) for pid in pids)
@@ -427,6 +430,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
                 if pids and turns:
                     used = sum(cpu_seconds(pid) for pid in pids) - cpu0
                     cpu_per_turn[arm.name].append(used / turns * 1000)
+                if arm.name in scheduler_per_turn and turns:
                     sched_used = cpu_seconds(scheduler) - sched0
                     scheduler_per_turn[arm.name].append(sched_used / turns * 1000)
                 clock.finished()
@@ -439,7 +443,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         "latency": latency,
         "dataplane_own": own,
         "throughput": through,
-        "dataplane_cpu_ms_per_turn": cpu_per_turn,
+        "proxy_cpu_ms_per_turn": cpu_per_turn,
         "scheduler_cpu_ms_per_turn": scheduler_per_turn,
         "errors": errors,
         "cpu_s_during_throughput": cpu,
@@ -492,25 +496,34 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
         "",
     ]
     lines.append(
-        "| arm | turns/s (each repetition) | mean | dataplane CPU ms per turn "
-        "| scheduler CPU ms per turn |"
+        "| arm | turns/s (each repetition) | mean | proxy CPU ms per turn "
+        "| scheduler CPU ms per turn | turns per CPU-second, proxy and scheduler |"
     )
-    lines.append("|---|---|---|---|---|")
-    cpu = result["dataplane_cpu_ms_per_turn"]
+    lines.append("|---|---|---|---|---|---|")
+    per_cpu_s = turns_per_cpu_second(result)
     sched = result["scheduler_cpu_ms_per_turn"]
     for name, rates in result["throughput"].items():
         each = ", ".join(f"{r:.0f}" for r in rates)
-        own = f"{statistics.fmean(cpu[name]):.2f}" if cpu.get(name) else "–"
-        theirs = f"{statistics.fmean(sched[name]):.2f}" if sched.get(name) else "–"
-        lines.append(f"| {name} | {each} | {statistics.fmean(rates):.0f} | {own} | {theirs} |")
+        own = _ms(mean_or_none(result["proxy_cpu_ms_per_turn"].get(name)))
+        theirs = _ms(mean_or_none(sched.get(name)))
+        capacity = f"{per_cpu_s[name]:,.0f}" if name in per_cpu_s else "–"
+        lines.append(
+            f"| {name} | {each} | {statistics.fmean(rates):.0f} | {own} | {theirs} | {capacity} |"
+        )
     t = {k: statistics.fmean(v) for k, v in result["throughput"].items()}
-    router = t["sglang router (cache_aware)"]
+    router = t[ROUTER]
     lines += [
         "",
         f"dataplane / router throughput: {t['dataplane'] / router:.2f}; "
         f"2 dataplanes / 1: {t['2 dataplanes, one port'] / t['dataplane']:.2f}",
-        "",
     ]
+    if "dataplane" in per_cpu_s and ROUTER in per_cpu_s:
+        share = per_cpu_s["dataplane"] / per_cpu_s[ROUTER]
+        lines.append(
+            "Turns per CPU-second (what one core could serve if the proxy were the only "
+            f"limit): dataplane and scheduler / router {share:.2f}"
+        )
+    lines.append("")
     for name, kinds in result["errors"].items():
         lines.append(f"Errors in {name}: " + "; ".join(f"{n}× {k}" for k, n in kinds.items()))
     lines.append(
@@ -559,6 +572,28 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
         "columns are each process's own time.",
     ]
     return "\n".join(lines)
+
+
+ROUTER = "sglang router (cache_aware)"
+
+
+def mean_or_none(values: list[float] | None) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def turns_per_cpu_second(result: dict[str, Any]) -> dict[str, float]:
+    """Per proxy arm, the turns one CPU-second of its processes served in the throughput
+    runs: 1000 / (proxy CPU ms per turn + the scheduler's, for a dataplane arm). What one
+    core could serve if the proxy were the only limit."""
+    out: dict[str, float] = {}
+    for name, values in result["proxy_cpu_ms_per_turn"].items():
+        ms = mean_or_none(values)
+        if ms is None:
+            continue
+        ms += mean_or_none(result["scheduler_cpu_ms_per_turn"].get(name)) or 0.0
+        if ms > 0:
+            out[name] = 1000.0 / ms
+    return out
 
 
 def _ms(value: float | None) -> str:
@@ -706,7 +741,11 @@ def main() -> int:
                 paced_engines,
                 paced_router.url,
                 procs,
-                {"dataplane": [dp.pid], "2 dataplanes, one port": [p.pid for p in pair]},
+                {
+                    "dataplane": [dp.pid],
+                    "2 dataplanes, one port": [p.pid for p in pair],
+                    ROUTER: [router.proc.pid],
+                },
             )
             print("stack up; measuring (progress on stderr)", file=sys.stderr)
             result = asyncio.run(measure(args, stack))
