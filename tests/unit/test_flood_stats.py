@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,17 @@ def test_smg_arms_config(tmp_path: Path) -> None:
     assert arms["smg"][1] is None
     assert "POST /workers" in flood.smg_command(*arms["smg-cap8"])
     assert "--worker-urls" in flood.smg_command(*arms["smg"])
+    assert all("--load-monitor-interval" not in flags for flags, _ in arms.values())
+    polled = flood.smg_arms_config(replace(plan, smg_load_poll_s=1), tmp_path / "p.yaml")
+    for flags, _ in polled.values():
+        assert flags[flags.index("--load-monitor-interval") + 1] == "1"
+
+
+def test_positive_int_argument() -> None:
+    assert flood._positive_int("3") == 3
+    for bad in ("0", "-2", "1.5", "x"):
+        with pytest.raises(Exception, match="expected a whole number"):
+            flood._positive_int(bad)
 
 
 def test_caps_argument() -> None:

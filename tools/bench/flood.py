@@ -150,6 +150,9 @@ class Plan:
     smg_fifo_caps: tuple[int, ...] = ()
     # SMG's --policy: where a run's first turn goes (sticky sessions keep the rest there).
     smg_policy: str = "cache_aware"
+    # SMG's --load-monitor-interval (whole real seconds; None: its default, 10): how often
+    # it reads each engine's load, which its cache_aware policy places runs by.
+    smg_load_poll_s: int | None = None
     # The coding-agent flood: batch agents per point, its window and warm-up (model s).
     coding_loads: tuple[int, ...] = (8, 24)
     coding_window_s: float = 1800.0
@@ -337,13 +340,16 @@ def smg_arms_config(plan: Plan, yaml_path: Path) -> dict[str, tuple[list[str], l
         "--priority-scheduler-default-max-class", "interactive",
         "--priority-scheduler-config", str(yaml_path),
     ]  # fmt: skip
-    out: dict[str, tuple[list[str], list[int] | None]] = {"smg": ([*SMG_COMMON_FLAGS, *prio], None)}
+    common = [*SMG_COMMON_FLAGS]
+    if plan.smg_load_poll_s is not None:
+        common += ["--load-monitor-interval", str(plan.smg_load_poll_s)]
+    out: dict[str, tuple[list[str], list[int] | None]] = {"smg": ([*common, *prio], None)}
     for cap in plan.smg_caps:
-        out[f"smg-cap{cap}"] = ([*SMG_COMMON_FLAGS, *prio], split_capacity(cap, 2))
+        out[f"smg-cap{cap}"] = ([*common, *prio], split_capacity(cap, 2))
     for cap in plan.smg_fifo_caps:
         out[f"smg-fifo{cap}"] = (
             [
-                *SMG_COMMON_FLAGS,
+                *common,
                 "--max-concurrent-requests", str(cap), "--queue-size", "1024",
                 "--queue-timeout-secs", str(_ceil_s(SMG_QUEUE_TIMEOUT_S, plan.time_scale)),
             ],
@@ -2048,6 +2054,17 @@ def report(
 # ------------------------------------------------------------------ main
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def _caps(least: int) -> Any:
     """An argparse type: a comma list of distinct whole numbers, each at least ``least``,
     ascending."""
@@ -2136,6 +2153,14 @@ def main() -> int:
         "cache_aware can put every run on one engine: round_robin spreads them",
     )
     parser.add_argument(
+        "--smg-load-poll-s",
+        type=_positive_int,
+        metavar="S",
+        help="SMG's --load-monitor-interval in real seconds (its default: 10): how often SMG "
+        "reads the engines' load, which cache_aware places a run's first turn by when no "
+        "engine holds its prefix; at a high --time-scale its default is many model seconds",
+    )
+    parser.add_argument(
         "--smg-fifo-caps",
         type=_caps(1),
         metavar="C,C,...",
@@ -2197,6 +2222,8 @@ def main() -> int:
         overrides["smg_fifo_caps"] = args.smg_fifo_caps
     if args.smg_policy:
         overrides["smg_policy"] = args.smg_policy
+    if args.smg_load_poll_s is not None:
+        overrides["smg_load_poll_s"] = args.smg_load_poll_s
     if args.coding_loads:
         overrides["coding_loads"] = args.coding_loads
     if args.coding_window_s is not None:
