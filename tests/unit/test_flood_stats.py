@@ -138,17 +138,21 @@ def test_smg_arms_config(tmp_path: Path) -> None:
     assert arms["smg"][1] is None
     assert "POST /workers" in flood.smg_command(*arms["smg-cap8"])
     assert "--worker-urls" in flood.smg_command(*arms["smg"])
-    assert all("--load-monitor-interval" not in flags for flags, _ in arms.values())
+    # SMG's load poll, 10 model seconds by default, in whole real seconds (at least 1)
+    for flags, _ in arms.values():
+        assert flags[flags.index("--load-monitor-interval") + 1] == "2"  # 10 / 5
+    slow = flood.smg_arms_config(replace(plan, time_scale=1.0), tmp_path / "p.yaml")
+    assert slow["smg"][0][slow["smg"][0].index("--load-monitor-interval") + 1] == "10"
     polled = flood.smg_arms_config(replace(plan, smg_load_poll_s=1), tmp_path / "p.yaml")
     for flags, _ in polled.values():
         assert flags[flags.index("--load-monitor-interval") + 1] == "1"
 
 
-def test_positive_int_argument() -> None:
-    assert flood._positive_int("3") == 3
-    for bad in ("0", "-2", "1.5", "x"):
-        with pytest.raises(Exception, match="expected a whole number"):
-            flood._positive_int(bad)
+def test_positive_float_argument() -> None:
+    assert flood._positive_float("2.5") == 2.5
+    for bad in ("0", "-2", "x", "inf", "nan"):
+        with pytest.raises(Exception, match="expected a number"):
+            flood._positive_float(bad)
 
 
 def test_caps_argument() -> None:

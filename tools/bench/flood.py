@@ -114,6 +114,12 @@ SMG_KEY_HEADER = "x-smg-routing-key"  # the run ID: sticky sessions keep a run o
 # default (128 slots, or 25 % of capacity) exceeds the small capacities swept here.
 SMG_INTERACTIVE_RESERVED = INTERACTIVE_AGENTS
 SMG_QUEUE_TIMEOUT_S = 1800.0  # model seconds: no turn fails for waiting in SMG's queues
+# SMG's --load-monitor-interval default (10 s), in model seconds like its other times: how
+# often it reads each engine's running and waiting requests and KV usage, which its
+# cache_aware policy scores a run's first turn by. Left at 10 real seconds, a flood at
+# time scale 5 gave it a picture 50 model seconds old: with 36 slots over both engines at
+# 48 batch agents that cost SMG about a fifth of its batch runs (docs/simulator.md).
+SMG_LOAD_POLL_S = 10.0
 # SMG's built-in starvation thresholds are SMG_STARVATION_S (model seconds; one table
 # with the simulator's SMG arms, luftpause.sim.arms).
 SMG_QUEUE_SIZE = {"system": 64, "interactive": 256, "default": 512, "bulk": 1024}
@@ -150,9 +156,9 @@ class Plan:
     smg_fifo_caps: tuple[int, ...] = ()
     # SMG's --policy: where a run's first turn goes (sticky sessions keep the rest there).
     smg_policy: str = "cache_aware"
-    # SMG's --load-monitor-interval (whole real seconds; None: its default, 10): how often
-    # it reads each engine's load, which its cache_aware policy places runs by.
-    smg_load_poll_s: int | None = None
+    # SMG's --load-monitor-interval in model seconds (÷ the time scale, rounded up to whole
+    # real seconds, at least 1): how often it reads each engine's load.
+    smg_load_poll_s: float = SMG_LOAD_POLL_S
     # The coding-agent flood: batch agents per point, its window and warm-up (model s).
     coding_loads: tuple[int, ...] = (8, 24)
     coding_window_s: float = 1800.0
@@ -340,9 +346,8 @@ def smg_arms_config(plan: Plan, yaml_path: Path) -> dict[str, tuple[list[str], l
         "--priority-scheduler-default-max-class", "interactive",
         "--priority-scheduler-config", str(yaml_path),
     ]  # fmt: skip
-    common = [*SMG_COMMON_FLAGS]
-    if plan.smg_load_poll_s is not None:
-        common += ["--load-monitor-interval", str(plan.smg_load_poll_s)]
+    poll = _ceil_s(plan.smg_load_poll_s, plan.time_scale)
+    common = [*SMG_COMMON_FLAGS, "--load-monitor-interval", str(poll)]
     out: dict[str, tuple[list[str], list[int] | None]] = {"smg": ([*common, *prio], None)}
     for cap in plan.smg_caps:
         out[f"smg-cap{cap}"] = ([*common, *prio], split_capacity(cap, 2))
@@ -1815,7 +1820,8 @@ def report(
             "`interactive` (one per interactive agent, so no interactive turn waits or "
             "preempts); `smg-fifoC`: no priority scheduler, SMG's legacy admission with "
             "`--max-concurrent-requests C` and a FIFO queue (class-blind). Queue timeouts "
-            f"{SMG_QUEUE_TIMEOUT_S:g} s, starvation thresholds SMG's defaults, both in model "
+            f"{SMG_QUEUE_TIMEOUT_S:g} s, starvation thresholds SMG's defaults, its load poll "
+            f"(`--load-monitor-interval`) every {plan.smg_load_poll_s:g} s, all in model "
             "time (÷ the time scale, rounded up). Command lines:",
             *(f"  - `{name}`: `{text}`" for name, text in sorted(setups.items())),
             "  - priority-scheduler config (`smg-priority.yaml`), time scale "
@@ -2054,14 +2060,14 @@ def report(
 # ------------------------------------------------------------------ main
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
+def _positive_float(text: str) -> float:
+    """An argparse type: a number above 0."""
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
     return value
 
 
@@ -2154,11 +2160,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--smg-load-poll-s",
-        type=_positive_int,
+        type=_positive_float,
         metavar="S",
-        help="SMG's --load-monitor-interval in real seconds (its default: 10): how often SMG "
-        "reads the engines' load, which cache_aware places a run's first turn by when no "
-        "engine holds its prefix; at a high --time-scale its default is many model seconds",
+        help="SMG's --load-monitor-interval in model seconds (default: 10, SMG's own), passed "
+        "÷ the time scale and rounded up to whole seconds like SMG's other times: how often "
+        "SMG reads the engines' load, which cache_aware scores a run's first turn by",
     )
     parser.add_argument(
         "--smg-fifo-caps",
