@@ -23,15 +23,28 @@ prompt (coding agents) match each other by more than the threshold, and with loa
 far enough apart they all follow the replica of the first: the flood measured SMG capped
 at 12 sending every request to one engine.
 
-This is ``cache_aware`` as SMG's 1.9 source has it, and as the router 0.3.2 behaves. SMG
-1.13's help text describes more, none of it modelled, as its source was not at hand: the
-balance check as a "spill gate" against the fleet's mean load with a margin that shrinks
-on small pools, a miss sent by expected wait rather than by requests in flight, and for a
-worker's first 60 s (or while its tree is thin) one miss in four and one hit in eight
-diverted to it. Nor are the tree's size-bounded eviction (these runs stay far below its
-64 M characters), the router's hash-map order where this model takes the creator of a
-node, or SMG's tie-break on requests processed where this model takes the first of
-equally loaded replicas.
+This is ``cache_aware`` as SMG's 1.9 source has it, and as the router 0.3.2 behaves.
+SMG 1.13's source (its PyPI sdist: ``model_gateway/src/policies/cache_aware.rs``,
+``least_load.rs``) differs, and none of this is modelled:
+
+* the candidates of a hit are every replica that holds the node where the match ends,
+  not only its creator;
+* a candidate is skipped (a "spill gate") when its requests in flight exceed both 1.5
+  times the fleet's mean and the mean plus ``min(64, max(4, ceil(2 * sqrt(mean))))``;
+* a miss, and a choice among candidates, goes to the least *expected wait*: the
+  engine's running and waiting requests as last read (every ``--load-monitor-interval``,
+  10 s by default) at 1,024 tokens each, plus 1,024 for every request the policy sent
+  there since that read, plus the gateway's own in-flight requests beyond both, over
+  2,000 tokens/s, plus ``0.15 * k / (1 - k)`` s for the engine's KV usage ``k``; ties
+  drawn at random;
+* its warm-up diversion needs token IDs and KV events, so it never runs for HTTP text.
+
+The stale read matters: ``tools/bench/flood.py`` measured SMG capped at 36 slots at 48
+batch agents 25 % below this model with a read every 50 model seconds, and within 8 %
+with one every 5 (``docs/simulator.md``). This model reads live request counts, as a
+gateway polling without delay would. Nor are the tree's size-bounded eviction (these
+runs stay far below its 64 M characters), or the router's hash-map order where this
+model takes the creator of a node, modelled.
 """
 
 from __future__ import annotations
