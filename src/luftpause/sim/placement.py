@@ -40,7 +40,7 @@ SMG 1.13's source (its PyPI sdist: ``model_gateway/src/policies/cache_aware.rs``
 * its warm-up diversion needs token IDs and KV events, so it never runs for HTTP text.
 
 The stale read matters: ``tools/bench/flood.py`` measured SMG capped at 36 slots at 48
-batch agents 25 % below this model with a read every 50 model seconds, and within 8 %
+batch agents 22–27 % below this model with a read every 20–50 model seconds, and within 8 %
 with one every 5 (``docs/simulator.md``). This model reads live request counts, as a
 gateway polling without delay would. Nor are the tree's size-bounded eviction (these
 runs stay far below its 64 M characters), or the router's hash-map order where this
