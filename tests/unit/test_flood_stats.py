@@ -148,11 +148,12 @@ def test_smg_arms_config(tmp_path: Path) -> None:
         assert flags[flags.index("--load-monitor-interval") + 1] == "1"
 
 
-def test_positive_float_argument() -> None:
-    assert flood._positive_float("2.5") == 2.5
+def test_smg_load_poll_argument() -> None:
+    """--smg-load-poll-s takes the project's shared positive-number type."""
+    assert flood.positive_float("2.5") == 2.5
     for bad in ("0", "-2", "x", "inf", "nan"):
-        with pytest.raises(Exception, match="expected a number"):
-            flood._positive_float(bad)
+        with pytest.raises(Exception, match="expected a positive number"):
+            flood.positive_float(bad)
 
 
 def test_caps_argument() -> None:

@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 
 import aiohttp
-from overhead import MODEL, cpu_seconds, one_turn, pin
+from overhead import cpu_seconds, one_turn, pin, write_config
 
+from luftpause.cliargs import positive_int
 from luftpause.procs import ServiceProcess, launch, stop_all
 
 
@@ -72,7 +73,9 @@ def summarise(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--streams", type=int, default=20, help="closed-loop streams (default 20)")
+    parser.add_argument(
+        "--streams", type=positive_int, default=20, help="closed-loop streams (default 20)"
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="profiled seconds (default 30)")
     parser.add_argument(
         "--process", choices=("dataplane", "scheduler"), default="dataplane",
@@ -83,11 +86,13 @@ def main() -> int:
         help="the scheduler on the dataplane's CPU, as overhead.py pins it (default), or on "
         "the other one, with the load generator and the engine",
     )  # fmt: skip
-    parser.add_argument("--top", type=int, default=30, help="functions to list (default 30)")
+    parser.add_argument(
+        "--top", type=positive_int, default=30, help="functions to list (default 30)"
+    )
     parser.add_argument("--raw", type=Path, help="also keep py-spy's raw folded stacks here")
     args = parser.parse_args()
-    if args.streams < 1 or args.seconds < 1 or args.top < 1:
-        parser.error("--streams, --top and --seconds must be at least 1")
+    if not args.seconds >= 1:  # py-spy records whole seconds
+        parser.error("--seconds must be at least 1")
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         print("dataplane_profile: py-spy not found (pip install py-spy)", file=sys.stderr)
@@ -116,10 +121,7 @@ def main() -> int:
                 "--log-level", "WARNING", name="engine", cpus=near,
             ).urls["http"]  # fmt: skip
             config = tmp / "stack.toml"
-            config.write_text(
-                '[scheduler]\ngrpc_port = 0\nhttp_port = 0\n[[endpoints]]\nname = "engine"\n'
-                f'url = "{engine}"\nmodels = ["{MODEL}"]\nmetrics = "sglang"\n'
-            )
+            write_config(config, [engine], [])
             scheduler = start(
                 "scheduler", "--config", str(config), "--log-level", "WARNING",
                 name="scheduler", cpus=far if args.scheduler_cpu == "same" else near,

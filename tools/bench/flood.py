@@ -85,6 +85,7 @@ from typing import Any
 
 import httpx
 
+from luftpause.cliargs import positive_float
 from luftpause.loadgen import main as loadgen
 from luftpause.loadgen.progress import ArmClock
 from luftpause.procs import (
@@ -2060,17 +2061,6 @@ def report(
 # ------------------------------------------------------------------ main
 
 
-def _positive_float(text: str) -> float:
-    """An argparse type: a number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
-    return value
-
-
 def _caps(least: int) -> Any:
     """An argparse type: a comma list of distinct whole numbers, each at least ``least``,
     ascending."""
@@ -2160,7 +2150,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--smg-load-poll-s",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help="SMG's --load-monitor-interval in model seconds (default: 10, SMG's own), passed "
         "÷ the time scale and rounded up to whole seconds like SMG's other times: how often "
