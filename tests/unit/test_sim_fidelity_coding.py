@@ -96,3 +96,16 @@ def test_several_seeds_give_a_mean_and_its_range(
     monkeypatch.setattr(sys, "argv", [*argv[:-1], "0"])
     with pytest.raises(SystemExit):
         fidelity.main()
+
+
+def test_smg_is_simulated_with_the_load_poll_the_flood_gave_it() -> None:
+    """B1: the simulator reads the engines' load as often as SMG did in the flood: the
+    ``--load-monitor-interval`` each repetition's ``smg launch`` passed, SMG's default of
+    10 s where none was passed, in model seconds at the flood's time scale; repetitions
+    that disagree are refused rather than averaged."""
+    passed = {"setup": "smg launch --policy cache_aware --load-monitor-interval 2 --sticky"}
+    assert fidelity.smg_poll_s([passed, passed], 5.0) == 10.0
+    assert fidelity.smg_poll_s([{"setup": "smg launch --policy cache_aware"}], 10.0) == 100.0
+    assert fidelity.smg_poll_s([{}], 5.0) == 50.0
+    with pytest.raises(ValueError, match="different intervals"):
+        fidelity.smg_poll_s([passed, {"setup": "smg launch"}], 5.0)

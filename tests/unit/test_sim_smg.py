@@ -106,17 +106,22 @@ def test_the_legacy_cap_is_one_queue_blind_to_classes() -> None:
 
 
 def test_sticky_sessions_keep_a_run_on_its_first_replica() -> None:
-    """A run's turns follow its first turn's replica; a new run goes to the replica with
-    the fewest requests; a run that ended starts afresh."""
+    """A run's turns follow its first turn's replica, however busy it is; a new run goes
+    to the replica with the fewest requests (before SMG's first load report); a run that
+    ended starts afresh."""
     pool = Pool()
+    pool.replicas[1].in_flight = 1  # a request b is busy with
     pool.ask("t1", run="r1")
-    pool.ask("u1", run="r2")
-    assert [r for _, r, _ in pool.admitted] == ["a", "b"]
+    assert [r for _, r, _ in pool.admitted] == ["a"]
     pool.finish("t1", paused=True)
-    pool.ask("v1", run="r3")  # a is emptier now
+    pool.ask("v1", run="r3")  # a is emptier again
+    pool.replicas[1].in_flight = 0  # b's request is done: b is now the emptier
     pool.ask("t2", run="r1")  # back from its tool: still a
-    assert [r for _, r, _ in pool.admitted][2:] == ["a", "a"]
+    assert [r for _, r, _ in pool.admitted] == ["a", "a", "a"]
     assert pool.admitted[-1][2] == 0.0  # no capacity: nothing waits
+    pool.finish("t2")  # r1 ends; a run of the same ID is placed afresh: b has none
+    pool.ask("t3", run="r1")
+    assert pool.admitted[-1][1] == "b"
 
 
 def test_arm_names_and_their_errors() -> None:

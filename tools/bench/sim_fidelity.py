@@ -29,7 +29,11 @@ generator and the simulator sample their runs from the same profile but not the
 same runs (each from its own seed).
 
 SMG's arms are simulated with the placement policy the flood gave SMG (its plan's
-``smg_policy``, ``cache_aware`` where the flood did not record one). Where the flood
+``smg_policy``, ``cache_aware`` where the flood did not record one) and the load poll it
+gave SMG: the ``--load-monitor-interval`` of the ``smg launch`` command each repetition
+recorded, SMG's default of 10 seconds where it passed none, times the flood's time scale
+(a flood before ``e8ceada`` left SMG reading every 10 real seconds: 50 model seconds at
+time scale 5, 100 at 10). Where the flood
 recorded how many requests each engine got, a second table sets the busiest engine's
 share of the requests in each repetition beside the simulator's: which engine is the
 busy one is a matter of which run came first, so the share is compared, not the engine.
@@ -60,6 +64,7 @@ from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen.mix import Group
 from luftpause.sim.arms import ABLATED_ARMS, ARMS
 from luftpause.sim.main import SimConfig, simulate, sized_arm
+from luftpause.sim.placement import SMG_LOAD_POLL_S
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ("interactive", "batch")
@@ -141,6 +146,22 @@ def coding_config(plan: dict[str, Any], load: int, seed: int) -> SimConfig:
         seed=seed,
         engine=CODING_ENGINE,
     )
+
+
+def smg_poll_s(reps: list[dict[str, Any]], scale: float) -> float:
+    """The model seconds between SMG's load reads in a flood arm's repetitions: the
+    ``--load-monitor-interval`` their ``smg launch`` commands passed (SMG's default where
+    none did) at the flood's time scale; an arm whose repetitions differ is refused."""
+    polls = set()
+    for rep in reps:
+        words = str(rep.get("setup", "")).split()
+        poll = SMG_LOAD_POLL_S
+        if "--load-monitor-interval" in words:
+            poll = float(words[words.index("--load-monitor-interval") + 1])
+        polls.add(poll)
+    if len(polls) > 1:
+        raise ValueError(f"repetitions polled SMG at different intervals: {sorted(polls)}")
+    return (polls.pop() if polls else SMG_LOAD_POLL_S) * scale
 
 
 def busiest_share(counts: list[int]) -> float | None:
@@ -230,6 +251,7 @@ def main() -> int:
     paced = had_pace(str(flood.get("code", "")))
     rows = []
     splits: list[tuple[str, str, list[float], float]] = []
+    polls: set[float] = set()  # model seconds between SMG's load reads, as the flood had it
     started = time.perf_counter()
     loads = sorted(own, key=int)
     for k, load in enumerate(loads, 1):
@@ -253,8 +275,18 @@ def main() -> int:
             print(f"[{k}/{len(loads)}] {load} batch agents: {arm}", file=sys.stderr, flush=True)
             # the luftpause arm as the flood ran it: without the pace before it was on
             sim_arm = arm if paced or arm != "luftpause" else "luftpause-no-pace"
+            arm_config = config
+            if arm.startswith("smg"):
+                try:
+                    poll = smg_poll_s(own[load][arm], scale)
+                except ValueError as exc:
+                    print(f"sim_fidelity: {load} batch agents, {arm}: {exc}")
+                    return 2
+                polls.add(poll)
+                arm_config = replace(config, smg_load_poll_s=poll)
             results = [
-                simulate(replace(config, seed=args.seed + i), sim_arm) for i in range(args.seeds)
+                simulate(replace(arm_config, seed=args.seed + i), sim_arm)
+                for i in range(args.seeds)
             ]
             if coding:
                 real = real_turn_figures(own[load][arm], scale)
@@ -299,6 +331,12 @@ def main() -> int:
             if paced
             else f"That flood predates the decode pace (on by default since {PACE_ON[:7]}), so the "
             "simulator's luftpause arm runs with it off, as the flood's did. "
+        )
+        + (
+            f"SMG read the engines' load every {' / '.join(f'{p:g}' for p in sorted(polls))} "
+            "model seconds, in the flood and in the simulator. "
+            if polls
+            else ""
         )
         + (
             "Coding-agent runs: reply tokens/min and the p50 of the turns that ended in the "

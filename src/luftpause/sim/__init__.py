@@ -15,8 +15,9 @@ an *arm* (``arms``) decides where and when each turn enters an engine:
   policy (``placement``: a prefix tree of the texts it routed, balanced by load only
   when loads are far apart);
 * ``smg``, ``smg-capC``, ``smg-fifoC``: the SGLang Model Gateway, sticky sessions, a
-  run's first turn placed by its ``--policy`` (``cache_aware`` by default), and its
-  priority scheduler or FIFO cap;
+  run's first turn placed by its ``--policy`` (``cache_aware`` by default: the prefix
+  tree, then the least expected wait from the engines' load as SMG last polled it), and
+  its priority scheduler or FIFO cap;
 * ``engine-prio``: agent *i* pinned to replica *i* mod N, the engines ordering
   their queues by a per-class ``priority`` (as ``tools/bench/flood.py`` runs it).
 

@@ -26,7 +26,15 @@ from luftpause.scheduler.core import (
     initial_state,
 )
 from luftpause.sim.fleet import Replica
-from luftpause.sim.placement import Placement, router_placement, smg_placement
+from luftpause.sim.placement import (
+    SMG_LOAD_POLL_S,
+    LeastLoad,
+    LoadReport,
+    Placement,
+    SmgCacheAware,
+    router_placement,
+    smg_placement,
+)
 from luftpause.sim.world import World
 
 ARMS = ("luftpause", "router", "engine-prio", "smg")
@@ -45,6 +53,10 @@ ENGINE_PRIORITY = {"interactive": 10, "batch": 0}
 SMG_INTERACTIVE_RESERVED = 4
 SMG_STARVATION_S = {"system": 5.0, "interactive": 5.0, "default": 30.0, "bulk": 120.0}
 SMG_CLASS = {"interactive": "interactive", "batch": "bulk"}
+
+
+# placements that price engines by the load SMG reads of them
+LoadPriced = LeastLoad | SmgCacheAware
 
 
 @dataclass(frozen=True)
@@ -275,8 +287,11 @@ class SmgArm(_Unhosted):
 
     Placement: sticky sessions keyed on the run ID: a run's turns go to the replica of its
     first turn, which ``placement`` chooses (SMG's ``--policy``: ``cache_aware`` by
-    default, as SMG's own default and the flood's). Every turn carries its class's engine
-    priority, as the flood's SMG arms send it. Admission, one of three:
+    default, as SMG's own default and the flood's). A placement that prices engines by
+    their load (``cache_aware``, ``least_load``) hears a read of every engine's gauges
+    from the start and every ``poll_s`` model seconds after (SMG's
+    ``--load-monitor-interval``). Every turn carries its class's engine priority, as the
+    flood's SMG arms send it. Admission, one of three:
 
     * ``capacity=None`` (the ``smg`` arm): the priority scheduler with the capacity the fake
       engines report (3,437 running requests each), so nothing ever waits in it;
@@ -299,9 +314,12 @@ class SmgArm(_Unhosted):
         reserved: int = SMG_INTERACTIVE_RESERVED,
         name: str = "smg",
         placement: Placement | None = None,
+        poll_s: float = SMG_LOAD_POLL_S,
     ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError("an SMG arm's capacity must be at least 1")
+        if not poll_s > 0:
+            raise ValueError(f"an SMG arm's load poll must be a positive interval, not {poll_s}")
         if capacity is not None and priority and capacity <= reserved:
             raise ValueError(
                 f"SMG's priority scheduler needs more slots ({capacity}) than it reserves for "
@@ -314,11 +332,27 @@ class SmgArm(_Unhosted):
         self.reserved = reserved if priority else 0
         self.name = name
         self.placement = smg_placement("cache_aware") if placement is None else placement
+        self.poll_s = poll_s
         self.in_flight = 0
         self.interactive_in_flight = 0
         # one FIFO per class (priority scheduler) or a single one (legacy admission)
         self._queues: dict[str, list[_Queued]] = {"interactive": [], "batch": []}
         self._pins: dict[str, str] = {}
+
+    def start(self) -> None:
+        if isinstance(self.placement, LoadPriced):
+            self._poll()
+
+    def _poll(self) -> None:
+        """SMG's load monitor: every engine's gauges, read now, then again after
+        ``poll_s``."""
+        assert isinstance(self.placement, LoadPriced)
+        reports = {}
+        for replica in self.replicas:
+            m = replica.metrics()
+            reports[replica.name] = LoadReport(m.running_gauge, m.queue_gauge, m.token_usage)
+        self.placement.poll(reports)
+        self.world.after(self.poll_s, self._poll)
 
     def request(self, ask: Ask, admitted: Admitted, refused: Refused) -> None:
         queue = self._queues[ask.cls if self.by_class else "batch"]

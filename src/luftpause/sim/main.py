@@ -53,7 +53,7 @@ from luftpause.sim.arms import (
     SmgArm,
 )
 from luftpause.sim.fleet import Replica
-from luftpause.sim.placement import SMG_POLICIES, smg_placement
+from luftpause.sim.placement import SMG_LOAD_POLL_S, SMG_POLICIES, smg_placement
 from luftpause.sim.shaped import ShapedAgent
 from luftpause.sim.world import World
 
@@ -81,6 +81,9 @@ class SimConfig:
     class_priority: bool = True
     # SMG arms: where SMG places a run's first turn (its ``--policy``; placement.py)
     smg_policy: str = "cache_aware"
+    # ... and how often SMG reads the engines' load (``--load-monitor-interval``), which
+    # its cache_aware and least_load price engines by
+    smg_load_poll_s: float = SMG_LOAD_POLL_S
     script: ScriptOptions = field(default_factory=ScriptOptions)
     # B10: runs of a trace to replay (beside the groups or alone), and the profiles a
     # group's ``profile`` names.
@@ -116,11 +119,15 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     if name == "engine-prio":
         return EnginePriorityArm(replicas)
     if name == "smg":
-        return SmgArm(world, replicas, placement=smg_placement(config.smg_policy, config.seed))
+        return SmgArm(
+            world, replicas, placement=smg_placement(config.smg_policy, config.seed),
+            poll_s=config.smg_load_poll_s,
+        )  # fmt: skip
     if size is not None:
         return SmgArm(
             world, replicas, size[1], priority=size[0] == "smg-cap", name=name,
             placement=smg_placement(config.smg_policy, config.seed),
+            poll_s=config.smg_load_poll_s,
         )  # fmt: skip
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
@@ -386,9 +393,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SMG_POLICIES,
         default="cache_aware",
         help="SMG arms: where a run's first turn goes (SMG's --policy; default cache_aware, "
-        "its own, which follows the longest shared prefix: runs with a long shared system "
-        "prompt all land on one replica); round_robin spreads them, least_load picks the "
-        "replica with the fewest requests, random any replica",
+        "its own, which follows the longest shared prefix among replicas not far busier "
+        "than the rest, else the least expected wait); round_robin spreads them, "
+        "least_load picks the replica of least expected wait, random any replica",
+    )
+    sim.add_argument(
+        "--smg-load-poll-s",
+        type=positive_float,
+        default=SMG_LOAD_POLL_S,
+        help="SMG arms: seconds between SMG's reads of the engines' load (its "
+        "--load-monitor-interval), which cache_aware and least_load price engines by "
+        f"(default: {SMG_LOAD_POLL_S:g}, SMG's own)",
     )
     sim.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     plan = parser.add_argument_group("capacity planning")
@@ -477,6 +492,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         engine=engine,
         replay=tuple(replay),
         smg_policy=args.smg_policy,
+        smg_load_poll_s=args.smg_load_poll_s,
     )
 
 

@@ -2,53 +2,58 @@
 the SGLang Model Gateway (``smg`` 1.13) and the SGLang router (0.3.2), as the simulator's
 ``smg`` and ``router`` arms use them.
 
-``cache_aware`` is modelled on both gateways' source (``policies/cache_aware.rs`` and the
-approximate string tree it keeps): every request's *routing text* is matched against a
-radix tree of the texts sent so far, each node remembering the replica whose text first
-created it.
+Both gateways' ``cache_aware`` match every request's *routing text* against a radix tree
+of the texts sent so far (the approximate string tree of ``policies/cache_aware.rs``);
+each node remembers the replica whose text first created it and every replica whose text
+passed through it. A chat request's routing text is its messages' text joined by spaces
+(the system prompt, the task, the replies and the tool results; not tool calls'
+arguments), so a run's next turn extends its last and matches it. The router places every
+turn; SMG with sticky sessions only a run's first (system prompt and task), the rest
+following the pin. Either way the text is then inserted for the chosen replica.
 
-* If the replicas' loads (requests in flight) are imbalanced, both more than
-  ``balance_abs`` apart and the largest more than ``balance_rel`` times the smallest, the
-  request goes to the least loaded replica.
+**The router (0.3.2)**, ``CacheAware``, judges by requests in flight, read live:
+
+* If the replicas' loads are imbalanced, both more than ``balance_abs`` apart and the
+  largest more than ``balance_rel`` times the smallest, the request goes to the least
+  loaded replica.
 * Otherwise, if more than ``cache_threshold`` of the text matches, it goes to the replica
-  that owns the node where the match ends.
+  that created the node where the match ends.
 * Otherwise it goes to the least loaded replica.
 
-Either way the text is then inserted for the chosen replica. A chat request's routing
-text is its messages' text joined by spaces (the system prompt, the task, the replies and
-the tool results; not tool calls' arguments), so a run's next turn extends its last and
-matches it. The router places every turn this way; SMG with sticky sessions only a run's
-first (system prompt and task), the rest following the pin. Runs that share a long system
-prompt (coding agents) match each other by more than the threshold, and with loads never
-far enough apart they all follow the replica of the first: the flood measured SMG capped
-at 12 sending every request to one engine.
+Runs that share a long system prompt (coding agents) match each other by more than the
+threshold, and with loads never far enough apart they all follow the replica of the first.
+Not modelled: the router's hash-map order where this model takes a node's creator.
 
-This is ``cache_aware`` as SMG's 1.9 source has it, and as the router 0.3.2 behaves.
-SMG 1.13's source (its PyPI sdist: ``model_gateway/src/policies/cache_aware.rs``,
-``least_load.rs``) differs, and none of this is modelled:
+**SMG 1.13**, ``SmgCacheAware``, is modelled on its source (its PyPI sdist:
+``model_gateway/src/policies/cache_aware.rs``, ``least_load.rs``,
+``worker/expected_wait.rs``) for HTTP workers and default flags:
 
-* the candidates of a hit are every replica that holds the node where the match ends,
-  not only its creator;
-* a candidate is skipped (a "spill gate") when its requests in flight exceed both 1.5
-  times the fleet's mean and the mean plus ``min(64, max(4, ceil(2 * sqrt(mean))))``;
-* a miss, and a choice among candidates, goes to the least *expected wait*: the
-  engine's running and waiting requests as last read (every ``--load-monitor-interval``,
+* A match of more than ``cache_threshold`` of the text makes every replica that holds the
+  node where the match ends a candidate. A candidate is skipped (the *spill gate*) when
+  its requests in flight exceed both ``balance_rel`` times the fleet's mean and the mean
+  plus ``min(balance_abs, max(4, ceil(2 * sqrt(mean))))``. The request goes to the
+  candidate left with the least *expected wait*; where the gate skipped them all, to the
+  replica of least expected wait among those under the gate (all, if none is).
+* A miss goes to the replica of least expected wait.
+* The expected wait (``ExpectedWait``) is priced from each engine's running and waiting
+  requests *as last read* (SMG polls ``/metrics`` every ``--load-monitor-interval``,
   10 s by default) at 1,024 tokens each, plus 1,024 for every request the policy sent
-  there since that read, plus the gateway's own in-flight requests beyond both, over
-  2,000 tokens/s, plus ``0.15 * k / (1 - k)`` s for the engine's KV usage ``k``; ties
-  drawn at random;
-* its warm-up diversion needs token IDs and KV events, so it never runs for HTTP text.
+  there since that read, plus the gateway's own requests in flight beyond both, over
+  2,000 tokens/s (the fake engines report no generation rate), plus ``0.15 * k / (1 - k)``
+  s for the KV usage ``k`` read then; waits within a microsecond are a tie, drawn at
+  random. Before the first read, the fewest requests in flight wins. The placement's
+  ``poll`` hears each read; ``SmgArm`` calls it every ``poll_s`` model seconds.
+* SMG's ``least_load`` is this expected wait over every replica.
 
-The stale read matters: ``tools/bench/flood.py`` measured SMG capped at 36 slots at 48
-batch agents 22–27 % below this model with a read every 20–50 model seconds, and within 8 %
-with one every 5 (``docs/simulator.md``). This model reads live request counts, as a
-gateway polling without delay would. Nor are the tree's size-bounded eviction (these
-runs stay far below its 64 M characters), or the router's hash-map order where this
-model takes the creator of a node, modelled.
+Not modelled in SMG: the warm-up diversion (it needs token IDs and KV events, so it never
+runs for HTTP text), the KV-imbalance switch (off by default), overload vetoes (the flood
+turns them off), the tree's size-bounded eviction (these runs stay far below its 64 M
+characters), and the probabilistic touch of a node's timestamps (it only orders eviction).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +64,19 @@ from typing import Any, Protocol
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS = 64
 BALANCE_REL = 1.5
+
+# SMG 1.13's expected wait (``worker/expected_wait.rs``, ``least_load.rs``): tokens a
+# request is priced at when its own count is unknown (HTTP), the drain rate of an engine
+# that reports none, the KV-pressure weight in seconds, and the width of a tie.
+MEAN_PREFILL_TOKENS = 1024
+DEFAULT_THROUGHPUT = 2000.0
+KV_PRESSURE_WEIGHT = 0.15
+TIE_S = 1e-6
+# SMG 1.13's spill gate never takes less than this many requests above the mean as its
+# absolute margin (``MIN_ABSOLUTE_MARGIN``).
+MIN_ABSOLUTE_MARGIN = 4
+# SMG's ``--load-monitor-interval`` default, in seconds.
+SMG_LOAD_POLL_S = 10.0
 
 # ``--smg-policy`` choices: SMG's own names for the policies modelled here (the flood
 # offers the first three).
@@ -110,6 +128,18 @@ class PrefixTree:
     def match(self, text: str) -> tuple[int, str | None]:
         """(characters of ``text`` matched, the owner of the node where the match ends;
         None where nothing matched)."""
+        at, last = self._descend(text)
+        return at, last.owner
+
+    def holders(self, text: str) -> tuple[int, frozenset[str]]:
+        """(characters of ``text`` matched, every replica holding the node where the match
+        ends; none where nothing matched)."""
+        at, last = self._descend(text)
+        return at, frozenset(last.tenants)
+
+    def _descend(self, text: str) -> tuple[int, _Node]:
+        """How far ``text`` matches and the node the match ends in (partway into it, or at
+        its end; the root where nothing matched)."""
         node, at, last = self._root, 0, self._root
         while at < len(text):
             child = node.children.get(text[at])
@@ -121,7 +151,7 @@ class PrefixTree:
             if n < len(child.text):
                 break
             node = child
-        return at, last.owner
+        return at, last
 
     def insert(self, text: str, replica: str) -> None:
         """Record ``text`` as sent to ``replica``."""
@@ -152,14 +182,77 @@ def _least_loaded(replicas: Sequence[Loaded]) -> str:
     return min(replicas, key=lambda r: r.in_flight).name
 
 
+@dataclass(frozen=True)
+class LoadReport:
+    """What SMG reads of an engine at a poll (SGLang's ``/metrics`` gauges)."""
+
+    running: int
+    waiting: int
+    kv_usage: float  # ``token_usage``: 0 (empty) to 1 (full)
+
+
+class ExpectedWait:
+    """SMG 1.13's expected-wait scorer (the module docstring): engines priced by their
+    last report and what was sent since, the least wait chosen and credited."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.reports: dict[str, LoadReport] = {}
+        self.since_poll: dict[str, int] = {}  # requests chosen here since the last report
+        self._rng = random.Random(f"expected-wait:{seed}")
+
+    def poll(self, reports: dict[str, LoadReport]) -> None:
+        """A read of the engines: it replaces their reports and releases the credit of
+        every request chosen before it."""
+        self.reports.update(reports)
+        for name in reports:
+            self.since_poll[name] = 0
+
+    def seconds(self, replica: Loaded, baseline: float) -> float:
+        """``replica``'s expected wait; one without a report while others have one is
+        priced at ``baseline`` (the best reporting candidate's) plus its requests in
+        flight."""
+        report = self.reports.get(replica.name)
+        if report is None:
+            return baseline + replica.in_flight * MEAN_PREFILL_TOKENS / DEFAULT_THROUGHPUT
+        since = self.since_poll.get(replica.name, 0)
+        # the gateway's own requests there that neither the report nor the credit count
+        unaccounted = max(0, replica.in_flight - (report.running + report.waiting + since))
+        tokens = (report.running + report.waiting + unaccounted + since) * MEAN_PREFILL_TOKENS
+        k = min(max(report.kv_usage, 0.0), 0.999)
+        return tokens / DEFAULT_THROUGHPUT + KV_PRESSURE_WEIGHT * k / (1.0 - k)
+
+    def choose(self, candidates: Sequence[Loaded]) -> str:
+        """The candidate of least expected wait (a tie drawn at random), credited with
+        this request until the next report; before any report, the fewest in flight."""
+        if any(c.name in self.reports for c in candidates):
+            known = [c for c in candidates if c.name in self.reports]
+            baseline = min(self.seconds(c, 0.0) for c in known)
+            scores = [self.seconds(c, baseline) for c in candidates]
+        else:
+            scores = [float(c.in_flight) for c in candidates]
+        best = min(scores)
+        tied = [c for c, score in zip(candidates, scores, strict=True) if score - best <= TIE_S]
+        choice = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        self.since_poll[choice.name] = self.since_poll.get(choice.name, 0) + 1
+        return choice.name
+
+
 @dataclass
 class LeastLoad:
-    """SMG's ``least_load``: the replica with the fewest requests in flight."""
+    """SMG 1.13's ``least_load``: the replica of least expected wait."""
 
+    seed: int = 0
     name: str = "least_load"
+    scorer: ExpectedWait = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scorer = ExpectedWait(self.seed)
+
+    def poll(self, reports: dict[str, LoadReport]) -> None:
+        self.scorer.poll(reports)
 
     def place(self, text: str, replicas: Sequence[Loaded]) -> str:
-        return _least_loaded(replicas)
+        return self.scorer.choose(replicas)
 
 
 @dataclass
@@ -192,7 +285,7 @@ class Random:
 
 @dataclass
 class CacheAware:
-    """``cache_aware`` (the module docstring)."""
+    """The router's ``cache_aware`` (the module docstring)."""
 
     cache_threshold: float = CACHE_THRESHOLD
     balance_abs: int = BALANCE_ABS
@@ -216,19 +309,58 @@ class CacheAware:
         return choice
 
 
-Placement = LeastLoad | RoundRobin | Random | CacheAware
+@dataclass
+class SmgCacheAware:
+    """SMG 1.13's ``cache_aware`` (the module docstring)."""
+
+    seed: int = 0
+    cache_threshold: float = CACHE_THRESHOLD
+    balance_abs: int = BALANCE_ABS
+    balance_rel: float = BALANCE_REL
+    name: str = "cache_aware"
+    tree: PrefixTree = field(default_factory=PrefixTree)
+    scorer: ExpectedWait = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scorer = ExpectedWait(self.seed)
+
+    def poll(self, reports: dict[str, LoadReport]) -> None:
+        self.scorer.poll(reports)
+
+    def over_gate(self, load: int, mean: float) -> bool:
+        """The spill gate: ``load`` too far above the fleet's ``mean`` to add to."""
+        swing = math.ceil(2 * math.sqrt(mean))
+        margin = min(self.balance_abs, max(swing, MIN_ABSOLUTE_MARGIN))
+        return load > mean * self.balance_rel and load > mean + margin
+
+    def place(self, text: str, replicas: Sequence[Loaded]) -> str:
+        mean = sum(r.in_flight for r in replicas) / len(replicas)
+        matched, holders = self.tree.holders(text)
+        hit = [r for r in replicas if r.name in holders]
+        if not text or matched / len(text) <= self.cache_threshold or not hit:
+            choice = self.scorer.choose(replicas)  # a miss
+        elif safe := [r for r in hit if not self.over_gate(r.in_flight, mean)]:
+            choice = self.scorer.choose(safe)
+        else:  # every holder is over the gate: spill to those under it
+            under = [r for r in replicas if not self.over_gate(r.in_flight, mean)]
+            choice = self.scorer.choose(under or replicas)
+        self.tree.insert(text, choice)
+        return choice
+
+
+Placement = LeastLoad | RoundRobin | Random | CacheAware | SmgCacheAware
 
 
 def smg_placement(policy: str, seed: int = 0) -> Placement:
-    """SMG's ``--policy`` as modelled here (``seed``: the ``random`` policy's)."""
+    """SMG's ``--policy`` as modelled here (``seed``: its random draws')."""
     if policy == "cache_aware":
-        return CacheAware()
+        return SmgCacheAware(seed)
     if policy == "round_robin":
         return RoundRobin()
     if policy == "random":
         return Random(seed)
     if policy == "least_load":
-        return LeastLoad()
+        return LeastLoad(seed)
     raise ValueError(f"unknown SMG policy {policy!r}; choose from {', '.join(SMG_POLICIES)}")
 
 
