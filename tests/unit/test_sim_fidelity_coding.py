@@ -109,3 +109,6 @@ def test_smg_is_simulated_with_the_load_poll_the_flood_gave_it() -> None:
     assert fidelity.smg_poll_s([{}], 5.0) == 50.0
     with pytest.raises(ValueError, match="different intervals"):
         fidelity.smg_poll_s([passed, {"setup": "smg launch"}], 5.0)
+    for broken in ("smg launch --load-monitor-interval", "smg --load-monitor-interval x"):
+        with pytest.raises(ValueError, match="unreadable --load-monitor-interval"):
+            fidelity.smg_poll_s([{"setup": broken}], 5.0)

@@ -216,6 +216,26 @@ def test_expected_wait_counts_the_gateways_own_requests_and_kv_pressure() -> Non
     assert scorer.seconds(c, 0.5) == pytest.approx(0.5 + 1024 / 2000)
 
 
+def test_the_gateways_floor_counts_the_credit_and_the_baseline_is_the_candidates() -> None:
+    """B1: the requests the gateway holds beyond the report are those neither the report
+    nor the credit since it accounts for; an engine without a report starts from the
+    best reporting *candidate*, not from an engine the request may not go to."""
+    scorer = ExpectedWait()
+    a, b = Stub("a", in_flight=5), Stub("b")
+    scorer.poll({"a": LoadReport(2, 0, 0.0), "b": LoadReport(0, 0, 0.0)})
+    scorer.since_poll["a"] = 1  # one request chosen there since the report
+    # 2 reported + 1 credited + 2 more the gateway holds = 5, not 6
+    assert scorer.seconds(a, 0.0) == pytest.approx(5 * 1024 / 2000)
+    a.in_flight = 2  # fewer held than reported and credited: no floor at all
+    assert scorer.seconds(a, 0.0) == pytest.approx(3 * 1024 / 2000)
+    scorer.poll({"a": LoadReport(4, 0, 0.0), "b": LoadReport(0, 0, 0.0)})
+    a.in_flight = 4
+    c = Stub("c", in_flight=3)  # never reported
+    # b (idle) is not a candidate: c is priced from a's 2.048 s, so 3.584 s, and a wins
+    assert scorer.choose([a, c]) == "a"
+    assert scorer.choose([b, c]) == "b"  # from b's 0 s, c's 1.536 s loses to b
+
+
 def test_smg_cache_aware_picks_among_the_holders_and_spills_past_the_gate() -> None:
     """B1: SMG 1.13's cache_aware sends a hit to the least expected wait among the
     replicas holding the prefix; a holder more than 1.5× the mean and the margin
@@ -239,6 +259,11 @@ def test_smg_cache_aware_picks_among_the_holders_and_spills_past_the_gate() -> N
     # a text matching 30 % or less is a miss: the least expected wait of all
     c = Stub("c")
     assert policy.place("x" * 4000 + SHARED, [a, b, c]) == "c"
+    # once SMG has read the engines, a hit goes by the read, not by the live count: a
+    # holds fewer requests now but was read busier
+    a.in_flight, b.in_flight = 3, 4
+    policy.poll({"a": LoadReport(6, 0, 0.0), "b": LoadReport(4, 0, 0.0)})
+    assert policy.place(SHARED + "run 6", [a, b]) == "b"
 
 
 def test_the_smg_arm_reads_the_engines_every_poll(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -157,7 +157,13 @@ def smg_poll_s(reps: list[dict[str, Any]], scale: float) -> float:
         words = str(rep.get("setup", "")).split()
         poll = SMG_LOAD_POLL_S
         if "--load-monitor-interval" in words:
-            poll = float(words[words.index("--load-monitor-interval") + 1])
+            at = words.index("--load-monitor-interval") + 1
+            try:
+                poll = float(words[at])
+            except (IndexError, ValueError):
+                raise ValueError(
+                    f"unreadable --load-monitor-interval in {rep.get('setup')!r}"
+                ) from None
         polls.add(poll)
     if len(polls) > 1:
         raise ValueError(f"repetitions polled SMG at different intervals: {sorted(polls)}")
