@@ -45,6 +45,12 @@ Not modelled: the router's hash-map order where this model takes a node's creato
   ``poll`` hears each read; ``SmgArm`` calls it every ``poll_s`` model seconds.
 * SMG's ``least_load`` is this expected wait over every replica.
 
+The stale read matters where SMG's cap sits near the load. At 48 batch agents with
+36 slots, reading every 50 model seconds instead of every 10 cost SMG a tenth of its
+batch runs in the flood and costs it a seventh in this model (``docs/simulator.md``):
+engines are sent runs in bursts between reads and queue them, though each still gets
+half.
+
 Not modelled in SMG: the warm-up diversion (it needs token IDs and KV events, so it never
 runs for HTTP text), the KV-imbalance switch (off by default), overload vetoes (the flood
 turns them off), the tree's size-bounded eviction (these runs stay far below its 64 M
