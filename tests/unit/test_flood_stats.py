@@ -394,3 +394,22 @@ def test_smg_policy_is_the_plans() -> None:
     assert "--policy cache_aware " in flood.smg_command([], None)
     line = flood.smg_command(["--sticky-sessions"], [6, 6], "round_robin")
     assert "--policy round_robin " in line and "POST /workers" in line
+
+
+def test_every_arm_of_a_repetition_plays_the_same_runs_under_its_own_names() -> None:
+    """B10: the load generator's --plan-seed (which draws a coding run's shape) is the same
+    for every arm of one repetition at one load, and differs between repetitions and
+    loads; its --seed (run IDs and prompt text) is each arm's own, so no arm finds
+    another's prompts in the engines' caches."""
+
+    def arm(name: str, load: int = 24) -> Any:
+        return flood.Arm("coding", name, load, [])
+
+    seeds = {
+        name: flood.loadgen_seeds(arm(name), 0) for name in ("luftpause", "router", "smg-cap12")
+    }
+    assert len({plan for _, plan in seeds.values()}) == 1
+    assert len({seed for seed, _ in seeds.values()}) == 3
+    assert flood.loadgen_seeds(arm("luftpause"), 1)[1] != seeds["luftpause"][1]
+    assert flood.loadgen_seeds(arm("luftpause", 8), 0)[1] != seeds["luftpause"][1]
+    assert seeds["smg-cap12"][0] == "coding24smgcap120"  # as floods before it named runs

@@ -112,3 +112,27 @@ def test_smg_is_simulated_with_the_load_poll_the_flood_gave_it() -> None:
     for broken in ("smg launch --load-monitor-interval", "smg --load-monitor-interval x"):
         with pytest.raises(ValueError, match="unreadable --load-monitor-interval"):
             fidelity.smg_poll_s([{"setup": broken}], 5.0)
+
+
+def test_a_coding_flood_is_simulated_with_the_runs_each_repetition_drew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B1, B10: a coding repetition's runs come from its load generator's plan seed (its
+    seed, before --plan-seed existed), which the simulator is given; a coding flood with
+    a repetition that recorded neither is refused, and so are --seeds and --seed, which
+    do not apply to it."""
+    assert fidelity.plan_seed_of({"seed": "coding24router0"}) == "coding24router0"
+    assert fidelity.plan_seed_of({"seed": "x", "plan_seed": "coding24rep0"}) == "coding24rep0"
+    assert fidelity.plan_seed_of({}) is None
+    plan = {**flood.FULL.__dict__, "coding_warmup_s": 10.0, "coding_window_s": 20.0}
+    rep = {"seed": "coding2router0", "classes": {}}
+    path = tmp_path / "coding.json"
+    for reps, extra, why in (
+        ([rep, {"classes": {}}], [], "no recorded seed in repetitions of 2/router"),
+        ([rep], ["--seeds", "3"], "--seeds and --seed do not apply"),
+        ([rep], ["--seed", "4"], "--seeds and --seed do not apply"),
+    ):
+        path.write_text(json.dumps({"plan": plan, "results": {"coding": {"2": {"router": reps}}}}))
+        monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(path), *extra])
+        assert fidelity.main() == 2
+        assert why in capsys.readouterr().out

@@ -563,3 +563,59 @@ def test_sim_cli_replays_the_sample_trace(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "sim.json").read_text())
     assert data["config"]["trace"]["runs"] == 6 and data["config"]["duration_s"] is None
     assert all(math.isfinite(r["virtual_s"]) for r in data["results"])
+
+
+def test_a_plan_seed_draws_the_same_runs_in_the_load_generator_and_the_simulator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """B1, B10: `luftpause loadgen --plan-seed P` and `luftpause sim --plan-seed P` play
+    the same coding runs, slot for slot and run for run, whatever the load generator's
+    --seed names them; without a plan seed the two draw from their own seeds."""
+    import luftpause.loadgen.main as loadgen_main
+    from luftpause.loadgen.agents import AgentOptions
+    from luftpause.sim.shaped import ShapedAgent
+    from luftpause.sim.world import World
+
+    group = Group("crowd", 3, "batch", "crowd", profile="coding-agent")
+    played: list[RunPlan] = []
+
+    async def capture(client: Any, plan: RunPlan, *args: Any, **kwargs: Any) -> RunPlan:
+        played.append(plan)
+        return plan
+
+    monkeypatch.setattr(loadgen_main.shaped, "play", capture)
+
+    def loadgen_runs(seed: str, plan_seed: str, slot: int) -> list[RunPlan]:
+        played.clear()
+        options = AgentOptions(model="m", nonce=seed, plan_seed=plan_seed)
+        once = loadgen_main._shaped_runner(None, group, slot, options, lambda: 0.0, 1.0)  # type: ignore[arg-type]
+        for number in range(3):
+            coroutine = once(f"{seed}-crowd-{slot}-{number}", number)
+            with pytest.raises(StopIteration):
+                coroutine.send(None)
+        return list(played)
+
+    def sim_runs(plan_seed: str | None, slot: int, index: int) -> list[RunPlan]:
+        agent = ShapedAgent(
+            index, group, "m", World(), None, {}, Records(), 0,  # type: ignore[arg-type]
+            CODING_AGENT, plan_seed, slot=slot,
+        )  # fmt: skip
+        drawn: list[RunPlan] = []
+        monkeypatch.setattr(agent, "_begin", lambda plan, *rest: drawn.append(plan))
+        for _ in range(3):
+            agent._next_profile_run()
+        return drawn
+
+    arm_a = loadgen_runs("coding24luftpause0", "coding24rep0", slot=1)
+    arm_b = loadgen_runs("coding24router0", "coding24rep0", slot=1)
+    assert arm_a == arm_b  # two arms of a repetition: the same runs
+    assert len({(p.turns[0].prompt_tokens, len(p.turns)) for p in arm_a}) > 1
+    # the simulator, given the plan seed, plays them too (slot 1 of its group, whatever
+    # its index among all agents)
+    assert sim_runs("coding24rep0", slot=1, index=5) == arm_a
+    assert sim_runs("coding24rep0", slot=2, index=5) != arm_a
+    # before --plan-seed, a flood's repetition drew its runs from its --seed
+    assert loadgen_runs("coding24luftpause0", "coding24luftpause0", slot=1) != arm_a
+    assert sim_runs("coding24luftpause0", slot=1, index=0) == loadgen_runs(
+        "coding24luftpause0", "coding24luftpause0", slot=1
+    )

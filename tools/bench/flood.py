@@ -710,14 +710,24 @@ def window_start(result: dict[str, Any]) -> float:
     return time.monotonic() - float(result.get("window_s") or 0.0)
 
 
+def loadgen_seeds(arm: Arm, rep: int) -> tuple[str, str]:
+    """The load generator's ``--seed`` for one arm's repetition, which names its runs
+    and their prompt text (its own, so no arm finds another's prompts cached in the
+    shared engines), and its ``--plan-seed``, which draws a coding run's shape (turns,
+    tokens, tool gaps, sub-agents) and is the same for every arm of a repetition: the
+    arms are compared on the same runs, slot for slot (common random numbers)."""
+    seed = f"{arm.bench}{arm.load}{arm.name}{rep}".replace("-", "")
+    return seed, f"{arm.bench}{arm.load}rep{rep}"
+
+
 def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     """One arm: ``luftpause loadgen`` with the arm's flags, run in this process (the same
     code as the command; saves a start-up per arm)."""
     plan = stack.plan
     path = out / f"{arm.bench}-{arm.load}-{arm.name}-{rep}.json"
-    seed = f"{arm.bench}{arm.load}{arm.name}{rep}".replace("-", "")
+    seed, plan_seed = loadgen_seeds(arm, rep)
     argv = [
-        *arm.argv, "--json", str(path), "--quiet", "--seed", seed,
+        *arm.argv, "--json", str(path), "--quiet", "--seed", seed, "--plan-seed", plan_seed,
         "--label", f"{arm.bench}/{arm.name}/{arm.load}/{rep}",
     ]  # fmt: skip
     parser = argparse.ArgumentParser(prog="luftpause loadgen")
@@ -2029,6 +2039,8 @@ def report(
                 f"{plan.coding_window_s:g} s measured after {plan.coding_warmup_s:g} s of "
                 "warm-up (model time), the agents "
                 + ("starting over its first half" if plan.ramp else "all starting at once")
+                + ". Every arm of a repetition plays the same runs, slot for slot (the load "
+                "generator's `--plan-seed`), under prompt text of its own"
                 + ". A run takes longer than the window, so the arms are compared by the "
                 "**turns that ended in the window** (finished runs or not): turn time (request "
                 "to last token) and reply tokens per minute; a turn that failed is not in "

@@ -24,9 +24,12 @@ simulator has is compared: luftpause, router, engine-prio, and SMG's (``smg``,
 A coding-agent flood (``flood.py --benches coding``: runs sampled from the
 ``coding-agent`` profile, 2 interactive agents beside N batch agents, long-context
 engines) is compared by what that flood reports instead: per class, the p50 time of
-the turns that ended in the window and the reply tokens per minute. The load
-generator and the simulator sample their runs from the same profile but not the
-same runs (each from its own seed).
+the turns that ended in the window and the reply tokens per minute. Each of its
+repetitions is simulated once, with the very runs it drew: the simulator's
+``--plan-seed`` set to what the repetition's load generator drew them from (its
+``plan_seed``, or its ``seed`` in a flood from before ``--plan-seed``), so the two
+play the same runs slot for slot and differ only in how the stack ran them;
+``--seeds`` and ``--seed`` do not apply to such a flood.
 
 SMG's arms are simulated with the placement policy the flood gave SMG (its plan's
 ``smg_policy``, ``cache_aware`` where the flood did not record one) and the load poll it
@@ -148,6 +151,13 @@ def coding_config(plan: dict[str, Any], load: int, seed: int) -> SimConfig:
     )
 
 
+def plan_seed_of(rep: dict[str, Any]) -> str | None:
+    """What a coding repetition drew its runs from: its load generator's ``plan_seed``,
+    or its ``seed`` where it recorded none (before ``--plan-seed``, the seed drew them)."""
+    seed = rep.get("plan_seed") or rep.get("seed")
+    return None if seed is None else str(seed)
+
+
 def smg_poll_s(reps: list[dict[str, Any]], scale: float) -> float:
     """The model seconds between SMG's load reads in a flood arm's repetitions: the
     ``--load-monitor-interval`` their ``smg launch`` commands passed (SMG's default where
@@ -244,9 +254,22 @@ def main() -> int:
         plan, results = flood["plan"], flood["results"]
         coding = "own" not in results and "coding" in results
         own = results["coding" if coding else "own"]
+        if coding:
+            missing = [
+                f"{load}/{arm}" for load, arms in own.items() for arm, reps in arms.items()
+                if any(plan_seed_of(rep) is None for rep in reps)
+            ]  # fmt: skip
+            if missing:
+                raise KeyError(f"no recorded seed in repetitions of {', '.join(missing)}")
     except (OSError, ValueError, KeyError) as exc:
         print(
             f"sim_fidelity: cannot read own-loop or coding flood results from {args.flood}: {exc}"
+        )
+        return 2
+    if coding and (args.seeds > 1 or args.seed):
+        print(
+            "sim_fidelity: a coding flood is simulated once per repetition, with the runs "
+            "it drew; --seeds and --seed do not apply"
         )
         return 2
     scale = plan["time_scale"]
@@ -290,10 +313,16 @@ def main() -> int:
                     return 2
                 polls.add(poll)
                 arm_config = replace(config, smg_load_poll_s=poll)
-            results = [
-                simulate(replace(arm_config, seed=args.seed + i), sim_arm)
-                for i in range(args.seeds)
-            ]
+            if coding:  # each repetition's own runs, slot for slot
+                results = [
+                    simulate(replace(arm_config, plan_seed=plan_seed_of(rep)), sim_arm)
+                    for rep in own[load][arm]
+                ]
+            else:
+                results = [
+                    simulate(replace(arm_config, seed=args.seed + i), sim_arm)
+                    for i in range(args.seeds)
+                ]
             if coding:
                 real = real_turn_figures(own[load][arm], scale)
                 sims = [sim_turn_figures(result) for result in results]
@@ -312,12 +341,22 @@ def main() -> int:
                 if cls in real and seen:
                     rows.append((load, arm, cls, real[cls], seen))
     flood_path = args.flood.relative_to(ROOT) if args.flood.is_relative_to(ROOT) else args.flood
-    seeds_text = (
-        f"seed {args.seed}"
-        if args.seeds == 1
-        else f"seeds {args.seed}–{args.seed + args.seeds - 1}: each sim cell is their mean, "
-        "with their lowest and highest in brackets"
-    )
+    if coding:
+        seeds_text = (
+            "each repetition simulated once, with the very runs it drew (its plan seed)"
+            + (
+                ": each sim cell is their mean, with their lowest and highest in brackets"
+                if plan.get("reps", 1) > 1
+                else ""
+            )
+        )
+    else:
+        seeds_text = (
+            f"seed {args.seed}"
+            if args.seeds == 1
+            else f"seeds {args.seed}–{args.seed + args.seeds - 1}: each sim cell is their "
+            "mean, with their lowest and highest in brackets"
+        )
     elapsed = time.perf_counter() - started
     lines = [
         f"Command: `python tools/bench/sim_fidelity.py --flood {flood_path}"
@@ -384,8 +423,9 @@ def main() -> int:
         "",
         f"Within ±10 % on both {metric} and p50: {sum(within)} of {len(within)} rows"
         + (
-            f"; the flood inside the seeds' range on both: {sum(inside)} of {len(inside)}."
-            if args.seeds > 1
+            f"; the flood inside the {'simulations' if coding else 'seeds'}' range on both: "
+            f"{sum(inside)} of {len(inside)}."
+            if (plan.get("reps", 1) if coding else args.seeds) > 1
             else "."
         ),
     ]

@@ -59,6 +59,8 @@ class AgentOptions:
     turn_timeout_s: float = 600.0
     max_turns: int = 10
     nonce: str = "0"
+    # what a --profile group's runs are drawn from (the nonce unless --plan-seed says)
+    plan_seed: str = "0"
     token: str | None = None  # sent as Authorization: Bearer to every target (X2, D9)
     # Runs in flight (run ID -> base URL), so a load that stops can end them (D8).
     live: dict[str, str] = field(default_factory=dict)

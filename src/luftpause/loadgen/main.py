@@ -321,6 +321,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="names the runs (run IDs and prompt text); default: random, so no two loads "
         "share cached prompts",
     )
+    shape.add_argument(
+        "--plan-seed",
+        help="what the runs of a --profile group are drawn from (default: --seed): two "
+        "loads with the same plan seed play the same runs, slot for slot, whatever their "
+        "--seed names them (luftpause sim --plan-seed draws the same ones)",
+    )
     mcp = parser.add_argument_group("sub-agents over MCP")
     mcp.add_argument(
         "--runtime",
@@ -478,13 +484,13 @@ def _shaped_runner(
     clock: Callable[[], float],
     time_scale: float,
 ) -> Runner:
-    """Runs of ``group.profile``, each sampled from the seed, the group, the slot and its
-    number (so a seeded load plays the same runs)."""
+    """Runs of ``group.profile``, each sampled from the plan seed, the group, the slot and
+    its number, from 0 (so a load with the same plan seed plays the same runs)."""
     assert group.profile is not None
     profile = PROFILES[group.profile]
 
     def once(key: str, number: int) -> Coroutine[Any, Any, stats.RunRecord]:
-        plan = profile.sample(run_rng(options.nonce, group.name, index, number))
+        plan = profile.sample(run_rng(options.plan_seed, group.name, index, number))
         return shaped.play(client, plan, group, key, options, clock, time_scale)
 
     return once
@@ -630,6 +636,7 @@ async def run_load(
         turn_timeout_s=args.turn_timeout_s,
         max_turns=args.max_turns,
         nonce=nonce,
+        plan_seed=args.plan_seed or nonce,
         token=token,
     )
     spawn_options = spawn.SpawnOptions(tool_names=tool_names, model=args.model)
@@ -784,6 +791,7 @@ async def run_load(
             "version": 1,
             "label": args.label,
             "seed": nonce,
+            "plan_seed": options.plan_seed,
             "targets": targets,
             "runtime": args.runtime,
             "model": options.model,

@@ -84,6 +84,9 @@ class SimConfig:
     # ... and how often SMG reads the engines' load (``--load-monitor-interval``), which
     # its cache_aware and least_load price engines by
     smg_load_poll_s: float = SMG_LOAD_POLL_S
+    # B10: profile groups' runs drawn as `luftpause loadgen --plan-seed` draws them (None:
+    # from ``seed``)
+    plan_seed: str | None = None
     script: ScriptOptions = field(default_factory=ScriptOptions)
     # B10: runs of a trace to replay (beside the groups or alone), and the profiles a
     # group's ``profile`` names.
@@ -165,7 +168,7 @@ def simulate(
             if group.profile is not None:
                 agent = ShapedAgent(
                     len(agents), group, MODEL, world, arm, by_name, records, config.seed,
-                    config.profiles[group.profile],
+                    config.profiles[group.profile], config.plan_seed, slot=i,
                 )  # fmt: skip
             else:
                 agent = Agent(
@@ -383,6 +386,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     sim.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: 0)")
     sim.add_argument(
+        "--plan-seed",
+        metavar="TEXT",
+        help="draw a --profile group's runs as `luftpause loadgen --plan-seed TEXT` does: "
+        "the very runs of that load, slot for slot (a flood's repetition records it as "
+        "plan_seed, or as seed where it has none); default: from --seed",
+    )
+    sim.add_argument(
         "--probe-s",
         type=positive_float,
         default=2.0,
@@ -493,6 +503,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         replay=tuple(replay),
         smg_policy=args.smg_policy,
         smg_load_poll_s=args.smg_load_poll_s,
+        plan_seed=args.plan_seed,
     )
 
 

@@ -18,8 +18,9 @@ the parent's next turn waits for the last of them. A run's record holds its
 sub-agents' turns and tokens too (as the load generator's does).
 
 A profile agent runs plan after plan (closed loop, no think time), each plan sampled
-from the seed, the group, the agent's index and the run's number; a trace run is
-played once, from its ``start_s``.
+from the seed, the group, the agent's index and the run's number, or, given a plan
+seed, exactly as ``luftpause loadgen --plan-seed`` samples it (the same runs, slot for
+slot); a trace run is played once, from its ``start_s``.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class ShapedAgent:
         records: Records,
         seed: int,
         profile: Profile | None = None,
+        plan_seed: str | None = None,
+        slot: int = 0,
     ) -> None:
         self.index = index
         self.group = group
@@ -97,6 +100,11 @@ class ShapedAgent:
         self.records = records
         self.seed = seed
         self.profile = profile
+        # Runs drawn as `luftpause loadgen --plan-seed` draws them: from the plan seed, the
+        # group, the agent's slot in its group and the run's number from 0. Without one,
+        # from the seed, the group, the agent's index and the run's number from 1.
+        self.plan_seed = plan_seed
+        self.slot = slot
         self.runs = 0
         self.stopped = False
         self.unfinished = 0  # runs started and not yet ended
@@ -119,7 +127,11 @@ class ShapedAgent:
         if self.stopped or self.profile is None:
             return
         self.runs += 1
-        plan = self.profile.sample(run_rng(self.seed, self.group.name, self.index, self.runs))
+        if self.plan_seed is not None:
+            rng = run_rng(self.plan_seed, self.group.name, self.slot, self.runs - 1)
+        else:
+            rng = run_rng(self.seed, self.group.name, self.index, self.runs)
+        plan = self.profile.sample(rng)
         self.unfinished += 1
         self._begin(plan, f"{self.group.name}-{self.index}-{self.runs}", self._profile_run_ended)
 
