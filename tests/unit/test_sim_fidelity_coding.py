@@ -136,3 +136,33 @@ def test_a_coding_flood_is_simulated_with_the_runs_each_repetition_drew(
         monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(path), *extra])
         assert fidelity.main() == 2
         assert why in capsys.readouterr().out
+
+
+def test_each_coding_repetition_is_simulated_with_its_own_plan_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B1, B10: the simulator is run once per repetition of a coding flood's arm, given
+    that repetition's plan seed (its seed where it recorded none), and the table says
+    so; an arm the simulator does not have is neither simulated nor asked for seeds."""
+    plan = {**flood.FULL.__dict__, "coding_warmup_s": 10.0, "coding_window_s": 20.0}
+    reps = [
+        {"seed": "coding2router0", "plan_seed": "coding2rep0", "classes": {}},
+        {"seed": "coding2router1", "classes": {}},
+    ]
+    data = {
+        "plan": {**plan, "reps": 2},
+        "results": {"coding": {"2": {"router": reps, "luftpause-no-pk": [{"classes": {}}]}}},
+    }
+    path = tmp_path / "coding.json"
+    path.write_text(json.dumps(data))
+    seen: list[tuple[str, str | None]] = []
+
+    def fake_simulate(config: Any, arm: str) -> dict[str, Any]:
+        seen.append((arm, config.plan_seed))
+        return {"classes": {}, "requests_by_replica": {"a": 1}}
+
+    monkeypatch.setattr(fidelity, "simulate", fake_simulate)
+    monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(path)])
+    assert fidelity.main() == 0
+    assert seen == [("router", "coding2rep0"), ("router", "coding2router1")]
+    assert "each repetition simulated once, with the runs it drew" in capsys.readouterr().out

@@ -619,3 +619,67 @@ def test_a_plan_seed_draws_the_same_runs_in_the_load_generator_and_the_simulator
     assert sim_runs("coding24luftpause0", slot=1, index=0) == loadgen_runs(
         "coding24luftpause0", "coding24luftpause0", slot=1
     )
+
+
+def test_the_plan_seed_reaches_the_runs_a_load_and_a_simulation_play(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """B10: `luftpause loadgen --plan-seed P` hands P to every profile slot (slot i of its
+    group) and records it as plan_seed, the seed where none is given; `luftpause sim
+    --plan-seed P` hands P to its agents with their slot in the group, so both play the
+    runs drawn from (P, group, slot, n)."""
+    import asyncio
+
+    import luftpause.loadgen.main as loadgen_main
+    from luftpause.sim import shaped as sim_shaped
+
+    async def no_models(target: str, token: str | None) -> list[str]:
+        return ["m"]
+
+    played: dict[str, list[RunPlan]] = {}
+
+    async def play(client: Any, plan: RunPlan, group: Group, key: str, *rest: Any) -> RunRecord:
+        played.setdefault(key.rsplit("-", 1)[0], []).append(plan)
+        await asyncio.sleep(10)  # the load stops first
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(loadgen_main, "_models_of", no_models)
+    monkeypatch.setattr(loadgen_main.shaped, "play", play)
+
+    def load(*argv: str) -> dict[str, Any]:
+        played.clear()
+        parser = argparse.ArgumentParser()
+        loadgen_arguments(parser)
+        args = parser.parse_args(
+            ["--target", "http://127.0.0.1:1/v1", "--group", "2:batch:crowd",
+             "--profile", "coding-agent", "--duration-s", "0.2", "--warmup-s", "0",
+             "--quiet", *argv]
+        )  # fmt: skip
+        groups = build_groups(args)
+        return asyncio.run(loadgen_main.run_load(args, groups, sys.stderr))
+
+    expected = {slot: CODING_AGENT.sample(run_rng("P", "crowd", slot, 0)) for slot in (0, 1)}
+    result = load("--seed", "arm-a", "--plan-seed", "P")
+    assert result["seed"] == "arm-a" and result["plan_seed"] == "P"
+    assert played == {f"arm-a-crowd-{slot}": [expected[slot]] for slot in (0, 1)}
+    result = load("--seed", "arm-b")
+    assert result["plan_seed"] == "arm-b"
+    assert played["arm-b-crowd-1"] == [CODING_AGENT.sample(run_rng("arm-b", "crowd", 1, 0))]
+
+    begun: list[tuple[int, RunPlan]] = []
+    monkeypatch.setattr(
+        sim_shaped.ShapedAgent, "_begin", lambda self, plan, *rest: begun.append((self.slot, plan))
+    )
+    parser = argparse.ArgumentParser()
+    sim_arguments(parser)
+    args = parser.parse_args(
+        ["--group", "1:interactive:people", "--group", "2:batch:crowd", "--profile",
+         "coding-agent", "--context-length", "131072", "--kv-tokens", "1000000",
+         "--plan-seed", "P", "--duration-s", "1", "--warmup-s", "0"]
+    )  # fmt: skip
+    config = config_from_args(args)
+    assert config.plan_seed == "P"
+    simulate(config, "router")
+    crowd = [(slot, plan) for slot, plan in begun if plan != CODING_AGENT.sample(
+        run_rng("P", "people", 0, 0))]  # fmt: skip
+    assert crowd == [(0, expected[0]), (1, expected[1])]

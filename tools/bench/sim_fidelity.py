@@ -25,11 +25,13 @@ A coding-agent flood (``flood.py --benches coding``: runs sampled from the
 ``coding-agent`` profile, 2 interactive agents beside N batch agents, long-context
 engines) is compared by what that flood reports instead: per class, the p50 time of
 the turns that ended in the window and the reply tokens per minute. Each of its
-repetitions is simulated once, with the very runs it drew: the simulator's
-``--plan-seed`` set to what the repetition's load generator drew them from (its
-``plan_seed``, or its ``seed`` in a flood from before ``--plan-seed``), so the two
-play the same runs slot for slot and differ only in how the stack ran them;
-``--seeds`` and ``--seed`` do not apply to such a flood.
+repetitions is simulated once, with the runs it drew: the simulator's ``--plan-seed``
+set to what the repetition's load generator drew them from (its ``plan_seed``, or its
+``seed`` in a flood from before ``--plan-seed``), so the two play the same runs slot
+for slot. They still differ in a run's lengths a little: the load generator asks for
+a tool turn's reply rounded up to a power of two (``docs/workloads.md``), the
+simulator serves the planned length. ``--seeds`` and ``--seed`` do not apply to such a
+flood.
 
 SMG's arms are simulated with the placement policy the flood gave SMG (its plan's
 ``smg_policy``, ``cache_aware`` where the flood did not record one) and the load poll it
@@ -257,10 +259,10 @@ def main() -> int:
         if coding:
             missing = [
                 f"{load}/{arm}" for load, arms in own.items() for arm, reps in arms.items()
-                if any(plan_seed_of(rep) is None for rep in reps)
+                if simulated(arm) and any(plan_seed_of(rep) is None for rep in reps)
             ]  # fmt: skip
             if missing:
-                raise KeyError(f"no recorded seed in repetitions of {', '.join(missing)}")
+                raise ValueError(f"no recorded seed in repetitions of {', '.join(missing)}")
     except (OSError, ValueError, KeyError) as exc:
         print(
             f"sim_fidelity: cannot read own-loop or coding flood results from {args.flood}: {exc}"
@@ -273,6 +275,7 @@ def main() -> int:
         )
         return 2
     scale = plan["time_scale"]
+    most_reps = max((len(reps) for arms in own.values() for reps in arms.values()), default=0)
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
@@ -342,13 +345,10 @@ def main() -> int:
                     rows.append((load, arm, cls, real[cls], seen))
     flood_path = args.flood.relative_to(ROOT) if args.flood.is_relative_to(ROOT) else args.flood
     if coding:
-        seeds_text = (
-            "each repetition simulated once, with the very runs it drew (its plan seed)"
-            + (
-                ": each sim cell is their mean, with their lowest and highest in brackets"
-                if plan.get("reps", 1) > 1
-                else ""
-            )
+        seeds_text = "each repetition simulated once, with the runs it drew (its plan seed)" + (
+            ": each sim cell is their mean, with their lowest and highest in brackets"
+            if most_reps > 1
+            else ""
         )
     else:
         seeds_text = (
@@ -425,7 +425,7 @@ def main() -> int:
         + (
             f"; the flood inside the {'simulations' if coding else 'seeds'}' range on both: "
             f"{sum(inside)} of {len(inside)}."
-            if (plan.get("reps", 1) if coding else args.seeds) > 1
+            if (most_reps if coding else args.seeds) > 1
             else "."
         ),
     ]

@@ -318,11 +318,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument(
         "--seed",
-        help="names the runs (run IDs and prompt text); default: random, so no two loads "
-        "share cached prompts",
+        help="names the runs (run IDs and prompt text), and draws a --profile group's runs "
+        "unless --plan-seed does; default: random, so no two loads share cached prompts",
     )
     shape.add_argument(
         "--plan-seed",
+        metavar="TEXT",
         help="what the runs of a --profile group are drawn from (default: --seed): two "
         "loads with the same plan seed play the same runs, slot for slot, whatever their "
         "--seed names them (luftpause sim --plan-seed draws the same ones)",

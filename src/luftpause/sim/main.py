@@ -389,8 +389,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan-seed",
         metavar="TEXT",
         help="draw a --profile group's runs as `luftpause loadgen --plan-seed TEXT` does: "
-        "the very runs of that load, slot for slot (a flood's repetition records it as "
-        "plan_seed, or as seed where it has none); default: from --seed",
+        "the runs of that load, slot for slot, served at their planned lengths (the load "
+        "generator rounds a tool turn's reply up to a power of two); a flood's repetition "
+        "records it as plan_seed, or as seed where it has none; default: from --seed",
     )
     sim.add_argument(
         "--probe-s",
@@ -612,6 +613,9 @@ def main(args: argparse.Namespace) -> int:
                 "duration_s": config.duration_s,
                 "warmup_s": config.warmup_s,
                 "seed": config.seed,
+                "plan_seed": config.plan_seed,
+                "smg_policy": config.smg_policy,
+                "smg_load_poll_s": config.smg_load_poll_s,
                 "context_length": config.engine.context_length,
                 "kv_tokens": config.engine.kv_tokens,
                 "trace": (
