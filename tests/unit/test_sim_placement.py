@@ -140,6 +140,18 @@ CODING = SimConfig(
 )
 
 
+# the classic flood's runs at 48 batch agents, a short window
+OWN = SimConfig(
+    groups=(
+        Group("interactive", 4, "interactive", "interactive"),
+        Group("batch", 48, "batch", "batch"),
+    ),
+    duration_s=60.0,
+    warmup_s=30.0,
+    ramp_s=15.0,
+)
+
+
 def share(result: dict[str, object]) -> float:
     counts = result["requests_by_replica"]
     assert isinstance(counts, dict)
@@ -158,17 +170,8 @@ def test_cache_aware_piles_coding_runs_onto_one_replica_and_round_robin_spreads_
     piled, spread = share(piled_run), share(spread_run)
     assert piled > 0.75
     assert spread < 0.6
-    own = SimConfig(
-        groups=(
-            Group("interactive", 4, "interactive", "interactive"),
-            Group("batch", 48, "batch", "batch"),
-        ),
-        duration_s=60.0,
-        warmup_s=30.0,
-        ramp_s=15.0,
-    )
-    assert share(simulate(own, "smg-cap16")) < 0.6
-    assert share(simulate(own, "router")) < 0.6
+    assert share(simulate(OWN, "smg-cap16")) < 0.6
+    assert share(simulate(OWN, "router")) < 0.6
 
 
 def test_the_tree_names_every_replica_holding_the_node_a_match_ends_in() -> None:
@@ -292,18 +295,9 @@ def test_the_smg_arm_reads_the_engines_every_poll(monkeypatch: pytest.MonkeyPatc
 def test_a_staler_load_poll_changes_smg_placement_but_not_its_seed_reproducibility() -> None:
     """B1: the simulator's SMG arm with the same seed and poll gives the same results;
     reading the engines every 50 s instead of every 2 s changes where runs go."""
-    own = SimConfig(
-        groups=(
-            Group("interactive", 4, "interactive", "interactive"),
-            Group("batch", 48, "batch", "batch"),
-        ),
-        duration_s=60.0,
-        warmup_s=30.0,
-        ramp_s=15.0,
-    )
-    fresh = simulate(replace(own, smg_load_poll_s=2.0), "smg-cap36")
-    again = simulate(replace(own, smg_load_poll_s=2.0), "smg-cap36")
-    stale = simulate(replace(own, smg_load_poll_s=50.0), "smg-cap36")
+    fresh = simulate(replace(OWN, smg_load_poll_s=2.0), "smg-cap36")
+    again = simulate(replace(OWN, smg_load_poll_s=2.0), "smg-cap36")
+    stale = simulate(replace(OWN, smg_load_poll_s=50.0), "smg-cap36")
     assert fresh["requests_by_replica"] == again["requests_by_replica"]
     assert fresh["classes"] == again["classes"]
     assert fresh["requests_by_replica"] != stale["requests_by_replica"]
