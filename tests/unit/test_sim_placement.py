@@ -159,7 +159,7 @@ def share(result: dict[str, object]) -> float:
 
 
 def test_cache_aware_piles_coding_runs_onto_one_replica_and_round_robin_spreads_them() -> None:
-    """Coding runs share a 12,000-token system prompt: SMG's cache_aware, capped at 12
+    """Coding runs share a 21,000-token system prompt: SMG's cache_aware, capped at 12
     slots (loads never 64 apart), keeps most of them on the replica of the first, as the
     flood measured it; round_robin spreads them; own-loop runs, whose shared preamble is a
     small part of each prompt, stay balanced under cache_aware, and under the router,
