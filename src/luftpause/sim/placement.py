@@ -230,8 +230,8 @@ class ExpectedWait:
     def choose(self, candidates: Sequence[Loaded]) -> str:
         """The candidate of least expected wait (a tie drawn at random), credited with
         this request until the next report; before any report, the fewest in flight."""
-        if any(c.name in self.reports for c in candidates):
-            known = [c for c in candidates if c.name in self.reports]
+        known = [c for c in candidates if c.name in self.reports]
+        if known:
             baseline = min(self.seconds(c, 0.0) for c in known)
             scores = [self.seconds(c, baseline) for c in candidates]
         else:
