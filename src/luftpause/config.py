@@ -322,6 +322,9 @@ class RuntimeSettings(_Frozen):
     await_timeout_s: Seconds = 60.0
     await_max_s: Seconds = 600.0
     retry_after_default_s: Seconds = 1.0
+    # Stream each turn (and put the reply back together) so the dataplane times its
+    # decode; false: one non-streamed request per turn.
+    stream_turns: bool = True
     default_model: str | None = None
     tool_servers: tuple[ToolServer, ...] = ()
     # For a dataplane_url that is not a luftpause dataplane (a gateway, a router, an

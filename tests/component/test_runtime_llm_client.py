@@ -2,8 +2,11 @@
 
 The fake is an ``httpx.MockTransport`` handler scripted per test: a list of answers
 (a status, a ``Retry-After``, a body, or an exception to raise), the last one repeated.
-Every request it sees is kept (method, path, headers, JSON body). No test asserts on
-timing beyond "it retried" / "it failed"; every wait is bounded by ``asyncio.timeout``.
+Every request it sees is kept (method, path, headers, JSON body). Every test runs with
+turns streamed (the default: the fake's good answer is then an event stream of the
+reply, cut into chunks as engines cut it) and not streamed (``stream_turns=False``).
+No test asserts on timing beyond "it retried" / "it failed"; every wait is bounded by
+``asyncio.timeout``.
 A wait the client must *not* take (the configured 429 default when ``Retry-After`` is
 given, a long backoff) is made longer than that bound, so taking it fails the test.
 """
@@ -14,7 +17,7 @@ import asyncio
 import email.utils
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -63,10 +66,63 @@ REPLY: dict[str, Any] = {
 }
 
 Answer = httpx.Response | Exception | Callable[[httpx.Request], Any]
+STREAMED = {"stream": True, "stream_options": {"include_usage": True}}
+
+
+@pytest.fixture(autouse=True, params=["streamed", "unary"])
+def mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test twice: turns streamed (the default) and not (``stream_turns=False``)."""
+    FakeDataplane.stream_turns = request.param == "streamed"
+    yield request.param
+    FakeDataplane.stream_turns = True
+
+
+def sent(body: dict[str, Any]) -> dict[str, Any]:
+    """The body on the wire for a turn whose body is ``body``, in this test's mode."""
+    return {**body, **STREAMED} if FakeDataplane.stream_turns else body
+
+
+def chunks_of(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat completion as an engine streams it: a role chunk, the content and each tool
+    call's arguments in pieces, the finish reason, then a usage-only chunk."""
+    head = {k: reply[k] for k in ("id", "created", "model") if k in reply}
+    head["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {**head, "choices": [choice], "usage": None}
+
+    message = reply["choices"][0]["message"]
+    out = [chunk({"role": "assistant", "content": ""})]
+    content = message.get("content") or ""
+    for i in range(0, len(content), 3):
+        out.append(chunk({"content": content[i : i + 3]}))
+    for n, call in enumerate(message.get("tool_calls") or ()):
+        args = call["function"]["arguments"]
+        first = {"index": n, "id": call["id"], "type": call["type"]}
+        first["function"] = {"name": call["function"]["name"], "arguments": args[:4]}
+        out.append(chunk({"tool_calls": [first]}))
+        for i in range(4, len(args), 4):
+            rest = {"index": n, "function": {"arguments": args[i : i + 4]}}
+            out.append(chunk({"tool_calls": [rest]}))
+    out.append(chunk({}, reply["choices"][0]["finish_reason"]))
+    out.append({**head, "choices": [], "usage": reply["usage"]})
+    return out
+
+
+def sse(events: list[dict[str, Any]], done: bool = True) -> bytes:
+    lines = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events]
+    return b"".join(lines) + (b"data: [DONE]\n\n" if done else b"")
+
+
+def event_stream(content: Any) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=content)
 
 
 class FakeDataplane:
     """Answers in order (the last one for ever); records every request."""
+
+    stream_turns = True  # what ``client()`` gives the client (set per test by ``mode``)
 
     def __init__(self, *answers: Answer) -> None:
         self.answers = list(answers) or [ok()]
@@ -86,6 +142,7 @@ class FakeDataplane:
 
     def client(self, **kwargs: Any) -> DataplaneClient:
         options: dict[str, Any] = {
+            "stream_turns": self.stream_turns,
             "token": None,
             "turn_timeout_s": 30.0,
             "retry_after_default_s": 0.01,
@@ -101,8 +158,16 @@ class FakeDataplane:
         return [r for r in self.requests if r.url.path == "/v1/chat/completions"]
 
 
-def ok(body: dict[str, Any] | None = None) -> httpx.Response:
-    return httpx.Response(200, json=REPLY if body is None else body)
+def ok(body: dict[str, Any] | None = None) -> Callable[[httpx.Request], Any]:
+    """The reply: streamed when the request asks for a stream, else as one JSON body."""
+    reply = REPLY if body is None else body
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content).get("stream"):
+            return event_stream(sse(chunks_of(reply)))
+        return httpx.Response(200, json=reply)
+
+    return answer
 
 
 def error(status: int, message: str, **headers: str) -> httpx.Response:
@@ -128,7 +193,7 @@ async def test_a_turn_sends_identity_and_token_and_returns_the_reply() -> None:
     assert request.headers["x-luftpause-class"] == "interactive"
     assert request.headers["x-luftpause-caller"] == "session-7"
     assert request.headers["authorization"] == "Bearer s3cret"
-    assert json.loads(request.content) == BODY
+    assert json.loads(request.content) == sent(BODY)
     assert data == REPLY
     assert data["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "lookup"
     assert data["usage"]["prompt_tokens"] == 11
@@ -150,7 +215,7 @@ async def test_behind_another_gateway_a_turn_carries_its_class_headers_and_prior
     assert request.headers["x-smg-priority"] == "interactive"
     assert request.headers["x-smg-routing-key"] == "run-1"
     assert request.headers["x-luftpause-run-id"] == "run-1"
-    assert json.loads(request.content) == {**BODY, "priority": 10}
+    assert json.loads(request.content) == sent({**BODY, "priority": 10})
     fake = FakeDataplane(ok())
     await chat(fake.client(**options), {**BODY, "priority": 3})
     assert json.loads(fake.requests[0].content)["priority"] == 3
@@ -220,7 +285,7 @@ async def test_429_waits_retry_after_seconds() -> None:
     data = await chat(fake.client(retry_after_default_s=3600))
     assert len(fake.chat_requests) == 2 and data["id"] == "chatcmpl-1"
     bodies = [json.loads(r.content) for r in fake.chat_requests]
-    assert bodies[0] == bodies[1] == BODY
+    assert bodies[0] == bodies[1] == sent(BODY)
     assert {r.headers["x-luftpause-run-id"] for r in fake.chat_requests} == {"run-1"}
 
 

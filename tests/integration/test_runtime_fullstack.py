@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import Services
-from fullstack import start_stack, write_runtime_config
+from fullstack import Stack, start_stack, write_runtime_config
 from mcp import Client
 from mcp_types import CallToolResult
 
@@ -30,7 +30,11 @@ CLASSIFIER = "roberta-clf"
 @dataclass
 class Full:
     runtime: ServiceProcess
-    dataplane: ServiceProcess
+    stack: Stack
+
+    @property
+    def dataplane(self) -> ServiceProcess:
+        return self.stack.dataplane  # type: ignore[no-any-return]
 
     @property
     def mcp_url(self) -> str:
@@ -57,7 +61,7 @@ def full(module_services: Services, tmp_path_factory: pytest.TempPathFactory) ->
     tools = module_services.start("fake-mcp", "--port", "0", "--lookup-delay-s", "0.05")
     config = write_runtime_config(tmp, stack.dataplane.urls["http"], tools.urls["http"])
     runtime = module_services.start("runtime", "--config", str(config), "--port", "0")
-    yield Full(runtime, stack.dataplane)
+    yield Full(runtime, stack)
 
 
 def data(result: CallToolResult) -> dict[str, Any]:
@@ -85,6 +89,23 @@ async def test_subagents_through_the_dataplane(full: Full, mode: str) -> None:
     await asyncio.sleep(0)
     log = full.runtime.stderr()
     assert "does not know the run" not in log and "could not report" not in log
+
+
+async def test_subagent_turns_stream_so_the_decode_pace_times_them(full: Full) -> None:
+    """R4, S2 (decode pace): a sub-agent's turns are streamed, so the dataplane sees their
+    first token and the scheduler times their decode on the replica they ran on; the
+    usage still comes back whole (the run's tokens are counted)."""
+    async with asyncio.timeout(90):
+        async with Client(full.mcp_url, mode="auto", read_timeout_seconds=60) as c:
+            args = {"task": "stream " + "and pace " * 40, "tools": ["lookup"], "maxTokens": 64}
+            handle = data(await c.call_tool("spawn", args))["handle"]
+            out = data(await c.call_tool("await", {"handles": [handle], "timeout": 60}))
+        (result,) = out["results"]
+        assert result["state"] == "Completed", result
+        assert result["turns"] == 3 and result["usage"]["completionTokens"] > 0, result
+        status = await full.stack.status()
+    (replica,) = [r for r in status["replicas"] if r["name"] == "engine-a"]
+    assert replica["pace_s_per_token"] is not None, replica
 
 
 async def test_decide_through_the_dataplane(full: Full) -> None:

@@ -2,8 +2,9 @@
 
 Stack per module: a fake engine (time-scaled), fake MCP tools, and between the
 runtime and the engine a small *dataplane stand-in* running in this process. It
-forwards turns to the engine and records what the runtime sent (luftpause
-headers, tool messages, run ends), and lets a test shape replies through tags in
+forwards turns to the engine (unstreamed: it answers a streamed turn with the whole
+reply) and records what the runtime sent (luftpause headers, tool messages, run
+ends), and lets a test shape replies through tags in
 the task text: ``[wrong-types]``, ``[text-calls]``, ``[results=N]`` (engine
 script overrides), ``[bad-args]`` (first turn: a call whose arguments cannot fit),
 ``[parallel]`` (first turn: three calls in one reply) and ``[429]`` (the first two
@@ -124,7 +125,10 @@ class Standin:
         match = re.search(r"\[results=(\d+)\]", task)
         if match:
             extra["x-fake-tool-results"] = match.group(1)
-        r = await self._client.post("/v1/chat/completions", json=body, headers=extra)
+        # Asked unstreamed, answered with JSON, which the runtime reads as the reply to
+        # its streamed request (test_runtime_fullstack.py streams through the real one).
+        unstreamed = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        r = await self._client.post("/v1/chat/completions", json=unstreamed, headers=extra)
         reply = r.json()
         if "[unique]" in task and r.status_code == 200:
             # Filler queries repeat across runs; make each (run, round) call distinct and

@@ -107,7 +107,8 @@ async def decide(
         "top_logprobs": TOP_LOGPROBS,
     }
     try:
-        data = await rt.llm.chat(body, Identity(run_id, "interactive", caller))
+        # One token: nothing for the decode pace to time, and logprobs come whole.
+        data = await rt.llm.chat(body, Identity(run_id, "interactive", caller), stream=False)
     except TurnFailed as exc:
         raise RuntimeError_(f"decide failed: {exc}") from None
     finally:

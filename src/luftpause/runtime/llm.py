@@ -1,36 +1,48 @@
 """The runtime's client of the dataplane (R4, R13-R15).
 
-Every turn is one non-streamed ``POST {dataplane}/v1/chat/completions`` carrying
-the run's identity: ``x-luftpause-run-id``, ``x-luftpause-class`` and
-``x-luftpause-caller`` (plus ``Authorization: Bearer`` when a token is set, X2;
-without a token no ``Authorization`` header is sent, whatever ``OPENAI_API_KEY``
-says).
+Every turn is one ``POST {dataplane}/v1/chat/completions`` carrying the run's
+identity: ``x-luftpause-run-id``, ``x-luftpause-class`` and ``x-luftpause-caller``
+(plus ``Authorization: Bearer`` when a token is set, X2; without a token no
+``Authorization`` header is sent, whatever ``OPENAI_API_KEY`` says).
 
-Turns and the model list go through the ``openai`` package's async client, so
-replies arrive as :class:`~openai.types.chat.ChatCompletion` and failures as its
-typed errors (``RateLimitError``, ``APIStatusError``, ``APIConnectionError``).
-Its own retries are off (``max_retries=0``): the ones below are the only ones.
-A turn is sent with the client's generic ``post(..., cast_to=ChatCompletion)``
-rather than ``chat.completions.create``: measured (a fake dataplane in-process,
-one turn at a time), ``create`` walks the whole request as TypedDicts before
-sending it - a no-op for the plain dicts sent here that costs about 1.9 ms of
-event-loop time per turn for a two-message conversation and 8 ms after eight
-tool rounds, growing with every message - while ``post`` sends the body as it
-is for about 1.1 ms flat (plain httpx: 0.3 ms). The body on the wire is the
-same. :meth:`DataplaneClient.chat` returns the reply as the JSON object the
-dataplane sent (``ChatCompletion.to_dict``: only the fields it sent, extra
-ones such as engine timings kept).
+Turns are streamed (``runtime.stream_turns``, on by default) with
+``stream_options.include_usage``: the dataplane times a streamed reply from its
+first token to its end, which is what the decode pace (S2) reads, and a
+non-streamed reply shows it neither. The events are put back together
+(:mod:`luftpause.runtime.stream_reply`) into the reply a non-streamed request
+returns, so the loop sees no difference; a server that answers a streamed request
+with JSON is read as such. Streamed turns go through httpx and ``orjson`` directly,
+each event read once as a plain dict: the ``openai`` package's stream would build a
+typed chunk per token.
+
+Non-streamed turns (``decide``'s one-token turn, and every turn with
+``stream_turns = false``) and the model list go through the ``openai`` package's
+async client, so replies arrive as :class:`~openai.types.chat.ChatCompletion` and
+failures as its typed errors (``RateLimitError``, ``APIStatusError``,
+``APIConnectionError``). Its own retries are off (``max_retries=0``): the ones
+below are the only ones. Such a turn is sent with the client's generic
+``post(..., cast_to=ChatCompletion)`` rather than ``chat.completions.create``:
+measured (a fake dataplane in-process, one turn at a time), ``create`` walks the
+whole request as TypedDicts before sending it - a no-op for the plain dicts sent
+here that costs about 1.9 ms of event-loop time per turn for a two-message
+conversation and 8 ms after eight tool rounds, growing with every message - while
+``post`` sends the body as it is for about 1.1 ms flat (plain httpx: 0.3 ms). The
+body on the wire is the same. :meth:`DataplaneClient.chat` returns the reply as
+the JSON object the dataplane sent (``ChatCompletion.to_dict``: only the fields it
+sent, extra ones such as engine timings kept).
 
 Failures (R14):
 
 * 429: wait ``Retry-After`` (seconds or an HTTP date; else the configured
   default, 1 s) and send the same turn again, for as long as the run lives;
   cancelling the run cancels the wait. 429s never use up the retries below.
-* 5xx and connection errors: a few retries (3) with exponential backoff and
-  jitter (0.5 s, 1 s, 2 s, each times a random factor in [0.5, 1.5)), then
-  :class:`TurnFailed`.
+* 5xx, connection errors and a stream that breaks off (it ends before
+  ``[DONE]``, or with an error event): a few retries (3) of the whole turn with
+  exponential backoff and jitter (0.5 s, 1 s, 2 s, each times a random factor in
+  [0.5, 1.5)), then :class:`TurnFailed`.
 * any other status (404 unknown model, 400 ...): :class:`TurnFailed` at once,
-  with the dataplane's ``{"error": {"message"}}`` text.
+  with the dataplane's ``{"error": {"message"}}`` text; so does a 200 that is not
+  a chat completion (a non-JSON body or event, no choices).
 * one request to the dataplane that takes longer than the turn timeout
   (``turn_timeout_s``, 10 min) fails the turn. The timeout bounds each request,
   not the 429 waits between requests (those last as long as the run).
@@ -53,9 +65,11 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 from openai.types.chat import ChatCompletion
 
 from luftpause.config import ServiceClass
+from luftpause.runtime.stream_reply import ReplyAssembler, SseLines, StreamError
 
 log = logging.getLogger("luftpause.runtime.llm")
 
@@ -70,6 +84,22 @@ _HeaderMap = Mapping[str, str | openai.Omit]
 
 class TurnFailed(Exception):
     """A turn could not be completed; the message says why (shown to the MCP client)."""
+
+
+class _RateLimited(Exception):
+    """A 429: send the same turn again after ``wait_s``."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+
+
+class _Transient(Exception):
+    """A failure worth retrying (5xx, connection, a broken stream): ``text`` is logged,
+    ``final`` fails the turn once the retries are used up."""
+
+    def __init__(self, text: str, final: str) -> None:
+        self.text = text
+        self.final = final
 
 
 @dataclass(frozen=True)
@@ -127,6 +157,7 @@ class DataplaneClient:
         class_headers: Mapping[ServiceClass, Mapping[str, str]] | None = None,
         run_id_headers: tuple[str, ...] = (),
         class_priority: Mapping[ServiceClass, int] | None = None,
+        stream_turns: bool = True,
     ) -> None:
         """``class_headers``, ``run_id_headers``, ``class_priority``: for an upstream that
         is not a luftpause dataplane (``runtime.class_headers`` and the next two)."""
@@ -139,6 +170,7 @@ class DataplaneClient:
             str(k): v for k, v in (class_priority or {}).items()
         }
         self._token = token
+        self.stream_turns = stream_turns
         self.turn_timeout_s = turn_timeout_s
         self.retry_after_default_s = retry_after_default_s
         self.transient_retries = transient_retries
@@ -196,59 +228,136 @@ class DataplaneClient:
         delay = self.transient_backoff_s * 2.0 ** (failures - 1)
         return delay * (0.5 + self._random.random())
 
-    async def chat(self, body: dict[str, Any], identity: Identity) -> dict[str, Any]:
+    async def chat(
+        self, body: dict[str, Any], identity: Identity, *, stream: bool | None = None
+    ) -> dict[str, Any]:
         """One turn; retries per the module docstring. Raises :class:`TurnFailed`.
 
-        Returns the reply as the dataplane sent it: ``choices[0].message``, ``usage``, ...
+        ``stream``: ask for the reply streamed (default: ``stream_turns``); either way
+        it returns the reply as a non-streamed request would: ``choices[0].message``,
+        ``usage``, ...
         """
-        headers: _HeaderMap = self._openai_headers(identity)
+        stream = self.stream_turns if stream is None else stream
         priority = self._class_priority.get(identity.service_class)
         if priority is not None and "priority" not in body:
             body = {**body, "priority": priority}
-        failures = 0  # 5xx and connection errors so far
+        if stream:
+            options = body.get("stream_options")
+            body = {
+                **body,
+                "stream": True,
+                "stream_options": {
+                    **(options if isinstance(options, dict) else {}),
+                    "include_usage": True,
+                },
+            }
+        failures = 0  # 5xx, connection errors and broken streams so far
         while True:
             try:
                 async with asyncio.timeout(self.turn_timeout_s):
-                    reply = await self._openai.post(
-                        "/chat/completions",
-                        body=body,
-                        cast_to=ChatCompletion,
-                        options={"headers": headers},
-                    )
+                    if stream:
+                        return await self._streamed(body, identity)
+                    return await self._unary(body, identity)
             except TimeoutError:
                 raise TurnFailed(f"turn timed out after {self.turn_timeout_s:g} s") from None
-            except openai.RateLimitError as exc:
-                wait = retry_after_s(
-                    exc.response.headers.get("retry-after"), self.retry_after_default_s
-                )
+            except _RateLimited as exc:
                 log.info(
-                    "run %s: 429 from the dataplane; retrying in %.1f s", identity.run_id, wait
+                    "run %s: 429 from the dataplane; retrying in %.1f s",
+                    identity.run_id,
+                    exc.wait_s,
                 )
-                await asyncio.sleep(wait)
-                continue
-            except openai.APIStatusError as exc:
-                text = f"turn failed: {exc.status_code} {_error_text(exc.response)}"
-                if exc.status_code < 500:
-                    raise TurnFailed(text) from None
+                await asyncio.sleep(exc.wait_s)
+            except _Transient as exc:
                 failures += 1
                 if failures > self.transient_retries:
-                    raise TurnFailed(text) from None
-                log.warning("run %s: %s; retrying", identity.run_id, text)
+                    raise TurnFailed(exc.final) from None
+                log.warning("run %s: %s; retrying", identity.run_id, exc.text)
                 await asyncio.sleep(self.backoff_s(failures))
-                continue
-            except openai.APIConnectionError as exc:
-                cause = exc.__cause__ or exc
-                failures += 1
-                if failures > self.transient_retries:
-                    raise TurnFailed(
-                        f"dataplane unreachable at {self.base_url}: {cause!r}"
-                    ) from None
-                log.warning("run %s: dataplane error %r; retrying", identity.run_id, cause)
-                await asyncio.sleep(self.backoff_s(failures))
-                continue
-            except openai.APIError as exc:  # a reply the client could not read
-                raise TurnFailed(f"turn failed: {exc}") from None
-            return _reply_json(reply)
+
+    async def _unary(self, body: dict[str, Any], identity: Identity) -> dict[str, Any]:
+        """One non-streamed try, through the openai client."""
+        headers: _HeaderMap = self._openai_headers(identity)
+        try:
+            reply = await self._openai.post(
+                "/chat/completions",
+                body=body,
+                cast_to=ChatCompletion,
+                options={"headers": headers},
+            )
+        except openai.RateLimitError as exc:
+            raise _RateLimited(self._retry_after(exc.response.headers.get("retry-after"))) from None
+        except openai.APIStatusError as exc:
+            text = f"turn failed: {exc.status_code} {_error_text(exc.response)}"
+            if exc.status_code < 500:
+                raise TurnFailed(text) from None
+            raise _Transient(text, text) from None
+        except openai.APIConnectionError as exc:
+            raise self._unreachable(exc.__cause__ or exc) from None
+        except openai.APIError as exc:  # a reply the client could not read
+            raise TurnFailed(f"turn failed: {exc}") from None
+        return _reply_json(reply)
+
+    async def _streamed(self, body: dict[str, Any], identity: Identity) -> dict[str, Any]:
+        """One streamed try: the events put back together (:mod:`stream_reply`). A
+        server that answers with JSON instead is read as a non-streamed reply."""
+        headers = self._headers(identity)
+        headers["Content-Type"] = "application/json"
+        headers["Accept"] = "text/event-stream, application/json"
+        url = f"{self.base_url}/v1/chat/completions"
+        answered = False  # a 200 came: a transport error now breaks the stream off
+        try:
+            async with self._http.stream(
+                "POST", url, content=orjson.dumps(body), headers=headers
+            ) as response:
+                answered = response.status_code == 200
+                if not answered:
+                    await response.aread()
+                    raise self._status_failure(response)
+                kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                if kind != "text/event-stream":
+                    await response.aread()
+                    return _reply_dict(response)
+                lines = SseLines()
+                reply = ReplyAssembler()
+                async for piece in response.aiter_bytes():
+                    for event in lines.feed(piece):
+                        reply.feed_event(event)
+                    if reply.error is not None:
+                        break
+                else:
+                    for event in lines.close():
+                        reply.feed_event(event)
+        except httpx.RequestError as exc:  # connect, read, a broken stream
+            if answered:
+                text = f"turn failed: the stream broke off: {exc!r}"
+                raise _Transient(text, text) from None
+            raise self._unreachable(exc) from None
+        except StreamError as exc:
+            raise TurnFailed(f"turn failed: {exc}") from None
+        if reply.error is not None:
+            text = f"turn failed: the stream ended with an error: {reply.error}"
+            raise _Transient(text, text)
+        if not reply.done:
+            text = "turn failed: the stream ended before [DONE]"
+            raise _Transient(text, text)
+        return _with_a_choice(reply.result())
+
+    def _retry_after(self, header: str | None) -> float:
+        return retry_after_s(header, self.retry_after_default_s)
+
+    def _status_failure(self, response: httpx.Response) -> Exception:
+        """What a non-200 answer means: wait (429), retry (5xx) or fail the turn."""
+        if response.status_code == 429:
+            return _RateLimited(self._retry_after(response.headers.get("retry-after")))
+        text = f"turn failed: {response.status_code} {_error_text(response)}"
+        if response.status_code < 500:
+            return TurnFailed(text)
+        return _Transient(text, text)
+
+    def _unreachable(self, cause: BaseException) -> _Transient:
+        return _Transient(
+            f"dataplane error {cause!r}", f"dataplane unreachable at {self.base_url}: {cause!r}"
+        )
 
     async def end_run(self, run_id: str) -> None:
         """R15: tell the dataplane the run is over; a 404 or an outage is only logged."""
@@ -333,7 +442,21 @@ def _reply_json(reply: object) -> dict[str, Any]:
         raise TurnFailed("turn failed: the dataplane sent a non-JSON body")
     if not isinstance(reply, ChatCompletion):
         raise TurnFailed("turn failed: the reply is not a JSON object")
-    data = reply.to_dict(mode="json", warnings=False)  # its shape is checked here
+    return _with_a_choice(reply.to_dict(mode="json", warnings=False))
+
+
+def _reply_dict(response: httpx.Response) -> dict[str, Any]:
+    """A 200 answered with JSON: the reply, checked as :func:`_reply_json` checks it."""
+    try:
+        data = response.json()
+    except ValueError:
+        raise TurnFailed("turn failed: the dataplane sent a non-JSON body") from None
+    if not isinstance(data, dict):
+        raise TurnFailed("turn failed: the reply is not a JSON object")
+    return _with_a_choice(data)
+
+
+def _with_a_choice(data: dict[str, Any]) -> dict[str, Any]:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise TurnFailed("turn failed: the reply has no choices")

@@ -128,6 +128,7 @@ async def start(svc: Service, settings: RuntimeSettings, token: str | None) -> N
         class_headers=settings.class_headers,
         run_id_headers=settings.run_id_headers,
         class_priority=settings.class_priority,
+        stream_turns=settings.stream_turns,
     )
     hub = ToolHub(settings.tool_servers)
     rt = Runtime(settings, journal, llm, hub)
