@@ -221,6 +221,24 @@ def test_a_decode_pace_target_speeds_up_interactive_turns_beside_long_batch_cont
     assert paced["batch"]["turns_ended"]["completion_tokens_per_min"] > 0
 
 
+def test_the_scheduler_is_read_over_the_window_as_the_flood_reads_its_status() -> None:
+    """B1, S2, S12: a luftpause arm reports its core's figures as the flood reports the
+    service's /status: read every second of the window, medians per replica. Under a
+    flood the replica is capped, and the decode pace limits batch beside the interactive
+    runs only where it is on; an arm with no scheduler reports none."""
+    config = replace(SMALL, warmup_s=30.0, duration_s=60.0)
+    paced = simulate(config, "luftpause")["scheduler"]
+    assert paced["samples"] == 61  # at 30, 31, ..., 90 s
+    (figures,) = paced["replicas"].values()
+    assert figures["capacity"] is not None and figures["capacity"] >= 1
+    assert figures["batch_limit_from_pace"] is not None
+    assert 0 < figures["in_flight"] <= figures["capacity"] + 2  # 2 interactive beside
+    assert paced["held"] > 0  # 40 batch agents wait for the cap
+    unpaced = simulate(config, "luftpause-no-pace")["scheduler"]
+    assert [r["batch_limit_from_pace"] for r in unpaced["replicas"].values()] == [None]
+    assert simulate(config, "router")["scheduler"] == {}
+
+
 def test_sweep_values_are_checked() -> None:
     """B1 capacity planning: ``--sweep replicas=…`` takes whole counts ≥ 1, sorted."""
     assert parse_sweep("replicas=4,1,2,2") == [1, 2, 4]

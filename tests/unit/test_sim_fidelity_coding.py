@@ -166,3 +166,62 @@ def test_each_coding_repetition_is_simulated_with_its_own_plan_seed(
     assert fidelity.main() == 0
     assert seen == [("router", "coding2rep0"), ("router", "coding2router1")]
     assert "each repetition simulated once, with the runs it drew" in capsys.readouterr().out
+
+
+def test_an_mcp_flood_is_simulated_as_own_loop_agents_with_the_pace_as_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B1: a flood of sub-agents over MCP is read like an own-loop flood (the same plan
+    and figures) and says that the runtime is not modelled; its luftpause arm gets the
+    decode pace only where the flood's runtime streamed its turns, so the pace could time
+    them (from RUNTIME_STREAMS on); the scheduler's figures, the flood's as it read them
+    and the simulator's, are set side by side."""
+
+    def scheduler(cap: float, limit: float | None, held: float) -> dict[str, Any]:
+        replicas = {
+            name: {"capacity": cap, "batch_limit_from_pace": limit, "in_flight": cap - 1}
+            for name in ("engine-a", "engine-b")
+        }
+        return {"samples": 60, "replicas": replicas, "held": held}
+
+    rep = {
+        "classes": {
+            cls: {"runs_per_min_closed": 6.0, "run_s": {"p50": 30.0}}
+            for cls in ("interactive", "batch")
+        },
+        "scheduler": scheduler(24.0, 15.0, 7.0),
+    }
+    plan = {"time_scale": 1.0, "warmup_s": 10.0, "window_s": 60.0, "reps": 1}
+    seen: list[str] = []
+
+    def fake_simulate(config: Any, arm: str) -> dict[str, Any]:
+        seen.append(arm)
+        limit = 16.0 if arm == "luftpause" else None
+        return {
+            "classes": rep["classes"],
+            "requests_by_replica": {"a": 1},
+            "scheduler": scheduler(25.0, limit, 9.0),
+        }
+
+    monkeypatch.setattr(fidelity, "simulate", fake_simulate)
+    path = tmp_path / "mcp.json"
+    for code, arm in (
+        (fidelity.RUNTIME_STREAMS, "luftpause"),
+        (f"{fidelity.PACE_ON} (working tree clean)", "luftpause-no-pace"),
+    ):
+        results = {"mcp": {"2": {"luftpause": [rep]}}}
+        path.write_text(json.dumps({"plan": plan, "results": results, "code": code}))
+        monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(path)])
+        seen.clear()
+        assert fidelity.main() == 0
+        out = capsys.readouterr().out
+        assert seen == [arm]
+        assert "plays them as own-loop agents" in out
+        assert ("the runtime sent its turns unstreamed" in out) == (arm != "luftpause")
+        assert "| 2 | luftpause | interactive | 6.0 | 6.0 | +0 % | 30.0 | 30.0 | +0 % |" in out
+        # the scheduler side by side: cap, the pace's batch limit, in flight, held
+        sim_limit = "16.0 / 16.0" if arm == "luftpause" else "– / –"
+        assert (
+            f"| 2 | luftpause | 24.0 / 24.0 | 25.0 / 25.0 | 15.0 / 15.0 | {sim_limit} "
+            "| 23.0 / 23.0 | 24.0 / 24.0 | 7.0 | 9.0 |"
+        ) in out

@@ -8,6 +8,8 @@
         --out docs/simulator.md --part ts2    # each point over 5 seeds: mean (range)
     python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-coding.json \
         --out docs/simulator.md --part coding    # the coding-agent flood (--benches coding)
+    python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-mcp-smg.json \
+        --out docs/simulator.md --part mcp --seeds 10   # sub-agents over MCP (--benches mcp)
 
 Reads the raw results of an own-loop flood (``tools/bench/flood.py --json``: every
 arm at every load point, in real seconds at the flood's time scale) and runs
@@ -32,6 +34,13 @@ for slot. They still differ in a run's lengths a little: the load generator asks
 a tool turn's reply rounded up to a power of two (``docs/workloads.md``), the
 simulator serves the planned length. ``--seeds`` and ``--seed`` do not apply to such a
 flood.
+
+A flood of sub-agents over MCP (``flood.py --benches mcp``) has the own-loop flood's plan:
+the same agents, tasks, tool delays and windows, run by the runtime instead of the load
+generator. The simulator has no runtime: it plays them as own-loop agents, so what the
+runtime adds to a run (MCP round trips, the journal) is the difference it cannot show.
+Before ``RUNTIME_STREAMS`` the runtime's turns went unstreamed and the decode pace never
+timed them, so the luftpause arm of such a flood is simulated with the pace off.
 
 SMG's arms are simulated with the placement policy the flood gave SMG (its plan's
 ``smg_policy``, ``cache_aware`` where the flood did not record one) and the load poll it
@@ -202,17 +211,41 @@ def real_shares(reps: list[dict[str, Any]]) -> list[float]:
 # The commit that turned the decode pace on by default. A flood of code before it ran
 # luftpause without the pace, so the simulator's luftpause arm is run with it off too.
 PACE_ON = "b9088b7a5d16e989f34eb8a8acc3b22933f2c6a2"
+# The commit from which the runtime streams its turns. Before it the pace never timed a
+# sub-agent's reply (it reads streamed ones), so an MCP flood ran luftpause without it.
+RUNTIME_STREAMS = "cb2cd77d59de85b59733e2d232e5fd10c46062dc"
 
 
-def had_pace(code: str) -> bool:
+def had_pace(code: str, since: str = PACE_ON) -> bool:
     """Whether the flood's commit (``flood["code"]``, "abc1234 (working tree clean)")
-    ran luftpause with the decode pace on by default; True where git cannot tell."""
+    ran luftpause with the decode pace on by default (for sub-agents: ``since`` the
+    runtime streams); True where git cannot tell."""
     commit = code.split()[0] if code.split() else ""
     answer = subprocess.run(
-        ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", PACE_ON, commit],
+        ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", since, commit],
         capture_output=True, check=False,
     )  # fmt: skip
     return answer.returncode != 1  # 0: an ancestor; 1: not; other: unknown commit
+
+
+def replica_means(figures: list[dict[str, Any]], key: str) -> str:
+    """``key`` per replica (in name order), the mean of each reading's median; – where no
+    reading had one."""
+    names = sorted({name for f in figures for name in f.get("replicas", {})})
+    out = []
+    for name in names:
+        values = [
+            f["replicas"][name][key]
+            for f in figures
+            if f["replicas"].get(name, {}).get(key) is not None
+        ]
+        out.append(f"{statistics.fmean(values):.1f}" if values else "–")
+    return " / ".join(out)
+
+
+def held_mean(figures: list[dict[str, Any]]) -> str:
+    values = [f["held"] for f in figures if f.get("held") is not None]
+    return f"{statistics.fmean(values):.1f}" if values else "–"
 
 
 def spread(values: list[float]) -> str:
@@ -254,8 +287,9 @@ def main() -> int:
     try:
         flood = json.loads(args.flood.read_text())
         plan, results = flood["plan"], flood["results"]
-        coding = "own" not in results and "coding" in results
-        own = results["coding" if coding else "own"]
+        bench = next((b for b in ("own", "coding", "mcp") if b in results), "own")
+        coding = bench == "coding"
+        own = results[bench]
         if coding:
             missing = [
                 f"{load}/{arm}" for load, arms in own.items() for arm, reps in arms.items()
@@ -265,7 +299,8 @@ def main() -> int:
                 raise ValueError(f"no recorded seed in repetitions of {', '.join(missing)}")
     except (OSError, ValueError, KeyError) as exc:
         print(
-            f"sim_fidelity: cannot read own-loop or coding flood results from {args.flood}: {exc}"
+            f"sim_fidelity: cannot read own-loop, coding or MCP flood results from {args.flood}: "
+            f"{exc}"
         )
         return 2
     if coding and (args.seeds > 1 or args.seed):
@@ -280,9 +315,12 @@ def main() -> int:
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
     ).stdout.strip() or "unknown"  # fmt: skip
-    paced = had_pace(str(flood.get("code", "")))
+    code = str(flood.get("code", ""))
+    paced = had_pace(code) and (bench != "mcp" or had_pace(code, RUNTIME_STREAMS))
     rows = []
     splits: list[tuple[str, str, list[float], float]] = []
+    # luftpause arms: the flood's scheduler figures (per repetition) and the simulator's
+    schedulers: list[tuple[str, str, list[dict[str, Any]], list[dict[str, Any]]]] = []
     polls: set[float] = set()  # model seconds between SMG's load reads, as the flood had it
     started = time.perf_counter()
     loads = sorted(own, key=int)
@@ -339,6 +377,10 @@ def main() -> int:
             known = [share for share in shares if share is not None]
             if measured and known:
                 splits.append((load, arm, measured, statistics.fmean(known)))
+            flood_sched = [r["scheduler"] for r in own[load][arm] if r.get("scheduler")]
+            sim_sched = [r["scheduler"] for r in results if r.get("scheduler")]
+            if flood_sched and sim_sched:
+                schedulers.append((load, arm, flood_sched, sim_sched))
             for cls in CLASSES:
                 seen = [sim[cls] for sim in sims if cls in sim]
                 if cls in real and seen:
@@ -372,10 +414,24 @@ def main() -> int:
             else f"mean of {plan.get('reps', '?')} repetitions. "
         )
         + (
+            "Sub-agents over MCP: the simulator plays them as own-loop agents with the same "
+            "plan (3 `lookup` calls, the fake tool's delays, 256-token replies); what the "
+            "runtime adds (MCP round trips to it and to the tool server, its journal) is not "
+            "modelled. "
+            if bench == "mcp"
+            else ""
+        )
+        + (
             ""
             if paced
-            else f"That flood predates the decode pace (on by default since {PACE_ON[:7]}), so the "
-            "simulator's luftpause arm runs with it off, as the flood's did. "
+            else "That flood ran luftpause without the decode pace ("
+            + (
+                f"the runtime sent its turns unstreamed before {RUNTIME_STREAMS[:7]}, and the "
+                "pace times streamed replies"
+                if bench == "mcp" and had_pace(code)
+                else f"on by default since {PACE_ON[:7]}"
+            )
+            + "), so the simulator's luftpause arm runs with it off, as the flood's did. "
         )
         + (
             f"SMG read the engines' load every {' / '.join(f'{p:g}' for p in sorted(polls))} "
@@ -443,6 +499,24 @@ def main() -> int:
                 f"| {load} | {arm} | {', '.join(f'{100 * m:.0f} %' for m in measured)} | "
                 f"{100 * share:.0f} % |"
             )
+    if schedulers:
+        lines += [
+            "",
+            "The luftpause scheduler over the window, as the flood read its `/status` every "
+            "second and the simulator its core: medians, then the mean over repetitions "
+            "(seeds); per replica; a batch limit from the decode pace over the readings that "
+            "had one.",
+            "",
+            "| batch agents | arm | cap: flood | sim | batch limit from the pace: flood | sim "
+            "| in flight: flood | sim | held: flood | sim |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for load, arm, flood_sched, sim_sched in schedulers:
+            cells = []
+            for key in ("capacity", "batch_limit_from_pace", "in_flight"):
+                cells += [replica_means(flood_sched, key), replica_means(sim_sched, key)]
+            cells += [held_mean(flood_sched), held_mean(sim_sched)]
+            lines.append(f"| {load} | {arm} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)
     if args.out is not None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from luftpause.scheduler.core import (
     Admit,
@@ -141,6 +142,45 @@ class LuftpauseArm:
         self.log = log  # every event decided, in order (the core's input, for replay)
         self.admits = admits  # every admission made, in order
         self.dropped = 0
+        # What the service's /status would say, read every second of the window as the
+        # flood reads it (``watch``): per replica (cap, pace's batch limit, in flight).
+        self._samples: dict[str, list[tuple[int | None, int | None, int]]] = {}
+        self._held: list[int] = []
+
+    def watch(self, since: float, every: float = 1.0) -> None:
+        """Sample the core's replicas and held turns every ``every`` s from ``since``."""
+
+        def sample() -> None:
+            for name, rep in self.state.replicas.items():
+                self._samples.setdefault(name, []).append((rep.cap, rep.pace_cap, rep.in_flight))
+            self._held.append(len(self.state.held))
+            self.world.after(every, sample)
+
+        self.world.at(since, sample)
+
+    def scheduler_figures(self) -> dict[str, Any]:
+        """Medians of the samples, as the flood reports a luftpause arm's /status: per
+        replica its cap and batch limit from the pace (each over the samples that had
+        one: null is "not limited") and turns in flight; the turns held in all."""
+        if not self._held:
+            return {}
+
+        def median(values: list[int | None]) -> float | None:
+            known = [v for v in values if v is not None]
+            return statistics.median(known) if known else None
+
+        return {
+            "samples": len(self._held),
+            "replicas": {
+                name: {
+                    "capacity": median([s[0] for s in rows]),
+                    "batch_limit_from_pace": median([s[1] for s in rows]),
+                    "in_flight": median([s[2] for s in rows]),
+                }
+                for name, rows in sorted(self._samples.items())
+            },
+            "held": median(list(self._held)),
+        }
 
     def start(self) -> None:
         self._probe()  # the service probes every replica before it admits anything

@@ -188,6 +188,8 @@ def simulate(
         player.replay(run.plan, run.id, run.start_s)
         players.append(player)
     arm.start()
+    if isinstance(arm, LuftpauseArm) and config.duration_s is not None:
+        arm.watch(config.warmup_s)
     report = None if progress is None else (lambda t: progress(t, world.events))
     started = time.perf_counter()
     if config.duration_s is not None:
@@ -226,7 +228,25 @@ def simulate(
         },
         # requests each replica was sent, the whole run (warm-up included)
         "requests_by_replica": {r.name: r.submitted for r in replicas},
+        # a luftpause arm's scheduler over the window, as the flood reads its /status
+        "scheduler": arm.scheduler_figures() if isinstance(arm, LuftpauseArm) else {},
     }
+
+
+def scheduler_line(figures: Mapping[str, Any]) -> str:
+    """The scheduler over the window (medians of a reading every second), per replica."""
+    if not figures:
+        return ""
+    replicas = figures["replicas"]
+
+    def each(key: str) -> str:
+        return " / ".join(cell(replicas[name][key]) for name in replicas)
+
+    return (
+        "Scheduler over the window (medians of a reading every second; per replica): cap "
+        f"{each('capacity')}, batch limit from the decode pace {each('batch_limit_from_pace')}"
+        f" (– : not limited), in flight {each('in_flight')}, held {cell(figures['held'])}"
+    )
 
 
 def cell(value: float | None, digits: int = 1) -> str:
@@ -312,6 +332,7 @@ def render(results: list[dict[str, Any]], config: SimConfig, command: str) -> st
             "",
             f"Requests by replica (the whole run): {shares(result['requests_by_replica'])}",
             "",
+            *([line, ""] if (line := scheduler_line(result.get("scheduler") or {})) else []),
         ]
         if result["error_count"]:
             kinds = ", ".join(f"{k} {v}" for k, v in result["errors"].items())
