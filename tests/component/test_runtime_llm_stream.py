@@ -151,3 +151,55 @@ async def test_a_cancelled_streamed_turn_closes_its_stream() -> None:
     finally:
         await client.aclose()
     assert len(fake.chat_requests) == 1
+
+
+async def test_a_whole_stream_whose_connection_then_fails_is_kept() -> None:
+    """R4: a transport error after [DONE] does not cost the reply (nor a second turn)."""
+    fake = FakeDataplane(breaks_after(sse(chunks_of(REPLY))), ok())
+    data = await chat(fake.client())
+    assert len(fake.chat_requests) == 1
+    assert data == REPLY
+
+
+async def test_an_error_event_is_read_by_its_code() -> None:
+    """R14: an error event with a 4xx code (SGLang and vLLM send a bad request's error
+    in the stream) fails the turn at once, as that status would; a 429 waits and the
+    turn is sent again; a 5xx or no code is retried."""
+    bad = event_stream(sse([{"error": {"message": "prompt too long", "code": 400}}]))
+    fake = FakeDataplane(bad)
+    with pytest.raises(TurnFailed, match="the stream ended with an error: 400 prompt too long"):
+        await chat(fake.client())
+    assert len(fake.chat_requests) == 1
+    busy = event_stream(sse([{"error": {"message": "queue full", "code": 429}}]))
+    fake = FakeDataplane(busy, ok())
+    assert await chat(fake.client(transient_retries=0)) == REPLY
+    assert len(fake.chat_requests) == 2
+    failing = event_stream(sse([{"error": {"message": "engine died", "code": "500"}}]))
+    fake = FakeDataplane(failing, ok())
+    assert await chat(fake.client()) == REPLY
+    assert len(fake.chat_requests) == 2
+
+
+async def test_events_sent_under_another_content_type_are_read_as_events() -> None:
+    """R4: a proxy that drops the event-stream content type still delivers the reply."""
+    fake = FakeDataplane(httpx.Response(200, content=sse(chunks_of(REPLY))))
+    assert await chat(fake.client()) == REPLY
+
+
+async def test_a_stream_without_usage_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """R4, R10: an upstream that ignores include_usage leaves runs' token counts at 0;
+    the runtime says so (once), naming the way out."""
+    no_usage = sse([c for c in chunks_of(REPLY) if c["choices"]])
+    fake = FakeDataplane(event_stream(no_usage))
+    client = fake.client()
+    try:
+        async with asyncio.timeout(10):
+            for _ in range(2):
+                data = await client.chat(BODY, IDENTITY)
+    finally:
+        await client.aclose()
+    assert "usage" not in data
+    warnings = [r for r in caplog.records if "without usage" in r.getMessage()]
+    assert len(warnings) == 1 and "stream_turns = false" in warnings[0].getMessage()

@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from conftest import Services
 from fullstack import Stack, start_stack, write_runtime_config
 from mcp import Client
 from mcp_types import CallToolResult
+from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.procs import ServiceProcess
 
@@ -92,32 +94,33 @@ async def test_subagents_through_the_dataplane(full: Full, mode: str) -> None:
 
 
 async def test_subagent_turns_stream_so_the_decode_pace_times_them(full: Full) -> None:
-    """R4, S2 (decode pace): a sub-agent's turns are streamed, so the dataplane sees their
-    first token and the scheduler times their decode on the replica they ran on; the
-    usage still comes back whole (the run's tokens are counted)."""
+    """R4, S2 (decode pace): a sub-agent's turns are streamed, so the dataplane sees each
+    one's first token (its time-to-first-token histogram counts every turn of the run)
+    and the scheduler times their decode on the replica they ran on; the usage still
+    comes back whole (the run's tokens are counted)."""
+    cls = "interactive"
+    before = await first_tokens_seen(full, cls)
     async with asyncio.timeout(90):
         async with Client(full.mcp_url, mode="auto", read_timeout_seconds=60) as c:
             args = {"task": "stream " + "and pace " * 40, "tools": ["lookup"], "maxTokens": 64}
-            handle = data(await c.call_tool("spawn", args))["handle"]
+            handle = data(await c.call_tool("spawn", {**args, "serviceClass": cls}))["handle"]
             out = data(await c.call_tool("await", {"handles": [handle], "timeout": 60}))
         (result,) = out["results"]
         assert result["state"] == "Completed", result
         assert result["turns"] == 3 and result["usage"]["completionTokens"] > 0, result
+        assert await first_tokens_seen(full, cls) - before == 3
         status = await full.stack.status()
     (replica,) = [r for r in status["replicas"] if r["name"] == "engine-a"]
     assert replica["pace_s_per_token"] is not None, replica
 
 
-async def test_decide_through_the_dataplane(full: Full) -> None:
-    """R13: no labels -> the single-pass replica via /v1/decide; labels -> logprobs turn."""
-    async with asyncio.timeout(60):
-        async with Client(full.mcp_url, mode="auto", read_timeout_seconds=30) as c:
-            plain = data(await c.call_tool("decide", {"input": "the pager is ringing"}))
-            labels = ["urgent", "lookup", "chitchat"]
-            scored = data(
-                await c.call_tool("decide", {"input": "servers are down", "labels": labels})
-            )
-    assert plain["via"] == "classifier" and plain["model"] == CLASSIFIER
-    assert plain["label"] in {"lookup", "urgent", "chitchat"}
-    assert scored["label"] in labels and scored["via"] == "first-token logprobs"
-    assert abs(sum(scored["probabilities"].values()) - 1) < 1e-3
+async def first_tokens_seen(full: Full, cls: str) -> float:
+    """The dataplane's count of turns of ``cls`` whose first token it saw."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(full.dataplane.urls["http"] + "/metrics")).text
+    name = "luftpause_dataplane_time_to_first_token_seconds_count"
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("service_class") == cls:
+                return float(sample.value)
+    return 0.0

@@ -281,7 +281,8 @@ async def await_all(c: Client, handles: list[str], timeout: float = 30) -> dict[
 @pytest.mark.parametrize("mode", MODES)
 async def test_spawn_and_await_all_and_any(stack: Stack, mode: str) -> None:
     """R1-R4, R15: spawn returns at once; await any/all; results carry toolCalls/failedToolCalls;
-    turns carry run id, class and caller; every run end is reported to the dataplane."""
+    turns carry run id, class and caller and are streamed with usage asked for; every run
+    end is reported to the dataplane."""
     async with connect(stack.mcp_url, mode) as c:
         names = {t.name for t in (await c.list_tools()).tools}
         assert names == {"spawn", "await", "run", "status", "cancel", "approve", "tools", "decide"}
@@ -303,6 +304,10 @@ async def test_spawn_and_await_all_and_any(stack: Stack, mode: str) -> None:
         assert "authorization" not in turns[0]["headers"]
         assert turns[0]["body"]["max_tokens"] == 256
         assert [t["function"]["name"] for t in turns[0]["body"]["tools"]] == ["lookup"]
+        # streamed, asking for the usage the budgets count (R4, runtime.stream_turns)
+        assert {(t["body"]["stream"], str(t["body"]["stream_options"])) for t in turns} == {
+            (True, "{'include_usage': True}")
+        }
     deadline = time.monotonic() + 10
     while not set(handles) <= set(stack.standin.ended):
         assert time.monotonic() < deadline, "run ends not reported (R15)"
@@ -613,7 +618,8 @@ async def test_metrics(stack: Stack) -> None:
 @pytest.mark.parametrize("mode", MODES)
 async def test_decide_both_ways(stack: Stack, mode: str) -> None:
     """R13: no labels -> the classifier; 2-20 labels -> one 1-token interactive turn scored
-    by first-token logprobs; returns label, probabilities, unscored."""
+    by first-token logprobs (sent unstreamed, where sub-agents' turns are streamed, R4);
+    returns label, probabilities, unscored."""
     async with connect(stack.mcp_url, mode) as c:
         labels = ["urgent", "lookup", "chitchat"]
         r = data(
@@ -629,6 +635,8 @@ async def test_decide_both_ways(stack: Stack, mode: str) -> None:
     turn = [t for t in stack.standin.turns if t["body"].get("max_tokens") == 1][-1]
     assert turn["body"]["logprobs"] is True and turn["body"]["top_logprobs"] == 20
     assert turn["headers"]["x-luftpause-class"] == "interactive"
+    # one token: nothing for the decode pace to time, so it goes unstreamed
+    assert "stream" not in turn["body"] and "stream_options" not in turn["body"]
 
 
 async def test_auth_token(stack: Stack) -> None:

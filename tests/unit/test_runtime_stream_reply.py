@@ -158,3 +158,45 @@ def test_an_event_that_is_not_a_chunk_is_an_error(data: bytes, why: str) -> None
     """R4: the stream is not a chat completion stream: say so, do not guess."""
     with pytest.raises(StreamError, match=why):
         ReplyAssembler().feed_event(data)
+
+
+def test_tool_calls_without_an_index_are_told_apart_by_their_ids() -> None:
+    """R4 (servers that send no ``index``): a new id starts a new call, a piece without
+    an id continues the last one; nothing is glued onto another call."""
+    reply = assemble(
+        chunk({"tool_calls": [{"id": "c-a", "type": "function",
+                               "function": {"name": "lookup", "arguments": "{\"k\":"}}]}),
+        chunk({"tool_calls": [{"function": {"arguments": " 1}"}}]}),
+        chunk({"tool_calls": [{"id": "c-b", "type": "function",
+                               "function": {"name": "lookup", "arguments": "{}"}}]}),
+        chunk({"tool_calls": [{"id": "c-a", "function": {"arguments": ""}}]}),
+    )  # fmt: skip
+    calls = reply.result()["choices"][0]["message"]["tool_calls"]
+    assert [(c["id"], c["function"]["arguments"]) for c in calls] == [
+        ("c-a", '{"k": 1}'),
+        ("c-b", "{}"),
+    ]
+    assert [c["function"]["name"] for c in calls] == ["lookup", "lookup"]
+
+
+def test_the_result_can_be_read_twice_and_a_long_reply_is_whole() -> None:
+    """R4: reading the reply changes nothing; 20,000 pieces join into one string."""
+    reply = assemble(chunk({"role": "assistant"}), *(chunk({"content": "ab"}),) * 20_000)
+    first = reply.result()
+    assert reply.result() == first
+    assert first["choices"][0]["message"]["content"] == "ab" * 20_000
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        (b'{"error": {"message": "bad", "code": 400}}', 400),
+        (b'{"error": {"message": "bad", "code": "503"}}', 503),
+        (b'{"error": {"message": "bad", "code": "invalid_request"}}', None),
+    ],
+)
+def test_an_error_events_code_is_kept_where_it_is_a_number(event: bytes, code: int | None) -> None:
+    """R14: the code an error event gives decides whether the turn is retried."""
+    reply = ReplyAssembler()
+    reply.feed_event(event)
+    assert (reply.error, reply.error_code) == ("bad", code)

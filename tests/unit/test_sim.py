@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import statistics
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree
@@ -27,6 +30,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.main import core_params
+from luftpause.sim.arms import counted_median
 from luftpause.sim.main import MODEL, SimConfig, Trace, simulate
 from luftpause.sim.sweep import fewest, parse_sweep
 from luftpause.sim.world import World
@@ -237,6 +241,18 @@ def test_the_scheduler_is_read_over_the_window_as_the_flood_reads_its_status() -
     unpaced = simulate(config, "luftpause-no-pace")["scheduler"]
     assert [r["batch_limit_from_pace"] for r in unpaced["replicas"].values()] == [None]
     assert simulate(config, "router")["scheduler"] == {}
+
+
+def test_a_median_of_counted_readings_is_the_median_of_the_readings() -> None:
+    """B1: the scheduler's readings are kept as counts per value; their median is the
+    one ``statistics.median`` gives over the readings themselves, "not limited" (None)
+    left out."""
+    rng = random.Random(7)
+    for _ in range(500):
+        readings = [rng.choice([None, 1, 2, 3, 5, 8, 13]) for _ in range(rng.randint(0, 12))]
+        known = [r for r in readings if r is not None]
+        expected = statistics.median(known) if known else None
+        assert counted_median(Counter(readings)) == expected, readings
 
 
 def test_sweep_values_are_checked() -> None:

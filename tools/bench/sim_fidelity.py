@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -231,7 +232,10 @@ def had_pace(code: str, since: str = PACE_ON) -> bool:
 def replica_means(figures: list[dict[str, Any]], key: str) -> str:
     """``key`` per replica (in name order), the mean of each reading's median; – where no
     reading had one."""
-    names = sorted({name for f in figures for name in f.get("replicas", {})})
+    names = sorted(
+        {name for f in figures for name in f.get("replicas", {})},
+        key=lambda name: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)],
+    )  # engine-2 before engine-10
     out = []
     for name in names:
         values = [

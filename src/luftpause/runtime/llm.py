@@ -37,7 +37,9 @@ Failures (R14):
   default, 1 s) and send the same turn again, for as long as the run lives;
   cancelling the run cancels the wait. 429s never use up the retries below.
 * 5xx, connection errors and a stream that breaks off (it ends before
-  ``[DONE]``, or with an error event): a few retries (3) of the whole turn with
+  ``[DONE]``, or with an error event whose code is not a 4xx: an error event is
+  read as its code would be read as a status, so a 4xx one fails the turn at once
+  and a 429 waits): a few retries (3) of the whole turn with
   exponential backoff and jitter (0.5 s, 1 s, 2 s, each times a random factor in
   [0.5, 1.5)), then :class:`TurnFailed`.
 * any other status (404 unknown model, 400 ...): :class:`TurnFailed` at once,
@@ -193,6 +195,7 @@ class DataplaneClient:
             http_client=self._http,  # type: ignore[arg-type]  # ... and httpx's client
         )
         self._models: list[str] | None = None
+        self._warned_no_usage = False
 
     async def aclose(self) -> None:
         await self._openai.close()
@@ -299,12 +302,15 @@ class DataplaneClient:
 
     async def _streamed(self, body: dict[str, Any], identity: Identity) -> dict[str, Any]:
         """One streamed try: the events put back together (:mod:`stream_reply`). A
-        server that answers with JSON instead is read as a non-streamed reply."""
+        server that answers with JSON instead is read as a non-streamed reply (and one
+        that sends events under another content type, as events)."""
         headers = self._headers(identity)
         headers["Content-Type"] = "application/json"
         headers["Accept"] = "text/event-stream, application/json"
         url = f"{self.base_url}/v1/chat/completions"
         answered = False  # a 200 came: a transport error now breaks the stream off
+        lines = SseLines()
+        reply = ReplyAssembler()
         try:
             async with self._http.stream(
                 "POST", url, content=orjson.dumps(body), headers=headers
@@ -315,32 +321,56 @@ class DataplaneClient:
                     raise self._status_failure(response)
                 kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 if kind != "text/event-stream":
-                    await response.aread()
-                    return _reply_dict(response)
-                lines = SseLines()
-                reply = ReplyAssembler()
-                async for piece in response.aiter_bytes():
-                    for event in lines.feed(piece):
+                    whole = await response.aread()
+                    if not whole.lstrip().startswith((b"data:", b":")):
+                        return _reply_dict(response)
+                    for event in [*lines.feed(whole), *lines.close()]:
                         reply.feed_event(event)
-                    if reply.error is not None:
-                        break
                 else:
-                    for event in lines.close():
-                        reply.feed_event(event)
+                    async for piece in response.aiter_bytes():
+                        for event in lines.feed(piece):
+                            reply.feed_event(event)
+                        if reply.error is not None:
+                            break
+                    else:
+                        for event in lines.close():
+                            reply.feed_event(event)
         except httpx.RequestError as exc:  # connect, read, a broken stream
-            if answered:
+            if reply.done:  # the reply is whole: only the connection's end failed
+                log.debug("run %s: the stream's end failed after [DONE]: %r", identity.run_id, exc)
+            elif answered:
                 text = f"turn failed: the stream broke off: {exc!r}"
                 raise _Transient(text, text) from None
-            raise self._unreachable(exc) from None
+            else:
+                raise self._unreachable(exc) from None
         except StreamError as exc:
             raise TurnFailed(f"turn failed: {exc}") from None
         if reply.error is not None:
-            text = f"turn failed: the stream ended with an error: {reply.error}"
-            raise _Transient(text, text)
+            raise self._error_event(reply.error, reply.error_code)
         if not reply.done:
             text = "turn failed: the stream ended before [DONE]"
             raise _Transient(text, text)
-        return _with_a_choice(reply.result())
+        data = _with_a_choice(reply.result())
+        if "usage" not in data and not self._warned_no_usage:
+            self._warned_no_usage = True
+            log.warning(
+                "%s streams replies without usage although asked (stream_options."
+                "include_usage): runs' token counts and token budgets will read 0; set "
+                "runtime.stream_turns = false for this upstream",
+                self.base_url,
+            )
+        return data
+
+    def _error_event(self, message: str, code: int | None) -> Exception:
+        """An error event mid-stream: its code read as an HTTP status would be (a 4xx
+        fails the turn at once, 429 waits; else it is retried)."""
+        shown = f"{code} {message}" if code is not None else message
+        text = f"turn failed: the stream ended with an error: {shown}"
+        if code == 429:
+            return _RateLimited(self.retry_after_default_s)
+        if code is not None and 400 <= code < 500:
+            return TurnFailed(text)
+        return _Transient(text, text)
 
     def _retry_after(self, header: str | None) -> float:
         return retry_after_s(header, self.retry_after_default_s)

@@ -7,14 +7,17 @@ folds each ``chat.completion.chunk`` into a ``chat.completion``:
 
 * every string field of a choice's ``delta`` is concatenated in order (``content``, and
   what engines add beside it, such as ``reasoning_content``); a tool call is merged into
-  the one with the same ``index``, its ``function.arguments`` (and any other string)
-  concatenated, its ``id`` and ``type`` kept as first given (the ``index`` only orders
-  the calls);
+  the one with the same ``index`` (a server that sends none: a new ``id`` starts a new
+  call, a piece without one continues the last), its ``function.arguments`` (and any
+  other string) concatenated, its ``id`` and ``type`` kept as first given;
 * ``finish_reason`` is the last one given; ``logprobs.content`` entries are appended;
 * the usage-only chunk (no choices) gives ``usage``; ``id``, ``created``, ``model`` and
-  the like come from the first chunk that has them.
+  the like come from the first chunk that has them;
+* an error event (``{"error": {...}}``, as SGLang and vLLM send one mid-stream) is kept
+  with its message and its ``code``, if it has one.
 
-Nothing is validated beyond the shapes read here: the loop checks what it uses.
+Strings are gathered as lists of pieces and joined once, so a long reply costs linear
+time. Nothing is validated beyond the shapes read here: the loop checks what it uses.
 """
 
 from __future__ import annotations
@@ -48,10 +51,10 @@ class SseLines:
             end = _line_end(self._buffer)
             if end < 0:
                 return events
-            line = self._buffer[:end]
-            skip = 2 if self._buffer[end : end + 2] == b"\r\n" else 1
             if self._buffer[end : end + 1] == b"\r" and end + 1 == len(self._buffer):
                 return events  # a CR at the end may be half of a CRLF: wait for more
+            line = self._buffer[:end]
+            skip = 2 if self._buffer[end : end + 2] == b"\r\n" else 1
             self._buffer = self._buffer[end + skip :]
             if not line:
                 if self._data:
@@ -78,12 +81,17 @@ def _line_end(buffer: bytes) -> int:
     return min(lf, cr)
 
 
+class _Text(list[str]):
+    """The pieces of a string being streamed, joined by :func:`_finished`."""
+
+
 class ReplyAssembler:
     def __init__(self) -> None:
         self.reply: dict[str, Any] = {}
         self._choices: dict[int, dict[str, Any]] = {}
         self.done = False  # ``[DONE]`` was seen
         self.error: str | None = None  # an error event's message
+        self.error_code: int | None = None  # ... and its code, where it gave a number
 
     def feed_event(self, data: bytes) -> None:
         """One event's data: ``[DONE]``, a chunk, or an error object."""
@@ -100,6 +108,10 @@ class ReplyAssembler:
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else error
             self.error = str(message or error)
+            code = error.get("code") if isinstance(error, dict) else None
+            if isinstance(code, str) and code.isdigit():
+                code = int(code)
+            self.error_code = code if isinstance(code, int) else None
             return
         self.feed(chunk)
 
@@ -141,7 +153,7 @@ class ReplyAssembler:
         reply["object"] = "chat.completion"
         choices = []
         for index in sorted(self._choices):
-            choice = self._choices[index]
+            choice = _finished(self._choices[index])
             message = choice["message"]
             message.setdefault("role", "assistant")
             message.setdefault("content", None)
@@ -158,22 +170,47 @@ class ReplyAssembler:
         return reply
 
 
+def _finished(value: Any) -> Any:
+    """A copy with every gathered string joined."""
+    if isinstance(value, _Text):
+        return "".join(value)
+    if isinstance(value, dict):
+        return {k: _finished(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finished(v) for v in value]
+    return value
+
+
 def _merge(message: dict[str, Any], delta: dict[str, Any]) -> None:
     for key, value in delta.items():
         if value is None:
             continue
         if key == "tool_calls":
             calls = message.setdefault("tool_calls", {})
-            for n, call in enumerate(value if isinstance(value, list) else ()):
+            for call in value if isinstance(value, list) else ():
                 if isinstance(call, dict):
-                    index = call.get("index")
-                    index = index if isinstance(index, int) else n
-                    _merge_value(calls.setdefault(index, {}), call)
+                    _merge_value(calls.setdefault(_call_index(calls, call), {}), call)
             continue
         if key == "role":
             message.setdefault("role", value)
             continue
         _merge_value(message, {key: value})
+
+
+def _call_index(calls: dict[int, dict[str, Any]], call: dict[str, Any]) -> int:
+    """Where a tool call's piece belongs: its ``index``; without one, the call with its
+    ``id`` or a new call for a new ``id``, and a piece with neither continues the last."""
+    index = call.get("index")
+    if isinstance(index, int):
+        return index
+    last = max(calls, default=None)
+    call_id = call.get("id")
+    if call_id is None:
+        return 0 if last is None else last
+    for n, known in calls.items():
+        if known.get("id") == call_id:
+            return n
+    return 0 if last is None else last + 1
 
 
 def _merge_value(target: dict[str, Any], delta: dict[str, Any]) -> None:
@@ -183,14 +220,20 @@ def _merge_value(target: dict[str, Any], delta: dict[str, Any]) -> None:
             continue
         old = target.get(key)
         if old is None:
-            target[key] = dict(value) if isinstance(value, dict) else value
+            if isinstance(value, dict):
+                target[key] = {}
+                _merge_value(target[key], value)
+            elif isinstance(value, str) and key not in _KEPT:
+                target[key] = _Text([value])
+            else:
+                target[key] = list(value) if isinstance(value, list) else value
         elif key in _KEPT:
             continue
-        elif isinstance(old, str) and isinstance(value, str):
-            target[key] = old + value
+        elif isinstance(old, _Text) and isinstance(value, str):
+            old.append(value)
         elif isinstance(old, dict) and isinstance(value, dict):
             _merge_value(old, value)
-        elif isinstance(old, list) and isinstance(value, list):
+        elif isinstance(old, list) and not isinstance(old, _Text) and isinstance(value, list):
             old.extend(value)
         else:
-            target[key] = value
+            target[key] = _Text([value]) if isinstance(value, str) else value

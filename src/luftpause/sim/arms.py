@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -105,6 +106,23 @@ class Arm(Protocol):
     def finished(self, ask: Ask, end: TurnEnd) -> None: ...
 
 
+def counted_median(counts: Counter[int | None]) -> float | None:
+    """The median (as ``statistics.median``) of the values counted, None left out."""
+    known = sorted((v, n) for v, n in counts.items() if v is not None and n > 0)
+    total = sum(n for _, n in known)
+    if not total:
+        return None
+    picks = []
+    for position in sorted({(total - 1) // 2, total // 2}):
+        seen = 0
+        for value, n in known:
+            if seen + n > position:
+                picks.append(value)
+                break
+            seen += n
+    return statistics.fmean(picks) if len(picks) == 2 else float(picks[0])
+
+
 class LuftpauseArm:
     """The scheduler's pure core, fed what the real service feeds it."""
 
@@ -143,43 +161,45 @@ class LuftpauseArm:
         self.admits = admits  # every admission made, in order
         self.dropped = 0
         # What the service's /status would say, read every second of the window as the
-        # flood reads it (``watch``): per replica (cap, pace's batch limit, in flight).
-        self._samples: dict[str, list[tuple[int | None, int | None, int]]] = {}
-        self._held: list[int] = []
+        # flood reads it (``watch``): per replica, how often each cap, pace limit and
+        # in-flight count was read (counts, not every reading: a long run at a thousand
+        # replicas stays small), and how often each number of held turns.
+        self._seen: dict[str, tuple[Counter[int | None], ...]] = {}
+        self._held: Counter[int | None] = Counter()
 
     def watch(self, since: float, every: float = 1.0) -> None:
-        """Sample the core's replicas and held turns every ``every`` s from ``since``."""
+        """Read the core's replicas and held turns every ``every`` s from ``since``."""
 
         def sample() -> None:
             for name, rep in self.state.replicas.items():
-                self._samples.setdefault(name, []).append((rep.cap, rep.pace_cap, rep.in_flight))
-            self._held.append(len(self.state.held))
+                seen = self._seen.get(name)
+                if seen is None:
+                    seen = self._seen[name] = (Counter(), Counter(), Counter())
+                seen[0][rep.cap] += 1
+                seen[1][rep.pace_cap] += 1
+                seen[2][rep.in_flight] += 1
+            self._held[len(self.state.held)] += 1
             self.world.after(every, sample)
 
         self.world.at(since, sample)
 
     def scheduler_figures(self) -> dict[str, Any]:
-        """Medians of the samples, as the flood reports a luftpause arm's /status: per
-        replica its cap and batch limit from the pace (each over the samples that had
+        """Medians of the readings, as the flood reports a luftpause arm's /status: per
+        replica its cap and batch limit from the pace (each over the readings that had
         one: null is "not limited") and turns in flight; the turns held in all."""
         if not self._held:
             return {}
-
-        def median(values: list[int | None]) -> float | None:
-            known = [v for v in values if v is not None]
-            return statistics.median(known) if known else None
-
         return {
-            "samples": len(self._held),
+            "samples": self._held.total(),
             "replicas": {
                 name: {
-                    "capacity": median([s[0] for s in rows]),
-                    "batch_limit_from_pace": median([s[1] for s in rows]),
-                    "in_flight": median([s[2] for s in rows]),
+                    "capacity": counted_median(seen[0]),
+                    "batch_limit_from_pace": counted_median(seen[1]),
+                    "in_flight": counted_median(seen[2]),
                 }
-                for name, rows in sorted(self._samples.items())
+                for name, seen in sorted(self._seen.items())
             },
-            "held": median(list(self._held)),
+            "held": counted_median(self._held),
         }
 
     def start(self) -> None:
