@@ -229,7 +229,9 @@ def test_the_scheduler_is_read_over_the_window_as_the_flood_reads_its_status() -
     """B1, S2, S12: a luftpause arm reports its core's figures as the flood reports the
     service's /status: read every second of the window, medians per replica. Under a
     flood the replica is capped, and the decode pace limits batch beside the interactive
-    runs only where it is on; an arm with no scheduler reports none."""
+    runs only where it is on; an arm with no scheduler reports none. The engines' share
+    of busy time in prefill and their decode batch are reported over the window, as
+    the flood's engine counters give them."""
     config = replace(SMALL, warmup_s=30.0, duration_s=60.0)
     paced = simulate(config, "luftpause")["scheduler"]
     assert paced["samples"] == 61  # at 30, 31, ..., 90 s
@@ -238,6 +240,8 @@ def test_the_scheduler_is_read_over_the_window_as_the_flood_reads_its_status() -
     assert figures["batch_limit_from_pace"] is not None
     assert 0 < figures["in_flight"] <= figures["capacity"] + 2  # 2 interactive beside
     assert paced["held"] > 0  # 40 batch agents wait for the cap
+    engines = simulate(config, "luftpause")["engines"]
+    assert 0 < engines["prefill_share"] < 1 and engines["decode_batch"] > 1
     unpaced = simulate(config, "luftpause-no-pace")["scheduler"]
     assert [r["batch_limit_from_pace"] for r in unpaced["replicas"].values()] == [None]
     assert simulate(config, "router")["scheduler"] == {}

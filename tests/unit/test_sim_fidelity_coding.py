@@ -190,6 +190,7 @@ def test_an_mcp_flood_is_simulated_as_own_loop_agents_with_the_pace_as_it_ran(
             for cls in ("interactive", "batch")
         },
         "scheduler": scheduler(24.0, 15.0, 7.0),
+        "engine_side": {"prefill_share": 0.53, "decode_batch": 15.4},
     }
     plan = {"time_scale": 1.0, "warmup_s": 10.0, "window_s": 60.0, "reps": 1}
     seen: list[str] = []
@@ -201,6 +202,7 @@ def test_an_mcp_flood_is_simulated_as_own_loop_agents_with_the_pace_as_it_ran(
             "classes": rep["classes"],
             "requests_by_replica": {"a": 1},
             "scheduler": scheduler(25.0, limit, 9.0),
+            "engines": {"prefill_share": 0.52, "decode_batch": 17.1},
         }
 
     monkeypatch.setattr(fidelity, "simulate", fake_simulate)
@@ -225,3 +227,4 @@ def test_an_mcp_flood_is_simulated_as_own_loop_agents_with_the_pace_as_it_ran(
             f"| 2 | luftpause | 24.0 / 24.0 | 25.0 / 25.0 | 15.0 / 15.0 | {sim_limit} "
             "| 23.0 / 23.0 | 24.0 / 24.0 | 7.0 | 9.0 |"
         ) in out
+        assert "| 2 | luftpause | 53 % | 52 % | 15.4 | 17.1 |" in out

@@ -325,6 +325,8 @@ def main() -> int:
     splits: list[tuple[str, str, list[float], float]] = []
     # luftpause arms: the flood's scheduler figures (per repetition) and the simulator's
     schedulers: list[tuple[str, str, list[dict[str, Any]], list[dict[str, Any]]]] = []
+    # every arm: the engines' prefill share and decode batch, the flood's and the sim's
+    engines: list[tuple[str, str, list[dict[str, Any]], list[dict[str, Any]]]] = []
     polls: set[float] = set()  # model seconds between SMG's load reads, as the flood had it
     started = time.perf_counter()
     loads = sorted(own, key=int)
@@ -381,6 +383,10 @@ def main() -> int:
             known = [share for share in shares if share is not None]
             if measured and known:
                 splits.append((load, arm, measured, statistics.fmean(known)))
+            flood_engines = [r["engine_side"] for r in own[load][arm] if r.get("engine_side")]
+            sim_engines = [r["engines"] for r in results if r.get("engines")]
+            if flood_engines and sim_engines:
+                engines.append((load, arm, flood_engines, sim_engines))
             flood_sched = [r["scheduler"] for r in own[load][arm] if r.get("scheduler")]
             sim_sched = [r["scheduler"] for r in results if r.get("scheduler")]
             if flood_sched and sim_sched:
@@ -503,6 +509,26 @@ def main() -> int:
                 f"| {load} | {arm} | {', '.join(f'{100 * m:.0f} %' for m in measured)} | "
                 f"{100 * share:.0f} % |"
             )
+    if engines:
+        lines += [
+            "",
+            "The engines over the window, both replicas together (the flood's engines as "
+            "their counters read; the mean over repetitions, seeds): the share of their busy "
+            "time spent prefilling, and the decode batch (sequences per decode step).",
+            "",
+            "| batch agents | arm | prefill share: flood | sim | decode batch: flood | sim |",
+            "|---|---|---|---|---|---|",
+        ]
+        for load, arm, flood_engines, sim_engines in engines:
+            cells = []
+            for key, percent in (("prefill_share", True), ("decode_batch", False)):
+                for side in (flood_engines, sim_engines):
+                    values = [e[key] for e in side if e.get(key) is not None]
+                    mean = statistics.fmean(values) if values else None
+                    cells.append(
+                        "–" if mean is None else f"{100 * mean:.0f} %" if percent else f"{mean:.1f}"
+                    )
+            lines.append(f"| {load} | {arm} | " + " | ".join(cells) + " |")
     if schedulers:
         lines += [
             "",

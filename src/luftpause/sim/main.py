@@ -190,6 +190,13 @@ def simulate(
     arm.start()
     if isinstance(arm, LuftpauseArm) and config.duration_s is not None:
         arm.watch(config.warmup_s)
+    at_window: list[tuple[float, float, int, int]] = []  # each replica's counters then
+    world.at(
+        config.warmup_s,
+        lambda: at_window.extend(
+            (r.busy_s, r.prefill_s, r.decode_steps, r.decode_seqs) for r in replicas
+        ),
+    )
     report = None if progress is None else (lambda t: progress(t, world.events))
     started = time.perf_counter()
     if config.duration_s is not None:
@@ -228,9 +235,37 @@ def simulate(
         },
         # requests each replica was sent, the whole run (warm-up included)
         "requests_by_replica": {r.name: r.submitted for r in replicas},
+        # the engines over the window, as the flood's "Engines at" line reads them
+        "engines": engine_figures(replicas, at_window),
         # a luftpause arm's scheduler over the window, as the flood reads its /status
         "scheduler": arm.scheduler_figures() if isinstance(arm, LuftpauseArm) else {},
     }
+
+
+def engine_figures(
+    replicas: list[Replica], at_window: list[tuple[float, float, int, int]]
+) -> dict[str, float | None]:
+    """Over the window (all replicas): the share of busy time spent prefilling, and the
+    mean decode batch (sequences per decode step)."""
+    start = at_window or [(0.0, 0.0, 0, 0)] * len(replicas)
+    busy = sum(r.busy_s - s[0] for r, s in zip(replicas, start, strict=True))
+    prefill = sum(r.prefill_s - s[1] for r, s in zip(replicas, start, strict=True))
+    steps = sum(r.decode_steps - s[2] for r, s in zip(replicas, start, strict=True))
+    seqs = sum(r.decode_seqs - s[3] for r, s in zip(replicas, start, strict=True))
+    return {
+        "prefill_share": round(prefill / busy, 4) if busy else None,
+        "decode_batch": round(seqs / steps, 2) if steps else None,
+    }
+
+
+def engines_line(figures: Mapping[str, Any]) -> str:
+    """The engines over the window: prefill's share of their busy time, the decode batch."""
+    if figures.get("prefill_share") is None:
+        return ""
+    return (
+        f"Engines over the window: prefill {100 * figures['prefill_share']:.0f} % of busy "
+        f"time, decode batch {cell(figures['decode_batch'])}"
+    )
 
 
 def scheduler_line(figures: Mapping[str, Any]) -> str:
@@ -332,6 +367,7 @@ def render(results: list[dict[str, Any]], config: SimConfig, command: str) -> st
             "",
             f"Requests by replica (the whole run): {shares(result['requests_by_replica'])}",
             "",
+            *([line, ""] if (line := engines_line(result.get("engines") or {})) else []),
             *([line, ""] if (line := scheduler_line(result.get("scheduler") or {})) else []),
         ]
         if result["error_count"]:
