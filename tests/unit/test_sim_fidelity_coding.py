@@ -211,9 +211,11 @@ def test_an_mcp_flood_is_simulated_as_own_loop_agents_with_the_pace_as_it_ran(
         (fidelity.RUNTIME_STREAMS, "luftpause"),
         (f"{fidelity.PACE_ON} (working tree clean)", "luftpause-no-pace"),
     ):
-        results = {"mcp": {"2": {"luftpause": [rep]}}}
+        # a flood of both benches: --bench picks the MCP one (own-loop would come first)
+        results = {"own": {"3": {"router": [rep]}}, "mcp": {"2": {"luftpause": [rep]}}}
         path.write_text(json.dumps({"plan": plan, "results": results, "code": code}))
-        monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(path)])
+        argv = ["sim_fidelity.py", "--flood", str(path), "--bench", "mcp"]
+        monkeypatch.setattr(sys, "argv", argv)
         seen.clear()
         assert fidelity.main() == 0
         out = capsys.readouterr().out

@@ -10,6 +10,7 @@
         --out docs/simulator.md --part coding    # the coding-agent flood (--benches coding)
     python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-mcp-smg.json \
         --out docs/simulator.md --part mcp --seeds 10   # sub-agents over MCP (--benches mcp)
+    python tools/bench/sim_fidelity.py --flood both.json --bench mcp   # a flood of several
 
 Reads the raw results of an own-loop flood (``tools/bench/flood.py --json``: every
 arm at every load point, in real seconds at the flood's time scale) and runs
@@ -280,6 +281,12 @@ def main() -> int:
         help="simulate each point with this many seeds (--seed, --seed + 1, ...) and compare "
         "the flood with their mean, showing their range (default: 1)",
     )
+    parser.add_argument(
+        "--bench",
+        choices=("own", "coding", "mcp"),
+        help="which of the flood's benches to compare, where it ran several (default: "
+        "own, else coding, else mcp: the first it has)",
+    )
     parser.add_argument("--out", type=Path, help="write the table into this file's marked part")
     parser.add_argument(
         "--part", default="", help="with --out: the part marked <!-- fidelity-PART:start -->"
@@ -291,7 +298,7 @@ def main() -> int:
     try:
         flood = json.loads(args.flood.read_text())
         plan, results = flood["plan"], flood["results"]
-        bench = next((b for b in ("own", "coding", "mcp") if b in results), "own")
+        bench = args.bench or next((b for b in ("own", "coding", "mcp") if b in results), "own")
         coding = bench == "coding"
         own = results[bench]
         if coding:
@@ -412,6 +419,7 @@ def main() -> int:
     elapsed = time.perf_counter() - started
     lines = [
         f"Command: `python tools/bench/sim_fidelity.py --flood {flood_path}"
+        + (f" --bench {args.bench}" if args.bench else "")
         + (f" --part {args.part}" if args.part else "")
         + (f" --seeds {args.seeds}" if args.seeds > 1 else "")
         + (f" --seed {args.seed}" if args.seed else "")
