@@ -244,13 +244,16 @@ def replica_means(figures: list[dict[str, Any]], key: str) -> str:
             for f in figures
             if f["replicas"].get(name, {}).get(key) is not None
         ]
-        out.append(f"{statistics.fmean(values):.1f}" if values else "–")
+        out.append(mean_cell(values))
     return " / ".join(out)
 
 
-def held_mean(figures: list[dict[str, Any]]) -> str:
-    values = [f["held"] for f in figures if f.get("held") is not None]
-    return f"{statistics.fmean(values):.1f}" if values else "–"
+def mean_cell(values: list[float], percent: bool = False) -> str:
+    """A table cell: the mean of ``values`` (as a percentage of 1), – where there are none."""
+    if not values:
+        return "–"
+    mean = statistics.fmean(values)
+    return f"{100 * mean:.0f} %" if percent else f"{mean:.1f}"
 
 
 def spread(values: list[float]) -> str:
@@ -327,7 +330,8 @@ def main() -> int:
         capture_output=True, text=True, check=False,
     ).stdout.strip() or "unknown"  # fmt: skip
     code = str(flood.get("code", ""))
-    paced = had_pace(code) and (bench != "mcp" or had_pace(code, RUNTIME_STREAMS))
+    pace_on = had_pace(code)  # a git call: asked once
+    paced = pace_on and (bench != "mcp" or had_pace(code, RUNTIME_STREAMS))
     rows = []
     splits: list[tuple[str, str, list[float], float]] = []
     # luftpause arms: the flood's scheduler figures (per repetition) and the simulator's
@@ -446,7 +450,7 @@ def main() -> int:
             + (
                 f"the runtime sent its turns unstreamed before {RUNTIME_STREAMS[:7]}, and the "
                 "pace times streamed replies"
-                if bench == "mcp" and had_pace(code)
+                if bench == "mcp" and pace_on
                 else f"on by default since {PACE_ON[:7]}"
             )
             + "), so the simulator's luftpause arm runs with it off, as the flood's did. "
@@ -532,10 +536,7 @@ def main() -> int:
             for key, percent in (("prefill_share", True), ("decode_batch", False)):
                 for side in (flood_engines, sim_engines):
                     values = [e[key] for e in side if e.get(key) is not None]
-                    mean = statistics.fmean(values) if values else None
-                    cells.append(
-                        "–" if mean is None else f"{100 * mean:.0f} %" if percent else f"{mean:.1f}"
-                    )
+                    cells.append(mean_cell(values, percent))
             lines.append(f"| {load} | {arm} | " + " | ".join(cells) + " |")
     if schedulers:
         lines += [
@@ -553,7 +554,10 @@ def main() -> int:
             cells = []
             for key in ("capacity", "batch_limit_from_pace", "in_flight"):
                 cells += [replica_means(flood_sched, key), replica_means(sim_sched, key)]
-            cells += [held_mean(flood_sched), held_mean(sim_sched)]
+            cells += [
+                mean_cell([f["held"] for f in side if f.get("held") is not None])
+                for side in (flood_sched, sim_sched)
+            ]
             lines.append(f"| {load} | {arm} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)

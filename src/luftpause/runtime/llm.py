@@ -287,13 +287,8 @@ class DataplaneClient:
                 cast_to=ChatCompletion,
                 options={"headers": headers},
             )
-        except openai.RateLimitError as exc:
-            raise _RateLimited(self._retry_after(exc.response.headers.get("retry-after"))) from None
-        except openai.APIStatusError as exc:
-            text = f"turn failed: {exc.status_code} {_error_text(exc.response)}"
-            if exc.status_code < 500:
-                raise TurnFailed(text) from None
-            raise _Transient(text, text) from None
+        except openai.APIStatusError as exc:  # 429 included
+            raise self._status_failure(exc.response) from None
         except openai.APIConnectionError as exc:
             raise self._unreachable(exc.__cause__ or exc) from None
         except openai.APIError as exc:  # a reply the client could not read
@@ -372,13 +367,13 @@ class DataplaneClient:
             return TurnFailed(text)
         return _Transient(text, text)
 
-    def _retry_after(self, header: str | None) -> float:
-        return retry_after_s(header, self.retry_after_default_s)
-
-    def _status_failure(self, response: httpx.Response) -> Exception:
-        """What a non-200 answer means: wait (429), retry (5xx) or fail the turn."""
+    def _status_failure(self, response: httpx.Response | Any) -> Exception:
+        """What a non-200 answer means: wait (429), retry (5xx) or fail the turn. Either
+        client's response (the openai package's may be its own httpx's)."""
         if response.status_code == 429:
-            return _RateLimited(self._retry_after(response.headers.get("retry-after")))
+            return _RateLimited(
+                retry_after_s(response.headers.get("retry-after"), self.retry_after_default_s)
+            )
         text = f"turn failed: {response.status_code} {_error_text(response)}"
         if response.status_code < 500:
             return TurnFailed(text)

@@ -22,8 +22,8 @@ from luftpause.fakes.engine.model import (
     EngineParams,
     EngineRequest,
     FinishedRequest,
-    StepKind,
     StepResult,
+    StepTally,
 )
 from luftpause.sim.world import World
 
@@ -42,11 +42,7 @@ class Replica:
         self.world = world
         self._requests: dict[str, _Waiting] = {}
         self._stepping = False
-        self.steps = 0
-        self.busy_s = 0.0
-        self.prefill_s = 0.0  # of busy_s, in prefill steps (the rest decodes)
-        self.decode_steps = 0
-        self.decode_seqs = 0  # summed batch size over decode steps
+        self.tally = StepTally()  # its busy steps, as the fake engine counts them
         self.submitted = 0  # requests sent here (accepted or refused)
 
     @property
@@ -78,13 +74,7 @@ class Replica:
             return
         self._stepping = True
         step = self.model.step(now)
-        self.steps += 1
-        self.busy_s += step.duration
-        if step.kind is StepKind.PREFILL:
-            self.prefill_s += step.duration
-        elif step.kind is StepKind.DECODE:
-            self.decode_steps += 1
-            self.decode_seqs += len(step.tokens)
+        self.tally.add(step)
         self.world.at(step.end, lambda: self._deliver(step))
 
     def _deliver(self, step: StepResult) -> None:

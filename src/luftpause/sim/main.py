@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from luftpause.cliargs import non_negative_float, positive_float, positive_int
-from luftpause.fakes.engine.model import EngineParams
+from luftpause.fakes.engine.model import EngineParams, StepTally
 from luftpause.fakes.engine.script import ScriptOptions
 from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
 from luftpause.loadgen import stats
@@ -190,13 +190,8 @@ def simulate(
     arm.start()
     if isinstance(arm, LuftpauseArm) and config.duration_s is not None:
         arm.watch(config.warmup_s)
-    at_window: list[tuple[float, float, int, int]] = []  # each replica's counters then
-    world.at(
-        config.warmup_s,
-        lambda: at_window.extend(
-            (r.busy_s, r.prefill_s, r.decode_steps, r.decode_seqs) for r in replicas
-        ),
-    )
+    at_window: list[StepTally] = []  # each replica's tally when the window opens
+    world.at(config.warmup_s, lambda: at_window.extend(replace(r.tally) for r in replicas))
     report = None if progress is None else (lambda t: progress(t, world.events))
     started = time.perf_counter()
     if config.duration_s is not None:
@@ -231,7 +226,7 @@ def simulate(
         "events": world.events,
         "turns": records.turns,
         "engine_busy_share": {
-            r.name: round(r.busy_s / window[1], 3) if window[1] else 0.0 for r in replicas
+            r.name: round(r.tally.busy_s / window[1], 3) if window[1] else 0.0 for r in replicas
         },
         # requests each replica was sent, the whole run (warm-up included)
         "requests_by_replica": {r.name: r.submitted for r in replicas},
@@ -242,16 +237,14 @@ def simulate(
     }
 
 
-def engine_figures(
-    replicas: list[Replica], at_window: list[tuple[float, float, int, int]]
-) -> dict[str, float | None]:
+def engine_figures(replicas: list[Replica], at_window: list[StepTally]) -> dict[str, float | None]:
     """Over the window (all replicas): the share of busy time spent prefilling, and the
     mean decode batch (sequences per decode step)."""
-    start = at_window or [(0.0, 0.0, 0, 0)] * len(replicas)
-    busy = sum(r.busy_s - s[0] for r, s in zip(replicas, start, strict=True))
-    prefill = sum(r.prefill_s - s[1] for r, s in zip(replicas, start, strict=True))
-    steps = sum(r.decode_steps - s[2] for r, s in zip(replicas, start, strict=True))
-    seqs = sum(r.decode_seqs - s[3] for r, s in zip(replicas, start, strict=True))
+    pairs = list(zip(replicas, at_window or [StepTally()] * len(replicas), strict=True))
+    busy = sum(r.tally.busy_s - s.busy_s for r, s in pairs)
+    prefill = sum(r.tally.prefill_s - s.prefill_s for r, s in pairs)
+    steps = sum(r.tally.decode_steps - s.decode_steps for r, s in pairs)
+    seqs = sum(r.tally.decode_seqs - s.decode_seqs for r, s in pairs)
     return {
         "prefill_share": round(prefill / busy, 4) if busy else None,
         "decode_batch": round(seqs / steps, 2) if steps else None,

@@ -248,6 +248,27 @@ class StepResult:
         return self.start + self.duration
 
 
+@dataclass
+class StepTally:
+    """What an engine's busy steps added up to, counted one way for the fake engine's
+    ``/debug/state`` and for the simulator's replicas."""
+
+    steps: int = 0
+    busy_s: float = 0.0
+    prefill_s: float = 0.0  # of busy_s, in prefill steps (the rest decodes)
+    decode_steps: int = 0
+    decode_seqs: int = 0  # summed batch size over decode steps
+
+    def add(self, step: StepResult) -> None:
+        self.steps += 1
+        self.busy_s += step.duration
+        if step.kind is StepKind.PREFILL:
+            self.prefill_s += step.duration
+        elif step.kind is StepKind.DECODE:
+            self.decode_steps += 1
+            self.decode_seqs += len(step.tokens)
+
+
 @dataclass(frozen=True)
 class EngineMetrics:
     running: int

@@ -161,12 +161,12 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
             "models": list(config.models),
             "metrics": asdict(m),
             "submitted": engine_driver.submitted,
-            "steps": engine_driver.steps,
-            "busy_s": round(engine_driver.busy_s, 6),
+            "steps": engine_driver.tally.steps,
+            "busy_s": round(engine_driver.tally.busy_s, 6),
             "late_s": round(engine_driver.late_s, 6),
-            "prefill_s": round(engine_driver.prefill_s, 6),
-            "decode_steps": engine_driver.decode_steps,
-            "decode_seqs": engine_driver.decode_seqs,
+            "prefill_s": round(engine_driver.tally.prefill_s, 6),
+            "decode_steps": engine_driver.tally.decode_steps,
+            "decode_seqs": engine_driver.tally.decode_seqs,
             "requests": [
                 {
                     "request_id": r.request_id,

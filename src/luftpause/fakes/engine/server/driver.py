@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from luftpause.fakes.engine.model import EngineModel, EngineRequest, FinishedRequest, StepKind
+from luftpause.fakes.engine.model import EngineModel, EngineRequest, FinishedRequest, StepTally
 
 log = logging.getLogger("luftpause.fake_engine")
 
@@ -52,13 +52,9 @@ class EngineDriver:
         # Steps run back to back in model time; the host's own work (HTTP, streaming,
         # other processes on the same cores) can still make one start late. ``late_s``
         # sums how far each step started behind the previous one's end, against
-        # ``busy_s`` of model time: the share of wall time the model fell behind.
-        self.busy_s = 0.0
+        # ``tally.busy_s`` of model time: the share of wall time the model fell behind.
+        self.tally = StepTally()
         self.late_s = 0.0
-        self.steps = 0
-        self.prefill_s = 0.0  # model time spent in prefill steps (the rest of busy_s decodes)
-        self.decode_steps = 0
-        self.decode_seqs = 0  # summed batch size over decode steps
 
     def now(self) -> float:
         return self._clock()
@@ -112,13 +108,7 @@ class EngineDriver:
             if prev_end is not None and now > prev_end:
                 self.late_s += now - prev_end
             step = self.model.step(now)
-            self.busy_s += step.duration
-            self.steps += 1
-            if step.kind is StepKind.PREFILL:
-                self.prefill_s += step.duration
-            elif step.kind is StepKind.DECODE:
-                self.decode_steps += 1
-                self.decode_seqs += len(step.tokens)
+            self.tally.add(step)
             prev_end = step.end
             # Sleep until the step's modelled end, not for its duration after the
             # bookkeeping: the time ``step`` itself took is part of the step.
