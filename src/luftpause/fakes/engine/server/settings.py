@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunk-tokens",
         type=_positive_int,
         default=1,
-        help="send one SSE chunk every N generated tokens (default: 1)",
+        help="send one SSE chunk every N generated tokens, the first token alone as "
+        "SGLang does (default: 1)",
     )
     parser.add_argument(
         "--metrics",
