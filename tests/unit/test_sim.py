@@ -376,3 +376,37 @@ def test_a_prompt_the_engine_refuses_fails_the_run_and_the_agent_goes_on() -> No
     assert result["errors"] == {"http_400": result["error_count"]}
     assert 30 <= result["error_count"] <= 2 * 21  # one per agent per second, about
     assert result["turns"] == result["error_count"]
+
+
+@pytest.mark.parametrize(("first_chunk", "reply"), [(1, 20), (8, 20), (8, 3)])
+def test_a_replica_shows_the_first_token_when_its_first_chunk_is_streamed(
+    first_chunk: int, reply: int
+) -> None:
+    """B1, H1: a replica reports a reply's first token at the end of the step that made
+    its ``first_chunk_tokens``-th token (1: the token itself, as SGLang streams it); a
+    reply shorter than the chunk shows it at its end, before the end is reported."""
+    from luftpause.fakes.engine.model import EngineRequest
+    from luftpause.sim.fleet import Replica
+
+    world = World()
+    replica = Replica("engine-0", EngineParams(), world, first_chunk_tokens=first_chunk)
+    produced: list[float] = []  # each step's end that delivered one of the reply's tokens
+    seen: list[tuple[str, float]] = []
+    deliver = replica._deliver
+
+    def counting(step):  # type: ignore[no-untyped-def]
+        produced.extend(step.end for _ in step.tokens)
+        deliver(step)
+
+    replica._deliver = counting  # type: ignore[method-assign]
+    replica.submit(
+        EngineRequest("r1", "word " * 40, reply_tokens=reply, max_new_tokens=64),
+        lambda: seen.append(("first", world.now)),
+        lambda done: seen.append(("end", world.now)),
+    )
+    world.run(until=60.0)
+    assert len(produced) == reply
+    first_at = produced[min(first_chunk, reply) - 1]
+    assert seen == [("first", first_at), ("end", produced[-1])]
+    if first_chunk < reply:
+        assert first_at < produced[-1]

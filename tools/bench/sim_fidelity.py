@@ -43,6 +43,11 @@ runtime adds to a run (MCP round trips, the journal) is the difference it cannot
 Before ``RUNTIME_STREAMS`` the runtime's turns went unstreamed and the decode pace never
 timed them, so the luftpause arm of such a flood is simulated with the pace off.
 
+Before ``FIRST_TOKEN_ALONE`` the fake engines sent a reply's first token in the flood's
+first chunk (``--chunk-tokens``, 8), so the dataplane saw it seven decode steps late
+and the decode pace read replies as faster than they were. The simulator's replicas
+show the first token as late for such a flood (``SimConfig.first_chunk_tokens``).
+
 SMG's arms are simulated with the placement policy the flood gave SMG (its plan's
 ``smg_policy``, ``cache_aware`` where the flood did not record one) and the load poll it
 gave SMG: the ``--load-monitor-interval`` of the ``smg launch`` command each repetition
@@ -216,12 +221,15 @@ PACE_ON = "b9088b7a5d16e989f34eb8a8acc3b22933f2c6a2"
 # The commit from which the runtime streams its turns. Before it the pace never timed a
 # sub-agent's reply (it reads streamed ones), so an MCP flood ran luftpause without it.
 RUNTIME_STREAMS = "cb2cd77d59de85b59733e2d232e5fd10c46062dc"
+# The commit from which the fake engine streams a reply's first token alone. Before it a
+# flood's engines (--chunk-tokens 8) sent it with the next seven, so the dataplane saw
+# it seven decode steps late and the pace read replies as faster than they were.
+FIRST_TOKEN_ALONE = "47dc5bba5b9ddc535478a21b3ecc2f0ab654e17c"
 
 
-def had_pace(code: str, since: str = PACE_ON) -> bool:
+def ran_since(code: str, since: str) -> bool:
     """Whether the flood's commit (``flood["code"]``, "abc1234 (working tree clean)")
-    ran luftpause with the decode pace on by default (for sub-agents: ``since`` the
-    runtime streams); True where git cannot tell."""
+    has ``since`` in its history; True where git cannot tell."""
     commit = code.split()[0] if code.split() else ""
     answer = subprocess.run(
         ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", since, commit],
@@ -330,8 +338,10 @@ def main() -> int:
         capture_output=True, text=True, check=False,
     ).stdout.strip() or "unknown"  # fmt: skip
     code = str(flood.get("code", ""))
-    pace_on = had_pace(code)  # a git call: asked once
-    paced = pace_on and (bench != "mcp" or had_pace(code, RUNTIME_STREAMS))
+    pace_on = ran_since(code, PACE_ON)  # git calls: each asked once
+    paced = pace_on and (bench != "mcp" or ran_since(code, RUNTIME_STREAMS))
+    # what the flood's fake engines put in a reply's first streamed chunk
+    first_chunk = 1 if ran_since(code, FIRST_TOKEN_ALONE) else int(plan.get("chunk_tokens", 8))
     rows = []
     splits: list[tuple[str, str, list[float], float]] = []
     # luftpause arms: the flood's scheduler figures (per repetition) and the simulator's
@@ -355,7 +365,11 @@ def main() -> int:
         )
         if coding:
             config = coding_config(plan, int(load), args.seed)
-        config = replace(config, smg_policy=plan.get("smg_policy", "cache_aware"))
+        config = replace(
+            config,
+            smg_policy=plan.get("smg_policy", "cache_aware"),
+            first_chunk_tokens=first_chunk,
+        )
         for arm in own[load]:
             if not simulated(arm):
                 continue
@@ -454,6 +468,14 @@ def main() -> int:
                 else f"on by default since {PACE_ON[:7]}"
             )
             + "), so the simulator's luftpause arm runs with it off, as the flood's did. "
+        )
+        + (
+            f"Its fake engines sent a reply's first token in a chunk of {first_chunk} "
+            f"(before {FIRST_TOKEN_ALONE[:7]}), so its dataplane saw it {first_chunk - 1} "
+            "decode steps late and the decode pace read replies as that much faster; the "
+            "simulator's replicas show it as late. "
+            if paced and first_chunk > 1
+            else ""
         )
         + (
             f"SMG read the engines' load every {' / '.join(f'{p:g}' for p in sorted(polls))} "

@@ -6,9 +6,11 @@ time has passed, and the next iteration starts then (``fakes.engine.server.drive
 does the same with ``asyncio.sleep``). A request submitted while an iteration runs
 waits for the next one. While idle, an idle step refreshes the metric gauges.
 
-The first token a client sees is the request's first produced token (the fake
-engine streams every ``--chunk-tokens`` tokens; a client of it sees the first
-chunk that much later).
+The first token a client sees is the request's first produced token: SGLang streams
+it alone whatever its ``--stream-interval``, and so does the fake engine since
+47dc5bb. ``first_chunk_tokens`` > 1 models an engine that holds the first token
+until that many are ready (the fake engine before 47dc5bb with ``--chunk-tokens``,
+as the floods ran it); a reply shorter than that shows its first token at its end.
 """
 
 from __future__ import annotations
@@ -33,11 +35,15 @@ class _Waiting:
     on_first_token: Callable[[], None]
     on_finished: Callable[[FinishedRequest], None]
     first_token: bool = False
+    produced: int = 0
 
 
 class Replica:
-    def __init__(self, name: str, params: EngineParams, world: World) -> None:
+    def __init__(
+        self, name: str, params: EngineParams, world: World, first_chunk_tokens: int = 1
+    ) -> None:
         self.name = name
+        self.first_chunk_tokens = first_chunk_tokens
         self.model = EngineModel(params)
         self.world = world
         self._requests: dict[str, _Waiting] = {}
@@ -78,13 +84,18 @@ class Replica:
         self.world.at(step.end, lambda: self._deliver(step))
 
     def _deliver(self, step: StepResult) -> None:
-        for request_id in dict.fromkeys(step.tokens):
+        for request_id in step.tokens:
             waiting = self._requests.get(request_id)
             if waiting is not None and not waiting.first_token:
-                waiting.first_token = True
-                waiting.on_first_token()
+                waiting.produced += 1
+                if waiting.produced >= self.first_chunk_tokens:
+                    waiting.first_token = True
+                    waiting.on_first_token()
         for done in step.finished:
             finished = self._requests.pop(done.request_id, None)
             if finished is not None:
+                if not finished.first_token and finished.produced:
+                    finished.first_token = True
+                    finished.on_first_token()
                 finished.on_finished(done)
         self._step()

@@ -92,6 +92,9 @@ class SimConfig:
     # group's ``profile`` names.
     replay: tuple[TraceRun, ...] = ()
     profiles: Mapping[str, Profile] = field(default_factory=lambda: dict(PROFILES))
+    # Tokens in a reply's first streamed chunk (fleet.Replica): 1 as real engines and the
+    # fake engine stream; sim_fidelity sets the --chunk-tokens of floods from before 47dc5bb.
+    first_chunk_tokens: int = 1
 
 
 @dataclass
@@ -157,7 +160,10 @@ def simulate(
     """One arm under the configured load; the load generator's summary plus the run's
     own figures (virtual and wall time, events)."""
     world = World()
-    replicas = [Replica(f"engine-{i}", config.engine, world) for i in range(config.replicas)]
+    replicas = [
+        Replica(f"engine-{i}", config.engine, world, config.first_chunk_tokens)
+        for i in range(config.replicas)
+    ]
     arm = make_arm(arm_name, world, replicas, config, trace)
     by_name = {r.name: r for r in replicas}
     records = Records() if records is None else records
