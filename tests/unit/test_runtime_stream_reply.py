@@ -200,3 +200,21 @@ def test_an_error_events_code_is_kept_where_it_is_a_number(event: bytes, code: i
     reply = ReplyAssembler()
     reply.feed_event(event)
     assert (reply.error, reply.error_code) == ("bad", code)
+
+
+def test_other_choice_fields_are_kept_as_last_given() -> None:
+    """R4: a choice field the assembler does not read itself (vLLM's ``stop_reason``,
+    SGLang's ``matched_stop``) reaches the reply as the last non-null value streamed,
+    as a non-streamed reply carries it; a chunk cannot overwrite the message."""
+    reply = assemble(
+        chunk({"content": "x"}),
+        {**chunk({}), "choices": [
+            {"index": 0, "delta": {"content": "y"}, "stop_reason": None, "matched_stop": 7,
+             "message": {"content": "not this"}}]},
+        {**chunk({}), "choices": [
+            {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": 128009}]},
+    )  # fmt: skip
+    choice = reply.result()["choices"][0]
+    assert choice["message"]["content"] == "xy"
+    assert (choice["finish_reason"], choice["stop_reason"], choice["matched_stop"]) == (
+        "stop", 128009, 7)  # fmt: skip

@@ -11,6 +11,8 @@ folds each ``chat.completion.chunk`` into a ``chat.completion``:
   call, a piece without one continues the last), its ``function.arguments`` (and any
   other string) concatenated, its ``id`` and ``type`` kept as first given;
 * ``finish_reason`` is the last one given; ``logprobs.content`` entries are appended;
+  any other field of a choice (vLLM's ``stop_reason``, SGLang's ``matched_stop``) is
+  the last non-null one given;
 * the usage-only chunk (no choices) gives ``usage``; ``id``, ``created``, ``model`` and
   the like come from the first chunk that has them;
 * an error event (``{"error": {...}}``, as SGLang and vLLM send one mid-stream) is kept
@@ -28,6 +30,8 @@ import orjson
 
 # Keys of a delta or a tool call that identify it rather than add to it.
 _KEPT = frozenset({"index", "type", "id"})
+# Keys of a streamed choice read on their own; any other is kept as last given.
+_CHOICE_READ = frozenset({"index", "delta", "message", "finish_reason", "logprobs"})
 
 
 class StreamError(Exception):
@@ -135,6 +139,9 @@ class ReplyAssembler:
             delta = entry.get("delta")
             if isinstance(delta, dict):
                 _merge(choice["message"], delta)
+            for key, value in entry.items():
+                if value is not None and key not in _CHOICE_READ:
+                    choice[key] = value
             if entry.get("finish_reason") is not None:
                 choice["finish_reason"] = entry["finish_reason"]
             logprobs = entry.get("logprobs")
