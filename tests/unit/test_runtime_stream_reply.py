@@ -205,16 +205,19 @@ def test_an_error_events_code_is_kept_where_it_is_a_number(event: bytes, code: i
 def test_other_choice_fields_are_kept_as_last_given() -> None:
     """R4: a choice field the assembler does not read itself (vLLM's ``stop_reason``,
     SGLang's ``matched_stop``) reaches the reply as the last non-null value streamed,
-    as a non-streamed reply carries it; a chunk cannot overwrite the message."""
+    null where only null was, a list field's pieces joined, as a non-streamed reply
+    carries them; a chunk cannot overwrite the message."""
     reply = assemble(
         chunk({"content": "x"}),
         {**chunk({}), "choices": [
             {"index": 0, "delta": {"content": "y"}, "stop_reason": None, "matched_stop": 7,
-             "message": {"content": "not this"}}]},
+             "token_ids": [1, 2], "hidden": None, "message": {"content": "not this"}}]},
         {**chunk({}), "choices": [
-            {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": 128009}]},
+            {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": 128009,
+             "matched_stop": None, "token_ids": [3], "hidden": None}]},
     )  # fmt: skip
     choice = reply.result()["choices"][0]
     assert choice["message"]["content"] == "xy"
     assert (choice["finish_reason"], choice["stop_reason"], choice["matched_stop"]) == (
         "stop", 128009, 7)  # fmt: skip
+    assert choice["token_ids"] == [1, 2, 3] and choice["hidden"] is None

@@ -12,7 +12,7 @@ folds each ``chat.completion.chunk`` into a ``chat.completion``:
   other string) concatenated, its ``id`` and ``type`` kept as first given;
 * ``finish_reason`` is the last one given; ``logprobs.content`` entries are appended;
   any other field of a choice (vLLM's ``stop_reason``, SGLang's ``matched_stop``) is
-  the last non-null one given;
+  the last non-null one given (null if only null was), a list field the pieces joined;
 * the usage-only chunk (no choices) gives ``usage``; ``id``, ``created``, ``model`` and
   the like come from the first chunk that has them;
 * an error event (``{"error": {...}}``, as SGLang and vLLM send one mid-stream) is kept
@@ -140,7 +140,11 @@ class ReplyAssembler:
             if isinstance(delta, dict):
                 _merge(choice["message"], delta)
             for key, value in entry.items():
-                if value is not None and key not in _CHOICE_READ:
+                if key in _CHOICE_READ:
+                    continue
+                if isinstance(value, list) and isinstance(choice.get(key), list):
+                    choice[key] = [*choice[key], *value]  # a per-chunk list: the pieces
+                elif value is not None or key not in choice:
                     choice[key] = value
             if entry.get("finish_reason") is not None:
                 choice["finish_reason"] = entry["finish_reason"]
