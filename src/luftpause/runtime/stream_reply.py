@@ -143,7 +143,7 @@ class ReplyAssembler:
                 if key in _CHOICE_READ:
                     continue
                 if isinstance(value, list) and isinstance(choice.get(key), list):
-                    choice[key] = [*choice[key], *value]  # a per-chunk list: the pieces
+                    choice[key].extend(value)  # a per-chunk list, as logprobs' below
                 elif value is not None or key not in choice:
                     choice[key] = value
             if entry.get("finish_reason") is not None:
