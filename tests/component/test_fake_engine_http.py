@@ -269,6 +269,53 @@ async def test_tool_calls_until_results_then_answer_and_header_overrides() -> No
         assert text["choices"][0]["finish_reason"] == "stop"
 
 
+async def test_a_plan_key_draws_the_reply_whatever_the_prompt() -> None:
+    """H1, B10: with x-fake-plan-key the reply (its length, a tool call's arguments) is
+    drawn from the key and the tool results so far, not from the prompt text: two
+    conversations with one key get the same replies turn for turn, other keys other
+    replies; an empty or overlong key is a 400 naming the header."""
+
+    async def reply(client: httpx.AsyncClient, text: str, key: str | None, results: int) -> Any:
+        messages = user(text)
+        if results:
+            call = {"id": "call_1", "type": "function",
+                    "function": {"name": "lookup", "arguments": "{}"}}  # fmt: skip
+            messages = [
+                *messages,
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": f"facts {text}"},
+            ]
+        headers = {"x-fake-tool-results": "1"}
+        if key is not None:
+            headers["x-fake-plan-key"] = key
+        body = {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 512}
+        response = await client.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        data = response.json()
+        message = data["choices"][0]["message"]
+        calls = [c["function"]["arguments"] for c in message.get("tool_calls") or []]
+        return calls, data["usage"]["completion_tokens"]
+
+    async with asgi_client() as client:
+        for results in (0, 1):  # the tool-call turn, then the answer
+            a = await reply(client, "find the river Rhine", "plan-7", results)
+            b = await reply(client, "what feeds lake Constance", "plan-7", results)
+            assert a == b
+        answers = {(await reply(client, "find the river", f"plan-{i}", 1))[1] for i in range(8)}
+        assert len(answers) > 1
+        prompts = {(await reply(client, f"river {i}", None, 1))[1] for i in range(8)}
+        assert len(prompts) > 1  # without a key, each conversation draws its own
+        for bad, why in (("", "must not be empty"), ("k" * 257, "at most 256 characters")):
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": MODEL, "messages": user("x")},
+                headers={"x-fake-plan-key": bad},
+            )
+            assert response.status_code == 400
+            assert "x-fake-plan-key" in response.json()["error"]["message"]
+            assert why in response.json()["error"]["message"]
+
+
 async def test_logprobs_score_labels_with_one_token() -> None:
     """H1 (R13): max_tokens 1 with logprobs returns deterministic top-k first tokens that
     include several of the labels listed in the prompt."""

@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 from fullstack import Stack, loadgen_here, start_stack
 
+from luftpause.loadgen.mix import Defaults, ToolCalls, parse_group
 from luftpause.procs import free_port
+from luftpause.sim.agents import Records
+from luftpause.sim.main import SimConfig, simulate
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +115,54 @@ async def test_own_loop_groups_through_the_dataplane(stack: Stack, tmp_path: Pat
         result["groups"]["people"]["turns_ended"]["turns"]
         == (result["classes"]["interactive"]["turns_ended"]["turns"])
     )
+
+
+def completion_tokens(runs: list[dict[str, Any]]) -> list[list[int]]:
+    """Each run's reply lengths, turn by turn, in the order the runs started."""
+    ordered = sorted(runs, key=lambda r: r["start_s"])
+    return [[t["completion_tokens"] for t in r["turn_records"]] for r in ordered]
+
+
+async def test_a_plan_seed_gives_loads_and_the_simulator_the_same_replies(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """B1, B10: with one --plan-seed, two loads (two arms of a flood's repetition, each
+    with its own --seed, so its own prompt text) get the same tool counts and the same
+    reply lengths from the fake engines, run for run, and `luftpause sim --plan-seed`
+    plays them too; another plan seed draws other replies."""
+
+    async def one_agent(seed: str, plan_seed: str) -> list[list[int]]:
+        rc, stdout, stderr, result = await loadgen(
+            tmp_path,
+            "--target", stack.base_url, "--tools-url", stack.extra["tools_url"],
+            "--group", "1:batch:crowd", "--duration-s", "3", "--warmup-s", "0",
+            "--context-chars", "2000", "--tool-calls", "0-3", "--max-tokens", "64",
+            "--seed", seed, "--plan-seed", plan_seed, "--runs-in-json", "--quiet",
+        )  # fmt: skip
+        assert rc == 0 and result["error_count"] == 0, stdout + stderr
+        assert result["plan_seed"] == plan_seed
+        return completion_tokens(result["runs"])
+
+    arm_a = await one_agent("own1luftpause0", "own1rep0")
+    arm_b = await one_agent("own1router0", "own1rep0")
+    other = await one_agent("own1luftpause1", "own1rep1")
+    n = min(len(arm_a), len(arm_b), len(other))
+    assert n >= 3, (arm_a, arm_b, other)
+    assert arm_a[:n] == arm_b[:n]
+    assert len({len(run) for run in arm_a}) > 1  # tool counts vary from run to run
+    assert other[:n] != arm_a[:n]
+
+    def simulated(plan_seed: str | None) -> list[list[int]]:
+        defaults = Defaults(context_chars=2000, tool_calls=ToolCalls.parse("0-3"), max_tokens=64)
+        group = parse_group("1:batch:crowd", 0, defaults)
+        records = Records()
+        config = SimConfig(groups=(group,), duration_s=120, warmup_s=0, plan_seed=plan_seed)
+        simulate(config, "router", records=records)
+        runs = sorted(records.runs, key=lambda r: r.start_s)
+        return [[t.completion_tokens or 0 for t in r.turn_records] for r in runs]
+
+    assert simulated("own1rep0")[:n] == arm_a[:n]
+    assert simulated(None)[:n] != arm_a[:n]  # drawn from each conversation instead
 
 
 async def test_engine_arm_sends_priority_without_luftpause_headers(

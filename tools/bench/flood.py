@@ -714,8 +714,9 @@ def loadgen_seeds(arm: Arm, rep: int) -> tuple[str, str]:
     """The load generator's ``--seed`` for one arm's repetition, which names its runs
     and their prompt text (its own, so no arm finds another's prompts cached in the
     shared engines), and its ``--plan-seed``, which draws a coding run's shape (turns,
-    tokens, tool gaps, sub-agents) and is the same for every arm of a repetition: the
-    arms are compared on the same runs, slot for slot (common random numbers)."""
+    tokens, tool gaps, sub-agents) and an own-loop run's tool count and replies (the
+    fake engines' ``x-fake-plan-key``), and is the same for every arm of a repetition:
+    the arms are compared on the same runs, slot for slot (common random numbers)."""
     seed = f"{arm.bench}{arm.load}{arm.name}{rep}".replace("-", "")
     return seed, f"{arm.bench}{arm.load}rep{rep}"
 

@@ -59,7 +59,8 @@ class AgentOptions:
     turn_timeout_s: float = 600.0
     max_turns: int = 10
     nonce: str = "0"
-    # what a --profile group's runs are drawn from (the nonce unless --plan-seed says)
+    # what a --profile group's runs and the fake engine's replies to an own-loop agent
+    # are drawn from (the nonce unless --plan-seed says)
     plan_seed: str = "0"
     token: str | None = None  # sent as Authorization: Bearer to every target (X2, D9)
     # Runs in flight (run ID -> base URL), so a load that stops can end them (D8).
@@ -249,10 +250,15 @@ async def stream_turn(
 SMG_PRIORITY_HEADER = "x-smg-priority"
 
 
-def run_headers(group: Group, run_key: str, n_tools: int, options: AgentOptions) -> dict[str, str]:
-    """The headers every turn of one run sends: the fake engine's tool count, luftpause's
-    class headers (unless off), and SMG's priority class and routing key where asked."""
+def run_headers(
+    group: Group, run_key: str, n_tools: int, options: AgentOptions, plan: str | None = None
+) -> dict[str, str]:
+    """The headers every turn of one run sends: the fake engine's tool count and plan key,
+    luftpause's class headers (unless off), and SMG's priority class and routing key where
+    asked."""
     headers = {"x-fake-tool-results": str(n_tools)}
+    if plan is not None:
+        headers["x-fake-plan-key"] = plan
     if options.class_headers:
         headers.update(
             {
@@ -277,10 +283,12 @@ async def run_once(
     run_number: int,
     options: AgentOptions,
     clock: Callable[[], float],
+    plan: str | None = None,
 ) -> RunRecord:
-    """One agent run, start to answer. Raises :class:`RunFailed`."""
+    """One agent run, start to answer; ``plan`` is its plan key (:func:`plan_key`).
+    Raises :class:`RunFailed`."""
     start = clock()
-    headers = run_headers(group, run_key, group.tool_calls.pick(run_number), options)
+    headers = run_headers(group, run_key, group.tool_calls.pick(run_number), options, plan)
     extra_body = (
         {"priority": options.priority[group.cls]} if group.cls in options.priority else None
     )

@@ -85,7 +85,7 @@ from luftpause.loadgen.mix import (
 from luftpause.loadgen.pool import TokenRefused
 from luftpause.loadgen.progress import LiveLine
 from luftpause.loadgen.trace import TraceRun, load_trace
-from luftpause.loadgen.workload import PROFILES, run_rng
+from luftpause.loadgen.workload import PROFILES, plan_key, run_rng
 
 DEFAULT_MODEL = "llama-3.2-1b"
 # The stack `luftpause up` (and `make run`) starts, on its default ports.
@@ -318,15 +318,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument(
         "--seed",
-        help="names the runs (run IDs and prompt text), and draws a --profile group's runs "
-        "unless --plan-seed does; default: random, so no two loads share cached prompts",
+        help="names the runs (run IDs and prompt text), and draws their replies unless "
+        "--plan-seed does; default: random, so no two loads share cached prompts",
     )
     shape.add_argument(
         "--plan-seed",
         metavar="TEXT",
-        help="what the runs of a --profile group are drawn from (default: --seed): two "
-        "loads with the same plan seed play the same runs, slot for slot, whatever their "
-        "--seed names them (luftpause sim --plan-seed draws the same ones)",
+        help="what the runs are drawn from (default: --seed): a --profile group's runs, and "
+        "the fake engine's replies to an own-loop agent's turns (sent as x-fake-plan-key); "
+        "two loads with the same plan seed play the same runs, slot for slot, whatever "
+        "their --seed names them (luftpause sim --plan-seed draws the same ones)",
     )
     mcp = parser.add_argument_group("sub-agents over MCP")
     mcp.add_argument(
@@ -454,11 +455,15 @@ def _agent_runner(
     pool: agents.ToolPool,
     tools: list[dict[str, Any]],
     group: Group,
+    index: int,
     options: agents.AgentOptions,
     clock: Callable[[], float],
 ) -> Runner:
+    """Runs of own-loop agent slot ``index``, each with its plan key from the plan seed."""
+
     def once(key: str, number: int) -> Coroutine[Any, Any, stats.RunRecord]:
-        return agents.run_once(client, pool, tools, group, key, number, options, clock)
+        plan = plan_key(options.plan_seed, group.name, index, number)
+        return agents.run_once(client, pool, tools, group, key, number, options, clock, plan)
 
     return once
 
@@ -721,6 +726,7 @@ async def run_load(
                             pool,
                             tools,
                             g,
+                            i,
                             options,
                             rec.clock,
                         )

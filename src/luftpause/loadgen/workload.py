@@ -214,3 +214,11 @@ PROFILES: dict[str, Profile] = {CODING_AGENT.name: CODING_AGENT}
 def run_rng(seed: object, *parts: object) -> random.Random:
     """The generator of one run: a function of the seed and the run's place in the load."""
     return random.Random(":".join(str(p) for p in (seed, *parts)))
+
+
+def plan_key(plan_seed: str, group: str, slot: int, number: int) -> str:
+    """The fake engine's plan key (``x-fake-plan-key``) of run ``number`` (from 0) of slot
+    ``slot`` of own-loop group ``group``: what the engine draws that run's replies from,
+    so that loads with one plan seed get the same replies, run for run, whatever their
+    prompt text, and ``luftpause sim --plan-seed`` plays them too."""
+    return f"{plan_seed}-{group}-{slot}-{number}"

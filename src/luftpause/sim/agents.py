@@ -8,6 +8,11 @@ call until the conversation holds the run's number of tool results, then an
 answer. A tool call is answered after the fake tool's delay (uniform 0.5-1.5 s,
 seeded per agent) with the fake tool's result; the run ends with the answer and
 the agent starts its next run at once (closed loop, no think time).
+
+Given a plan seed, an agent's runs are those of ``luftpause loadgen --plan-seed``'s
+slot of the same group and index: run n has the load generator's tool count for run n
+and the fake engine's replies to its plan key (``loadgen.workload.plan_key``), so a
+flood and the simulator can be compared on the same draws.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from typing import Any
 from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
 from luftpause.fakes.engine.script import ReplyKind, ScriptOptions, ToolCall, plan_reply
 from luftpause.fakes.engine.tokens import render_messages
-from luftpause.fakes.mcp_tools import LOOKUP_DELAY_RANGE, filler_fact
+from luftpause.fakes.mcp_tools import LOOKUP_DELAY_RANGE, FakeMcpSettings, filler_fact
 from luftpause.loadgen import content
 from luftpause.loadgen.mix import Group
 from luftpause.loadgen.stats import EndedTurn, ErrorRecord, RunRecord, TurnRecord
+from luftpause.loadgen.workload import plan_key
 from luftpause.sim.arms import Arm, Ask, TurnEnd
 from luftpause.sim.fleet import Replica
 from luftpause.sim.placement import routing_text
@@ -142,8 +148,14 @@ class Agent:
         records: Records,
         seed: int,
         script: ScriptOptions,
+        plan_seed: str | None = None,
+        slot: int = 0,
     ) -> None:
         self.index = index
+        # Given a plan seed, run n (from 0) of this slot is the load generator's run n of
+        # slot ``slot`` with that plan seed: its tool count and the engine's replies.
+        self.plan_seed = plan_seed
+        self.slot = slot
         self.group = group
         self.model = model
         self.world = world
@@ -152,7 +164,9 @@ class Agent:
         self.records = records
         self.script = script
         self.rng = random.Random(f"{seed}:{group.name}:{index}")
-        self.seed = seed
+        # The tool server's seed: the simulator's, or, where the runs are a load's, that
+        # of the `luftpause fake-mcp` the load generator calls (its default)
+        self.seed = seed if plan_seed is None else FakeMcpSettings.seed
         self.runs = 0
         self.stopped = False
 
@@ -168,14 +182,21 @@ class Agent:
     def _new_run(self) -> None:
         if self.stopped:
             return
+        number = self.runs
         self.runs += 1
         key = f"{self.group.name}-{self.index}-{self.runs}"
         calls = self.group.tool_calls
+        if self.plan_seed is None:
+            plan, tool_results = None, self.rng.randint(calls.lo, calls.hi)
+        else:
+            plan = plan_key(self.plan_seed, self.group.name, self.slot, number)
+            tool_results = calls.pick(number)
         run = _Run(
             run_id=f"sim-{key}",
             key=key,
             messages=content.messages(self.group.context_chars, key),
-            tool_results=self.rng.randint(calls.lo, calls.hi),
+            tool_results=tool_results,
+            plan=plan,
             record=RunRecord(
                 group=self.group.name,
                 cls=self.group.cls,
@@ -203,6 +224,7 @@ class Agent:
             prompt_text=prompt,
             tool_results=run.tool_results,
             call_nonce=nonce,
+            plan_key=run.plan,
         )
         ask = Ask(
             turn_id=f"turn-{nonce}",
@@ -318,4 +340,5 @@ class _Run:
     messages: list[dict[str, Any]]
     tool_results: int
     record: RunRecord
+    plan: str | None = None  # the fake engine's plan key (None: replies drawn from the prompt)
     pending_call: ToolCall | None = None  # the tool call the turn in flight will make

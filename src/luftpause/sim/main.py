@@ -84,8 +84,9 @@ class SimConfig:
     # ... and how often SMG reads the engines' load (``--load-monitor-interval``), which
     # its cache_aware and least_load price engines by
     smg_load_poll_s: float = SMG_LOAD_POLL_S
-    # B10: profile groups' runs drawn as `luftpause loadgen --plan-seed` draws them (None:
-    # from ``seed``)
+    # B10: the runs drawn as `luftpause loadgen --plan-seed` draws them: profile groups'
+    # runs, own-loop agents' tool counts and replies (None: profile runs from ``seed``,
+    # own-loop replies from each conversation)
     plan_seed: str | None = None
     script: ScriptOptions = field(default_factory=ScriptOptions)
     # B10: runs of a trace to replay (beside the groups or alone), and the profiles a
@@ -179,7 +180,7 @@ def simulate(
             else:
                 agent = Agent(
                     len(agents), group, MODEL, world, arm, by_name, records, config.seed,
-                    config.script,
+                    config.script, config.plan_seed, slot=i,
                 )  # fmt: skip
             agents.append(agent)
             agent.start(config.ramp_s * i / group.count)
@@ -444,10 +445,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--plan-seed",
         metavar="TEXT",
-        help="draw a --profile group's runs as `luftpause loadgen --plan-seed TEXT` does: "
-        "the runs of that load, slot for slot, served at their planned lengths (the load "
-        "generator rounds a tool turn's reply up to a power of two); a flood's repetition "
-        "records it as plan_seed, or as seed where it has none; default: from --seed",
+        help="draw the runs as `luftpause loadgen --plan-seed TEXT` does: a --profile "
+        "group's runs, slot for slot, served at their planned lengths (the load generator "
+        "rounds a tool turn's reply up to a power of two), and an own-loop agent's tool "
+        "counts and replies, run for run; a flood's repetition records it as plan_seed, or "
+        "as seed where it has none; default: profile runs from --seed, own-loop replies "
+        "from each conversation",
     )
     sim.add_argument(
         "--probe-s",

@@ -235,6 +235,7 @@ def plan_reply(
     wrong_types: bool | None = None,
     call_nonce: str = "",
     ignore_eos: bool = False,
+    plan_key: str | None = None,
 ) -> ReplyPlan:
     """Decide the reply to a conversation. Keyword overrides come from request headers.
 
@@ -242,12 +243,21 @@ def plan_reply(
     runs with the same conversation must not share IDs (clients identify runs by them).
     ``ignore_eos`` (the SGLang/vLLM sampling parameter) makes a text answer run until
     ``max_tokens`` or the context limit; tool calls are unchanged.
+
+    Every draw (answer length, runaway, first token, tool arguments) comes from a hash
+    of the whole conversation, or, given ``plan_key``, of that key and the number of
+    tool results so far: two runs with one plan key get the same replies, turn for
+    turn, whatever their prompt text (common random numbers, for loads compared arm
+    against arm or against the simulator).
     """
-    seed = f"{options.seed}:{stable_hash('conversation', prompt_text):016x}"
+    done = count_tool_results(messages)
+    if plan_key is None:
+        seed = f"{options.seed}:{stable_hash('conversation', prompt_text):016x}"
+    else:
+        seed = f"{options.seed}:{stable_hash('plan', plan_key, str(done)):016x}"
     want_results = options.tool_results if tool_results is None else tool_results
     as_text = options.text_tool_calls if text_tool_calls is None else text_tool_calls
     wrong = options.wrong_types if wrong_types is None else wrong_types
-    done = count_tool_results(messages)
     functions = _tool_functions(tools or [])
     fn = (
         _chosen_function(functions, tool_choice, done)

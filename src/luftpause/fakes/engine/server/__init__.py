@@ -19,7 +19,8 @@ answers vLLM's 404 for a name it does not list. ``/v1/models`` lists the
 configured names either way.
 
 Per-request script overrides: ``x-fake-tool-results: N``,
-``x-fake-text-tool-calls: 1``, ``x-fake-wrong-types: 1``; the body's
+``x-fake-text-tool-calls: 1``, ``x-fake-wrong-types: 1``, ``x-fake-plan-key: KEY``
+(every draw from the key and the tool results so far, not from the prompt); the body's
 ``ignore_eos: true`` (SGLang/vLLM) makes a text answer run until ``max_tokens``.
 Real routers in front of the engines: docs/routers.md.
 """

@@ -37,6 +37,7 @@ from luftpause.fakes.engine.server.wire import (
     error,
     header_flag,
     header_int,
+    header_key,
     model_not_found,
     timing_headers,
     validation_message,
@@ -60,6 +61,7 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
     try:
         tool_results = header_int(request, "x-fake-tool-results")
         retry_after = header_int(request, "x-fake-retry-after")
+        plan_key = header_key(request, "x-fake-plan-key")
     except BadHeader as exc:
         return error(400, str(exc))
     fault = request.headers.get("x-fake-fault") or config.fault
@@ -84,6 +86,7 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
         wrong_types=header_flag(request, "x-fake-wrong-types"),
         call_nonce=rid,
         ignore_eos=bool(body.ignore_eos),
+        plan_key=plan_key,
     )
     max_new = body.max_completion_tokens or body.max_tokens or config.default_max_tokens
     priority = (

@@ -3,7 +3,7 @@
 * Request bodies: ``ChatCompletionBody`` and ``ClassifyBody`` (the fields the
   engine reads; anything else is accepted and ignored), request headers that
   override the script (``x-fake-tool-results``, ``x-fake-text-tool-calls``,
-  ``x-fake-wrong-types``), and the OpenAI-style error body.
+  ``x-fake-wrong-types``, ``x-fake-plan-key``), and the OpenAI-style error body.
 * Responses: ``Reply`` renders produced tokens as a ``chat.completion`` or as
   ``chat.completion.chunk`` SSE events; ``classify_response`` renders vLLM's
   ``/classify`` answer.
@@ -116,6 +116,21 @@ def header_int(request: Request, name: str) -> int | None:
     if value < 0:
         raise BadHeader(f"header {name} must not be negative")
     return value
+
+
+PLAN_KEY_MAX_CHARS = 256
+
+
+def header_key(request: Request, name: str) -> str | None:
+    """A header naming something (a plan key): absent, or 1-256 characters."""
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise BadHeader(f"header {name} must not be empty")
+    if len(raw) > PLAN_KEY_MAX_CHARS:
+        raise BadHeader(f"header {name} must be at most {PLAN_KEY_MAX_CHARS} characters")
+    return raw
 
 
 def header_flag(request: Request, name: str) -> bool | None:
