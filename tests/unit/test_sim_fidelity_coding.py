@@ -76,7 +76,9 @@ def test_several_seeds_give_a_mean_and_its_range(
         }
     }
     plan = {"time_scale": 1.0, "warmup_s": 10.0, "window_s": 60.0, "reps": 1}
-    data = {"plan": plan, "results": {"own": {"2": {"router": [rep]}}}, "code": "HEAD"}
+    # a flood before plan keys: its replies were drawn from each conversation
+    code = fidelity.FIRST_TOKEN_ALONE
+    data = {"plan": plan, "results": {"own": {"2": {"router": [rep]}}}, "code": code}
     (tmp_path / "flood.json").write_text(json.dumps(data))
     out = tmp_path / "doc.md"
     out.write_text("before\n<!-- fidelity-x:start -->\nold\n<!-- fidelity-x:end -->\nafter\n")
@@ -152,6 +154,7 @@ def test_each_coding_repetition_is_simulated_with_its_own_plan_seed(
     data = {
         "plan": {**plan, "reps": 2},
         "results": {"coding": {"2": {"router": reps, "luftpause-no-pk": [{"classes": {}}]}}},
+        "code": "HEAD",
     }
     path = tmp_path / "coding.json"
     path.write_text(json.dumps(data))
@@ -230,3 +233,49 @@ def test_an_mcp_flood_is_simulated_as_own_loop_agents_with_the_pace_as_it_ran(
             "| 23.0 / 23.0 | 24.0 / 24.0 | 7.0 | 9.0 |"
         ) in out
         assert "| 2 | luftpause | 53 % | 52 % | 15.4 | 17.1 |" in out
+
+
+def test_an_own_loop_flood_with_plan_keys_is_simulated_with_each_repetitions_replies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B1, B10: an own-loop flood from PLAN_KEYS on drew its replies from each
+    repetition's plan seed; each repetition is simulated with it, under each of
+    --seeds seeds, and the table says so; one without a plan seed is refused. A flood
+    from before is simulated under --seeds seeds alone, and one whose commit git cannot
+    place is refused in one line (what is modelled depends on it)."""
+    rep = {
+        "classes": {
+            cls: {"runs_per_min_closed": 6.0, "run_s": {"p50": 30.0}}
+            for cls in ("interactive", "batch")
+        }
+    }
+    reps = [{**rep, "seed": f"own2router{i}", "plan_seed": f"own2rep{i}"} for i in range(2)]
+    plan = {"time_scale": 1.0, "warmup_s": 10.0, "window_s": 60.0, "reps": 2}
+    seen: list[tuple[str | None, int]] = []
+
+    def fake_simulate(config: Any, arm: str) -> dict[str, Any]:
+        seen.append((config.plan_seed, config.seed))
+        return {"classes": rep["classes"], "requests_by_replica": {"a": 1}}
+
+    monkeypatch.setattr(fidelity, "simulate", fake_simulate)
+    path = tmp_path / "own.json"
+
+    def run(code: str, reps: list[dict[str, Any]], *extra: str) -> tuple[int, str]:
+        results = {"own": {"2": {"router": reps}}}
+        path.write_text(json.dumps({"plan": plan, "results": results, "code": code}))
+        monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(path), *extra])
+        seen.clear()
+        return fidelity.main(), capsys.readouterr().out
+
+    rc, out = run("HEAD (working tree clean)", reps, "--seeds", "2")
+    assert rc == 0
+    assert seen == [("own2rep0", 0), ("own2rep0", 1), ("own2rep1", 0), ("own2rep1", 1)]
+    assert "each repetition simulated with the tool counts and replies it drew" in out
+    assert "the flood inside the simulations' range on both: 2 of 2." in out
+    rc, out = run("HEAD", [reps[0], rep])
+    assert rc == 2 and "no recorded plan seed in repetitions of 2/router" in out
+    rc, out = run(fidelity.FIRST_TOKEN_ALONE, reps, "--seeds", "2")
+    assert rc == 0 and seen == [(None, 0), (None, 1)] and "seeds 0–1" in out
+    for code, why in (("", "recorded no commit"), ("0123abc", "cannot place")):
+        rc, out = run(code, reps)
+        assert rc == 2 and why in out and "Traceback" not in out and seen == []

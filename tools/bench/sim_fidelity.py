@@ -63,7 +63,12 @@ the simulator's are one seed, or with ``--seeds N`` the mean of N seeds with the
 lowest and highest beside it: with 4 interactive agents a window holds a few dozen
 interactive runs, whose rate moves by about 13 % and p50 by 10–30 % from seed to
 seed, so one seed against one repetition cannot tell a model's error from the draw.
-Nothing is asserted: this is a measurement.
+An own-loop flood from ``PLAN_KEYS`` on drew its replies from plan keys (the load
+generator's ``--plan-seed``, one per repetition): each repetition is then simulated
+with its plan seed (under ``--seeds N`` seeds each, for what else is random: tool
+delays, placement), so both play the same tool counts and replies run for run, and
+what is left between them is the model, not the draw. Nothing is asserted: this is a
+measurement.
 """
 
 from __future__ import annotations
@@ -227,15 +232,34 @@ RUNTIME_STREAMS = "cb2cd77d59de85b59733e2d232e5fd10c46062dc"
 FIRST_TOKEN_ALONE = "47dc5bba5b9ddc535478a21b3ecc2f0ab654e17c"
 
 
+# Since this commit the load generator sends each own-loop run's plan key (from its
+# --plan-seed) and the fake engines draw the replies from it, so the simulator, given
+# a repetition's plan seed, plays that repetition's tool counts and replies run for run.
+PLAN_KEYS = "2e5121566870c80c6ab96cafc0cb4a97b47e4d6c"
+
+
+class UnknownCommit(ValueError):
+    pass
+
+
 def ran_since(code: str, since: str) -> bool:
     """Whether the flood's commit (``flood["code"]``, "abc1234 (working tree clean)")
-    has ``since`` in its history; True where git cannot tell."""
+    has ``since`` in its history. Raises :class:`UnknownCommit` where git cannot tell
+    (no commit recorded, or one this clone does not have): what the simulator models
+    depends on it."""
     commit = code.split()[0] if code.split() else ""
+    if not commit:
+        raise UnknownCommit("the flood recorded no commit (its JSON has no 'code')")
     answer = subprocess.run(
         ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", since, commit],
-        capture_output=True, check=False,
+        capture_output=True, text=True, check=False,
     )  # fmt: skip
-    return answer.returncode != 1  # 0: an ancestor; 1: not; other: unknown commit
+    if answer.returncode not in (0, 1):  # 0: an ancestor; 1: not
+        raise UnknownCommit(
+            f"git cannot place the flood's commit {commit} beside {since[:7]} in this "
+            f"clone: {answer.stderr.strip() or 'exit status ' + str(answer.returncode)}"
+        )
+    return answer.returncode == 0
 
 
 def replica_means(figures: list[dict[str, Any]], key: str) -> str:
@@ -338,10 +362,27 @@ def main() -> int:
         capture_output=True, text=True, check=False,
     ).stdout.strip() or "unknown"  # fmt: skip
     code = str(flood.get("code", ""))
-    pace_on = ran_since(code, PACE_ON)  # git calls: each asked once
-    paced = pace_on and (bench != "mcp" or ran_since(code, RUNTIME_STREAMS))
-    # what the flood's fake engines put in a reply's first streamed chunk
-    first_chunk = 1 if ran_since(code, FIRST_TOKEN_ALONE) else int(plan.get("chunk_tokens", 8))
+    try:  # git calls: each asked once
+        pace_on = ran_since(code, PACE_ON)
+        paced = pace_on and (bench != "mcp" or ran_since(code, RUNTIME_STREAMS))
+        # what the flood's fake engines put in a reply's first streamed chunk
+        first_chunk = (
+            1 if ran_since(code, FIRST_TOKEN_ALONE) else int(plan.get("chunk_tokens", 8))
+        )
+        # own-loop runs with plan keys: each repetition simulated with the replies it drew
+        paired = bench == "own" and ran_since(code, PLAN_KEYS)
+    except UnknownCommit as exc:
+        print(f"sim_fidelity: {args.flood}: {exc}")
+        return 2
+    if paired:
+        missing = [
+            f"{load}/{arm}" for load, arms in own.items() for arm, reps in arms.items()
+            if simulated(arm) and any(rep.get("plan_seed") is None for rep in reps)
+        ]  # fmt: skip
+        if missing:
+            print(f"sim_fidelity: no recorded plan seed in repetitions of {', '.join(missing)}")
+            return 2
+    sims_per_arm = most_reps if coding else most_reps * args.seeds if paired else args.seeds
     rows = []
     splits: list[tuple[str, str, list[float], float]] = []
     # luftpause arms: the flood's scheduler figures (per repetition) and the simulator's
@@ -390,6 +431,15 @@ def main() -> int:
                     simulate(replace(arm_config, plan_seed=plan_seed_of(rep)), sim_arm)
                     for rep in own[load][arm]
                 ]
+            elif paired:  # each repetition's own replies, run for run, under --seeds seeds
+                results = [
+                    simulate(
+                        replace(arm_config, plan_seed=plan_seed_of(rep), seed=args.seed + i),
+                        sim_arm,
+                    )
+                    for rep in own[load][arm]
+                    for i in range(args.seeds)
+                ]
             else:
                 results = [
                     simulate(replace(arm_config, seed=args.seed + i), sim_arm)
@@ -426,6 +476,22 @@ def main() -> int:
             ": each sim cell is their mean, with their lowest and highest in brackets"
             if most_reps > 1
             else ""
+        )
+    elif paired:
+        seeds_text = (
+            "each repetition simulated with the tool counts and replies it drew (its plan "
+            "seed)"
+            + (f", under seed {args.seed}" if args.seeds == 1 else "")
+            + (
+                f", under seeds {args.seed}–{args.seed + args.seeds - 1}"
+                if args.seeds > 1
+                else ""
+            )
+            + (
+                ": each sim cell is their mean, with their lowest and highest in brackets"
+                if sims_per_arm > 1
+                else ""
+            )
         )
     else:
         seeds_text = (
@@ -523,9 +589,9 @@ def main() -> int:
         "",
         f"Within ±10 % on both {metric} and p50: {sum(within)} of {len(within)} rows"
         + (
-            f"; the flood inside the {'simulations' if coding else 'seeds'}' range on both: "
-            f"{sum(inside)} of {len(inside)}."
-            if (most_reps if coding else args.seeds) > 1
+            f"; the flood inside the {'seeds' if not (coding or paired) else 'simulations'}' "
+            f"range on both: {sum(inside)} of {len(inside)}."
+            if sims_per_arm > 1
             else "."
         ),
     ]
