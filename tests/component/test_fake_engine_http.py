@@ -273,7 +273,8 @@ async def test_a_plan_key_draws_the_reply_whatever_the_prompt() -> None:
     """H1, B10: with x-fake-plan-key the reply (its length, a tool call's arguments) is
     drawn from the key and the tool results so far, not from the prompt text: two
     conversations with one key get the same replies turn for turn, other keys other
-    replies; an empty or overlong key is a 400 naming the header."""
+    replies, and /debug/state counts the requests that came with a key; an empty or
+    overlong key is a 400 naming the header."""
 
     async def reply(client: httpx.AsyncClient, text: str, key: str | None, results: int) -> Any:
         messages = user(text)
@@ -297,6 +298,7 @@ async def test_a_plan_key_draws_the_reply_whatever_the_prompt() -> None:
         return calls, data["usage"]["completion_tokens"]
 
     async with asgi_client() as client:
+        assert (await client.get("/debug/state")).json()["plan_keyed"] == 0
         for results in (0, 1):  # the tool-call turn, then the answer
             a = await reply(client, "find the river Rhine", "plan-7", results)
             b = await reply(client, "what feeds lake Constance", "plan-7", results)
@@ -305,6 +307,8 @@ async def test_a_plan_key_draws_the_reply_whatever_the_prompt() -> None:
         assert len(answers) > 1
         prompts = {(await reply(client, f"river {i}", None, 1))[1] for i in range(8)}
         assert len(prompts) > 1  # without a key, each conversation draws its own
+        state = (await client.get("/debug/state")).json()
+        assert (state["plan_keyed"], state["submitted"]) == (12, 20)
         for bad, why in (("", "must not be empty"), ("k" * 257, "at most 256 characters")):
             response = await client.post(
                 "/v1/chat/completions",

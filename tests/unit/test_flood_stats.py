@@ -363,7 +363,8 @@ def test_scheduler_line_shows_each_luftpause_arms_caps_over_the_window() -> None
 
 def test_engine_watch_counts_each_engines_requests() -> None:
     """H4: the engine watch records which engine finished each request and each engine's
-    own step counters over the arm."""
+    own step counters over the arm, and the share of the arm's requests that reached the
+    engines with their plan key (B10)."""
     watch = flood.EngineWatch(["http://a", "http://b"])
     watch.seen = {
         "r1": {"engine": 0, "prompt_tokens": 10, "cached_tokens": 5,
@@ -374,13 +375,16 @@ def test_engine_watch_counts_each_engines_requests() -> None:
                "timing": {"queued_s": 0.0, "prefill_s": 0.1, "decode_s": 1.0}},
     }  # fmt: skip
     zero = dict.fromkeys(flood.COUNTERS, 0.0)
-    watch.counters = {**zero, "busy_s": 2.0, "decode_steps": 4.0, "decode_seqs": 10.0}
+    watch.counters = {
+        **zero, "busy_s": 2.0, "decode_steps": 4.0, "decode_seqs": 10.0,
+        "submitted": 4.0, "plan_keyed": 3.0,
+    }  # fmt: skip
     watch.each = [
         {**zero, "busy_s": 1.0, "decode_steps": 2.0, "decode_seqs": 8.0},
         {**zero, "busy_s": 1.0, "decode_steps": 2.0, "decode_seqs": 2.0},
     ]
     summary = watch.summary(1.0)
-    assert summary["decode_batch"] == 2.5
+    assert summary["decode_batch"] == 2.5 and summary["plan_keyed_share"] == 0.75
     assert summary["engines"] == [
         {"requests": 1, "decode_batch": 4.0},
         {"requests": 2, "decode_batch": 1.0},

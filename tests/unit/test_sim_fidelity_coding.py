@@ -239,43 +239,63 @@ def test_an_own_loop_flood_with_plan_keys_is_simulated_with_each_repetitions_rep
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """B1, B10: an own-loop flood from PLAN_KEYS on drew its replies from each
-    repetition's plan seed; each repetition is simulated with it, under each of
-    --seeds seeds, and the table says so; one without a plan seed is refused. A flood
-    from before is simulated under --seeds seeds alone, and one whose commit git cannot
-    place is refused in one line (what is modelled depends on it)."""
-    rep = {
-        "classes": {
-            cls: {"runs_per_min_closed": 6.0, "run_s": {"p50": 30.0}}
-            for cls in ("interactive", "batch")
-        }
+    repetition's plan seed where the arm's plan keys reached the engines (as the engines
+    counted them, or, uncounted, through the dataplane or no proxy at all): each such
+    repetition is simulated with its plan seed, under each of --seeds seeds, and the
+    table says so; an arm whose proxy kept the keys back (the router's drops custom
+    headers) is simulated under the seeds alone, and a keyed arm without a recorded plan
+    seed is refused. A flood from before is simulated under the seeds alone, and one
+    whose commit git cannot place is refused in one line."""
+    classes = {
+        cls: {"runs_per_min_closed": 6.0, "run_s": {"p50": 30.0}}
+        for cls in ("interactive", "batch")
     }
-    reps = [{**rep, "seed": f"own2router{i}", "plan_seed": f"own2rep{i}"} for i in range(2)]
+
+    def reps(arm: str, keyed: float | None = None) -> list[dict[str, Any]]:
+        side = {} if keyed is None else {"engine_side": {"plan_keyed_share": keyed}}
+        return [
+            {"classes": classes, "seed": f"own2{arm}{i}", "plan_seed": f"own2rep{i}", **side}
+            for i in range(2)
+        ]
+
     plan = {"time_scale": 1.0, "warmup_s": 10.0, "window_s": 60.0, "reps": 2}
-    seen: list[tuple[str | None, int]] = []
+    seen: list[tuple[str, str | None, int]] = []
 
     def fake_simulate(config: Any, arm: str) -> dict[str, Any]:
-        seen.append((config.plan_seed, config.seed))
-        return {"classes": rep["classes"], "requests_by_replica": {"a": 1}}
+        seen.append((arm, config.plan_seed, config.seed))
+        return {"classes": classes, "requests_by_replica": {"a": 1}}
 
     monkeypatch.setattr(fidelity, "simulate", fake_simulate)
     path = tmp_path / "own.json"
 
-    def run(code: str, reps: list[dict[str, Any]], *extra: str) -> tuple[int, str]:
-        results = {"own": {"2": {"router": reps}}}
-        path.write_text(json.dumps({"plan": plan, "results": results, "code": code}))
+    def run(code: str, arms: dict[str, Any], *extra: str) -> tuple[int, str]:
+        path.write_text(json.dumps({"plan": plan, "results": {"own": {"2": arms}}, "code": code}))
         monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(path), *extra])
         seen.clear()
         return fidelity.main(), capsys.readouterr().out
 
-    rc, out = run("HEAD (working tree clean)", reps, "--seeds", "2")
+    arms = {"luftpause": reps("luftpause"), "router": reps("router")}
+    rc, out = run("HEAD (working tree clean)", arms, "--seeds", "2")
     assert rc == 0
-    assert seen == [("own2rep0", 0), ("own2rep0", 1), ("own2rep1", 0), ("own2rep1", 1)]
+    assert seen == [
+        ("luftpause", "own2rep0", 0), ("luftpause", "own2rep0", 1),
+        ("luftpause", "own2rep1", 0), ("luftpause", "own2rep1", 1),
+        ("router", None, 0), ("router", None, 1),
+    ]  # fmt: skip
     assert "each repetition simulated with the tool counts and replies it drew" in out
-    assert "the flood inside the simulations' range on both: 2 of 2." in out
-    rc, out = run("HEAD", [reps[0], rep])
-    assert rc == 2 and "no recorded plan seed in repetitions of 2/router" in out
-    rc, out = run(fidelity.FIRST_TOKEN_ALONE, reps, "--seeds", "2")
-    assert rc == 0 and seen == [(None, 0), (None, 1)] and "seeds 0–1" in out
+    assert "router, whose proxy kept the plan keys from the engines: seeds 0–1" in out
+    assert "the flood inside the simulations' range on both: 4 of 4." in out
+    # the engines' count decides where there is one
+    counted = {"router": reps("router", keyed=1.0), "smg": reps("smg", keyed=0.0)}
+    rc, out = run("HEAD", counted)
+    assert rc == 0
+    assert seen == [("router", "own2rep0", 0), ("router", "own2rep1", 0), ("smg", None, 0)]
+    rc, out = run("HEAD", {"luftpause": [reps("luftpause")[0], {"classes": classes}]})
+    assert rc == 2 and "no recorded plan seed in repetitions of 2/luftpause" in out
+    rc, out = run(fidelity.FIRST_TOKEN_ALONE, arms, "--seeds", "2")
+    assert rc == 0 and "seeds 0–1" in out
+    assert seen == [("luftpause", None, 0), ("luftpause", None, 1), ("router", None, 0),
+                    ("router", None, 1)]  # fmt: skip
     for code, why in (("", "recorded no commit"), ("0123abc", "cannot place")):
-        rc, out = run(code, reps)
+        rc, out = run(code, arms)
         assert rc == 2 and why in out and "Traceback" not in out and seen == []

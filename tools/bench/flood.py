@@ -485,8 +485,12 @@ def wait_idle(stack: Stack, timeout_s: float = 120.0) -> None:
 
 
 # Step counters every fake engine keeps (``/debug/state``): model seconds busy, seconds
-# steps started late, model seconds of prefill, decode steps and their summed batch size.
-COUNTERS = ("busy_s", "late_s", "prefill_s", "decode_steps", "decode_seqs")
+# steps started late, model seconds of prefill, decode steps and their summed batch size;
+# and the requests it took, and those with the load generator's plan key (a proxy that
+# drops custom headers leaves the engines drawing replies from each conversation).
+COUNTERS = (
+    "busy_s", "late_s", "prefill_s", "decode_steps", "decode_seqs", "submitted", "plan_keyed",
+)  # fmt: skip
 
 
 class EngineWatch:
@@ -568,6 +572,8 @@ class EngineWatch:
             "behind": late / (busy + late) if busy else None,
             "prefill_share": c["prefill_s"] / busy if busy else None,
             "decode_batch": c["decode_seqs"] / c["decode_steps"] if c["decode_steps"] else None,
+            # The share of the arm's requests whose plan key reached the engines
+            "plan_keyed_share": c["plan_keyed"] / c["submitted"] if c["submitted"] else None,
             # Engine by engine: how the arm spread the work (a router that piles runs on
             # one engine shows here, not in the sums above).
             "engines": [
@@ -1895,7 +1901,11 @@ def report(
         "a finished run is replaced at once; runs in flight at the end are not counted",
         f"- every run: system preamble + own task, {TOOL_CALLS} `lookup` calls (fake-mcp, "
         "~1 s each), replies capped at 256 tokens; interactive agents: "
-        f"{INTERACTIVE_AGENTS}",
+        f"{INTERACTIVE_AGENTS}; an own-loop run's replies are drawn from its plan key "
+        "(`x-fake-plan-key`, from the load generator's `--plan-seed`, the same for every arm "
+        "of a repetition), where the arm's proxy passes that header on to the engines "
+        "(the engines count those that arrive with it: `engine_side.plan_keyed_share` in "
+        "the JSON)",
         "",
         "Columns: *runs/min* counts the runs that finished inside the window; "
         "*agents×60/mean* is the same closed loop's rate from its mean run time (Little's "

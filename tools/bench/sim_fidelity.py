@@ -238,6 +238,29 @@ FIRST_TOKEN_ALONE = "47dc5bba5b9ddc535478a21b3ecc2f0ab654e17c"
 PLAN_KEYS = "2e5121566870c80c6ab96cafc0cb4a97b47e4d6c"
 
 
+# Floods from PLAN_KEYS on whose engines did not yet count the requests that came with a
+# plan key: the arms whose requests reach the engines with the load generator's custom
+# headers. The luftpause dataplane passes them on (tests/integration/test_loadgen.py)
+# and the engine-priority arm has no proxy; sglang-router 0.3.2 and SMG 1.13 drop them
+# (a chat completion with x-fake-plan-key sent through `smg launch` reached its fake
+# engine without it: /debug/state's plan_keyed stayed 0), so their engines drew from
+# each conversation.
+HEADERS_REACH_ENGINES = ("luftpause", "engine-prio")
+
+
+def keys_reached(arm: str, reps: list[dict[str, Any]]) -> bool:
+    """Whether every request of a flood arm reached the engines with its plan key: as the
+    engines counted them (``engine_side.plan_keyed_share``, at least 99 % in every
+    repetition), or, where they did not count, by the arm (``HEADERS_REACH_ENGINES``)."""
+    shares: list[float | None] = [
+        (r.get("engine_side") or {}).get("plan_keyed_share") for r in reps
+    ]
+    counted = [float(share) for share in shares if share is not None]
+    if reps and len(counted) == len(shares):
+        return min(counted) >= 0.99
+    return arm.split("-", 1)[0] == "luftpause" or arm in HEADERS_REACH_ENGINES
+
+
 class UnknownCommit(ValueError):
     pass
 
@@ -366,23 +389,27 @@ def main() -> int:
         pace_on = ran_since(code, PACE_ON)
         paced = pace_on and (bench != "mcp" or ran_since(code, RUNTIME_STREAMS))
         # what the flood's fake engines put in a reply's first streamed chunk
-        first_chunk = (
-            1 if ran_since(code, FIRST_TOKEN_ALONE) else int(plan.get("chunk_tokens", 8))
-        )
+        first_chunk = 1 if ran_since(code, FIRST_TOKEN_ALONE) else int(plan.get("chunk_tokens", 8))
         # own-loop runs with plan keys: each repetition simulated with the replies it drew
         paired = bench == "own" and ran_since(code, PLAN_KEYS)
     except UnknownCommit as exc:
         print(f"sim_fidelity: {args.flood}: {exc}")
         return 2
-    if paired:
-        missing = [
-            f"{load}/{arm}" for load, arms in own.items() for arm, reps in arms.items()
-            if simulated(arm) and any(rep.get("plan_seed") is None for rep in reps)
-        ]  # fmt: skip
-        if missing:
-            print(f"sim_fidelity: no recorded plan seed in repetitions of {', '.join(missing)}")
-            return 2
-    sims_per_arm = most_reps if coding else most_reps * args.seeds if paired else args.seeds
+    # the arms of such a flood whose plan keys reached the engines: simulated paired
+    keyed = {
+        (load, arm) for load, arms in own.items() for arm, reps in arms.items()
+        if paired and simulated(arm) and keys_reached(arm, reps)
+    }  # fmt: skip
+    missing = [
+        f"{load}/{arm}" for load, arm in sorted(keyed)
+        if any(rep.get("plan_seed") is None for rep in own[load][arm])
+    ]  # fmt: skip
+    if missing:
+        print(f"sim_fidelity: no recorded plan seed in repetitions of {', '.join(missing)}")
+        return 2
+    unkeyed = sorted({arm for load, arms in own.items() for arm in arms
+                      if paired and simulated(arm) and (load, arm) not in keyed})  # fmt: skip
+    sims_per_arm = most_reps if coding else args.seeds
     rows = []
     splits: list[tuple[str, str, list[float], float]] = []
     # luftpause arms: the flood's scheduler figures (per repetition) and the simulator's
@@ -431,7 +458,7 @@ def main() -> int:
                     simulate(replace(arm_config, plan_seed=plan_seed_of(rep)), sim_arm)
                     for rep in own[load][arm]
                 ]
-            elif paired:  # each repetition's own replies, run for run, under --seeds seeds
+            elif (load, arm) in keyed:  # each repetition's own replies, under --seeds seeds
                 results = [
                     simulate(
                         replace(arm_config, plan_seed=plan_seed_of(rep), seed=args.seed + i),
@@ -445,6 +472,7 @@ def main() -> int:
                     simulate(replace(arm_config, seed=args.seed + i), sim_arm)
                     for i in range(args.seeds)
                 ]
+            sims_per_arm = max(sims_per_arm, len(results))
             if coding:
                 real = real_turn_figures(own[load][arm], scale)
                 sims = [sim_turn_figures(result) for result in results]
@@ -477,14 +505,18 @@ def main() -> int:
             if most_reps > 1
             else ""
         )
-    elif paired:
+    elif keyed:
+        under = (
+            f"seed {args.seed}"
+            if args.seeds == 1
+            else f"seeds {args.seed}–{args.seed + args.seeds - 1}"
+        )
         seeds_text = (
-            "each repetition simulated with the tool counts and replies it drew (its plan "
-            "seed)"
-            + (f", under seed {args.seed}" if args.seeds == 1 else "")
+            f"each repetition simulated with the tool counts and replies it drew (its plan "
+            f"seed), under {under}"
             + (
-                f", under seeds {args.seed}–{args.seed + args.seeds - 1}"
-                if args.seeds > 1
+                f"; {', '.join(unkeyed)}, whose proxy kept the plan keys from the engines: {under}"
+                if unkeyed
                 else ""
             )
             + (
@@ -589,7 +621,7 @@ def main() -> int:
         "",
         f"Within ±10 % on both {metric} and p50: {sum(within)} of {len(within)} rows"
         + (
-            f"; the flood inside the {'seeds' if not (coding or paired) else 'simulations'}' "
+            f"; the flood inside the {'seeds' if not (coding or keyed) else 'simulations'}' "
             f"range on both: {sum(inside)} of {len(inside)}."
             if sims_per_arm > 1
             else "."

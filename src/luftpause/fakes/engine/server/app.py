@@ -161,6 +161,7 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
             "models": list(config.models),
             "metrics": asdict(m),
             "submitted": engine_driver.submitted,
+            "plan_keyed": engine_driver.plan_keyed,
             "steps": engine_driver.tally.steps,
             "busy_s": round(engine_driver.tally.busy_s, 6),
             "late_s": round(engine_driver.late_s, 6),

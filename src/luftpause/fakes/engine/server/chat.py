@@ -104,6 +104,8 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
         )
     except SubmitError as exc:
         return error(400, str(exc))
+    if plan_key is not None:  # a proxy between the client and here passed the header on
+        driver.plan_keyed += 1
     prompt_tokens = driver.model.prompt_tokens(rid) or count_tokens(prompt_text)
     limit = max_new if max_new is not None else config.params.context_length - prompt_tokens
     pieces = plan.pieces(limit)
