@@ -251,18 +251,33 @@ def test_an_own_loop_flood_with_plan_keys_is_simulated_with_each_repetitions_rep
         for cls in ("interactive", "batch")
     }
 
+    # the load generator's groups, as a repetition records them: a plan key names its group
+    groups = [
+        {"name": "crowd", "count": 2, "class": "batch", "caller": "crowd", "kind": "agents",
+         "context_chars": 8000, "tool_calls": "3", "max_tokens": 256, "profile": None},
+        {"name": "people", "count": 4, "class": "interactive", "caller": "people",
+         "kind": "agents", "context_chars": 8000, "tool_calls": "1-3", "max_tokens": 256,
+         "profile": None},
+    ]  # fmt: skip
+
     def reps(arm: str, keyed: float | None = None) -> list[dict[str, Any]]:
         side = {} if keyed is None else {"engine_side": {"plan_keyed_share": keyed}}
         return [
-            {"classes": classes, "seed": f"own2{arm}{i}", "plan_seed": f"own2rep{i}", **side}
+            {"classes": classes, "seed": f"own2{arm}{i}", "plan_seed": f"own2rep{i}",
+             "groups_config": groups, **side}
             for i in range(2)
-        ]
+        ]  # fmt: skip
 
     plan = {"time_scale": 1.0, "warmup_s": 10.0, "window_s": 60.0, "reps": 2}
     seen: list[tuple[str, str | None, int]] = []
 
+    simulated_groups: set[tuple[tuple[str, int, str, str], ...]] = set()
+
     def fake_simulate(config: Any, arm: str) -> dict[str, Any]:
         seen.append((arm, config.plan_seed, config.seed))
+        simulated_groups.add(
+            tuple((g.name, g.count, g.cls, str(g.tool_calls)) for g in config.groups)
+        )
         return {"classes": classes, "requests_by_replica": {"a": 1}}
 
     monkeypatch.setattr(fidelity, "simulate", fake_simulate)
@@ -285,6 +300,8 @@ def test_an_own_loop_flood_with_plan_keys_is_simulated_with_each_repetitions_rep
     assert "each repetition simulated with the tool counts and replies it drew" in out
     assert "router, whose proxy kept the plan keys from the engines: seeds 0–1" in out
     assert "the flood inside the simulations' range on both: 4 of 4." in out
+    # every arm of the point runs the flood's own groups, under their names
+    assert simulated_groups == {(("crowd", 2, "batch", "3"), ("people", 4, "interactive", "1-3"))}
     # the engines' count decides where there is one
     counted = {"router": reps("router", keyed=1.0), "smg": reps("smg", keyed=0.0)}
     rc, out = run("HEAD", counted)
@@ -292,6 +309,9 @@ def test_an_own_loop_flood_with_plan_keys_is_simulated_with_each_repetitions_rep
     assert seen == [("router", "own2rep0", 0), ("router", "own2rep1", 0), ("smg", None, 0)]
     rc, out = run("HEAD", {"luftpause": [reps("luftpause")[0], {"classes": classes}]})
     assert rc == 2 and "no recorded plan seed in repetitions of 2/luftpause" in out
+    bare = [{k: v for k, v in rep.items() if k != "groups_config"} for rep in reps("luftpause")]
+    rc, out = run("HEAD", {"luftpause": bare})
+    assert rc == 2 and "2 batch agents: no repetition recorded its groups" in out
     rc, out = run(fidelity.FIRST_TOKEN_ALONE, arms, "--seeds", "2")
     assert rc == 0 and "seeds 0–1" in out
     assert seen == [("luftpause", None, 0), ("luftpause", None, 1), ("router", None, 0),

@@ -87,7 +87,7 @@ from typing import Any
 from flood import CODING_CONTEXT, CODING_INTERACTIVE, CODING_KV_TOKENS, turn_figure
 
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group
+from luftpause.loadgen.mix import Group, MixError, parse_mix
 from luftpause.sim.arms import ABLATED_ARMS, ARMS
 from luftpause.sim.main import SimConfig, simulate, sized_arm
 from luftpause.sim.placement import SMG_LOAD_POLL_S
@@ -172,6 +172,24 @@ def coding_config(plan: dict[str, Any], load: int, seed: int) -> SimConfig:
         seed=seed,
         engine=CODING_ENGINE,
     )
+
+
+def flood_groups(arms: dict[str, list[dict[str, Any]]]) -> tuple[Group, ...]:
+    """The groups a flood's load generator ran at one point, as its repetitions recorded
+    them (``groups_config``): a plan key names its group, so a simulation paired with the
+    flood's draws needs the flood's group names. Raises ``ValueError`` where none did."""
+    for reps in arms.values():
+        for rep in reps:
+            if rep.get("groups_config"):
+                tables = [
+                    {k: v for k, v in group.items() if v is not None}
+                    for group in rep["groups_config"]
+                ]
+                try:
+                    return tuple(parse_mix({"group": tables}))
+                except MixError as exc:
+                    raise ValueError(f"unreadable groups_config: {exc}") from None
+    raise ValueError("no repetition recorded its groups (groups_config)")
 
 
 def plan_seed_of(rep: dict[str, Any]) -> str | None:
@@ -433,6 +451,12 @@ def main() -> int:
         )
         if coding:
             config = coding_config(plan, int(load), args.seed)
+        elif any(key[0] == load for key in keyed):  # the flood's groups: their plan keys
+            try:
+                config = replace(config, groups=flood_groups(own[load]))
+            except ValueError as exc:
+                print(f"sim_fidelity: {load} batch agents: {exc}")
+                return 2
         config = replace(
             config,
             smg_policy=plan.get("smg_policy", "cache_aware"),
