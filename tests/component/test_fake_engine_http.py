@@ -21,7 +21,13 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 
 from luftpause.fakes.engine import server as engine_server
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.fakes.engine.script import ScriptOptions, answer_length, plan_reply
+from luftpause.fakes.engine.script import (
+    ScriptOptions,
+    answer_length,
+    plan_key_in,
+    plan_marker,
+    plan_reply,
+)
 from luftpause.fakes.engine.server import ServerConfig, create_app
 from luftpause.fakes.engine.tokens import count_tokens, render_messages
 
@@ -318,6 +324,36 @@ async def test_a_plan_key_draws_the_reply_whatever_the_prompt() -> None:
             assert response.status_code == 400
             assert "x-fake-plan-key" in response.json()["error"]["message"]
             assert why in response.json()["error"]["message"]
+
+
+async def test_a_plan_key_written_in_the_task_draws_as_the_header_does() -> None:
+    """H1, B10: a first user message holding ``[plan:KEY]`` (what the load generator
+    writes into each run's task, since proxies such as the router and SMG drop custom
+    headers) draws the reply the header ``x-fake-plan-key: KEY`` draws, whatever the rest
+    of the text; the header wins where both are given; a key the marker cannot carry is
+    refused where it is written."""
+    tools_body = {"model": MODEL, "tools": TOOLS, "max_tokens": 512}
+
+    async def drawn(client: httpx.AsyncClient, text: str, headers: dict[str, str]) -> Any:
+        body = {**tools_body, "messages": user(text)}
+        data = (await client.post("/v1/chat/completions", json=body, headers=headers)).json()
+        return data["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+
+    async with asgi_client() as client:
+        by_header = await drawn(client, "find the river", {"x-fake-plan-key": "run-7"})
+        marked = f"Task abc {plan_marker('run-7')}: find the river Rhine"
+        assert await drawn(client, marked, {}) == by_header
+        assert await drawn(client, marked, {"x-fake-plan-key": "run-8"}) == await drawn(
+            client, "other text", {"x-fake-plan-key": "run-8"}
+        )
+        assert (await client.get("/debug/state")).json()["plan_keyed"] == 4
+    system_only = [{"role": "system", "content": "[plan:k]"}, {"role": "user", "content": "x"}]
+    assert plan_key_in(system_only) is None  # only the first user message carries it
+    parts = [{"role": "user", "content": [{"type": "text", "text": "go [plan:k-1]"}]}]
+    assert plan_key_in(parts) == "k-1"
+    for bad in ("", "two words", "a]b", "k" * 257):
+        with pytest.raises(ValueError, match="plan key"):
+            plan_marker(bad)
 
 
 async def test_logprobs_score_labels_with_one_token() -> None:

@@ -8,9 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from luftpause.fakes.engine.script import plan_key_in
 from luftpause.loadgen import content
 from luftpause.loadgen.main import add_arguments, build_groups, parse_priority
-from luftpause.loadgen.mix import Defaults, MixError, ToolCalls, load_mix, parse_group, parse_mix
+from luftpause.loadgen.mix import (
+    Defaults,
+    Group,
+    MixError,
+    ToolCalls,
+    load_mix,
+    parse_group,
+    parse_mix,
+)
+from luftpause.loadgen.spawn import SpawnOptions, spawn_args
 
 
 def args_of(*argv: str) -> argparse.Namespace:
@@ -115,6 +125,19 @@ def test_prompts_have_the_asked_size_and_share_only_the_preamble() -> None:
     assert content.messages(8000, "run-a") == a  # deterministic
     small = content.messages(2000, "x")
     assert sum(len(m["content"]) for m in small) == 2000
+
+
+def test_a_plan_key_is_written_into_the_task_at_the_same_size() -> None:
+    """B10: a run's plan key goes into its task as the fake engine reads it back (own-loop
+    agents' first user message, and a sub-agent's spawn task); the prompt keeps its size."""
+    keyed = content.messages(8000, "run-a", "rep0-crowd-3-7")
+    assert sum(len(m["content"]) for m in keyed) == 8000
+    assert plan_key_in(keyed) == "rep0-crowd-3-7"
+    assert plan_key_in(content.messages(8000, "run-a")) is None
+    group = Group("crowd", 2, "batch", "crowd", kind="subagents")
+    args = spawn_args(group, "run-a", SpawnOptions(), "rep0-crowd-3-7")
+    assert plan_key_in([{"role": "user", "content": args["task"]}]) == "rep0-crowd-3-7"
+    assert len(args["task"]) == len(spawn_args(group, "run-a", SpawnOptions())["task"])
 
 
 def test_filler_draws_the_words_random_choice_draws() -> None:

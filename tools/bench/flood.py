@@ -720,8 +720,8 @@ def loadgen_seeds(arm: Arm, rep: int) -> tuple[str, str]:
     """The load generator's ``--seed`` for one arm's repetition, which names its runs
     and their prompt text (its own, so no arm finds another's prompts cached in the
     shared engines), and its ``--plan-seed``, which draws a coding run's shape (turns,
-    tokens, tool gaps, sub-agents) and an own-loop run's tool count and replies (the
-    fake engines' ``x-fake-plan-key``), and is the same for every arm of a repetition:
+    tokens, tool gaps, sub-agents) and an own-loop run's or a sub-agent's tool count and
+    replies (its plan key, in its task), and is the same for every arm of a repetition:
     the arms are compared on the same runs, slot for slot (common random numbers)."""
     seed = f"{arm.bench}{arm.load}{arm.name}{rep}".replace("-", "")
     return seed, f"{arm.bench}{arm.load}rep{rep}"
@@ -1901,11 +1901,10 @@ def report(
         "a finished run is replaced at once; runs in flight at the end are not counted",
         f"- every run: system preamble + own task, {TOOL_CALLS} `lookup` calls (fake-mcp, "
         "~1 s each), replies capped at 256 tokens; interactive agents: "
-        f"{INTERACTIVE_AGENTS}; an own-loop run's replies are drawn from its plan key "
-        "(`x-fake-plan-key`, from the load generator's `--plan-seed`, the same for every arm "
-        "of a repetition), where the arm's proxy passes that header on to the engines "
-        "(the engines count those that arrive with it: `engine_side.plan_keyed_share` in "
-        "the JSON)",
+        f"{INTERACTIVE_AGENTS}; a run's replies are drawn from its plan key (from the load "
+        "generator's `--plan-seed`, the same for every arm of a repetition, written into the "
+        "run's task: every arm plays the same replies, run for run; the engines count the "
+        "requests that carry one, `engine_side.plan_keyed_share` in the JSON)",
         "",
         "Columns: *runs/min* counts the runs that finished inside the window; "
         "*agents×60/mean* is the same closed loop's rate from its mean run time (Little's "

@@ -250,15 +250,10 @@ async def stream_turn(
 SMG_PRIORITY_HEADER = "x-smg-priority"
 
 
-def run_headers(
-    group: Group, run_key: str, n_tools: int, options: AgentOptions, plan: str | None = None
-) -> dict[str, str]:
-    """The headers every turn of one run sends: the fake engine's tool count and plan key,
-    luftpause's class headers (unless off), and SMG's priority class and routing key where
-    asked."""
+def run_headers(group: Group, run_key: str, n_tools: int, options: AgentOptions) -> dict[str, str]:
+    """The headers every turn of one run sends: the fake engine's tool count, luftpause's
+    class headers (unless off), and SMG's priority class and routing key where asked."""
     headers = {"x-fake-tool-results": str(n_tools)}
-    if plan is not None:
-        headers["x-fake-plan-key"] = plan
     if options.class_headers:
         headers.update(
             {
@@ -285,14 +280,15 @@ async def run_once(
     clock: Callable[[], float],
     plan: str | None = None,
 ) -> RunRecord:
-    """One agent run, start to answer; ``plan`` is its plan key (:func:`plan_key`).
-    Raises :class:`RunFailed`."""
+    """One agent run, start to answer; ``plan`` is its plan key
+    (:func:`~luftpause.loadgen.workload.plan_key`), written into its task, which the fake
+    engine draws its replies from. Raises :class:`RunFailed`."""
     start = clock()
-    headers = run_headers(group, run_key, group.tool_calls.pick(run_number), options, plan)
+    headers = run_headers(group, run_key, group.tool_calls.pick(run_number), options)
     extra_body = (
         {"priority": options.priority[group.cls]} if group.cls in options.priority else None
     )
-    messages = content.messages(group.context_chars, run_key)
+    messages = content.messages(group.context_chars, run_key, plan)
     options.live[run_key] = str(client.base_url).rstrip("/")
     turns: list[TurnRecord] = []
     tool_s = 0.0

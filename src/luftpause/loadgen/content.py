@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from luftpause.fakes.engine.script import plan_marker
+
 PREAMBLE_MAX_CHARS = 1200
 
 _WORDS = [
@@ -109,17 +111,20 @@ def preamble(context_chars: int) -> str:
     return _PREAMBLE_HEAD + filler(size - len(_PREAMBLE_HEAD), "preamble")
 
 
-def task(context_chars: int, run_key: str) -> str:
-    """The per-run user message: a task naming the run, padded with notes."""
-    head = f"Task {run_key}: find facts about the river system described in these notes. "
+def task(context_chars: int, run_key: str, plan_key: str | None = None) -> str:
+    """The per-run user message: a task naming the run (and, given one, its plan key as
+    ``[plan:KEY]``, which the fake engine draws the run's replies from), padded with
+    notes to the same length either way."""
+    marker = "" if plan_key is None else f" {plan_marker(plan_key)}"
+    head = f"Task {run_key}{marker}: find facts about the river system described in these notes. "
     rest = context_chars - min(PREAMBLE_MAX_CHARS, context_chars // 4) - len(head)
     return head + filler(rest, run_key)
 
 
-def messages(context_chars: int, run_key: str) -> list[dict[str, Any]]:
+def messages(context_chars: int, run_key: str, plan_key: str | None = None) -> list[dict[str, Any]]:
     return [
         {"role": "system", "content": preamble(context_chars)},
-        {"role": "user", "content": task(context_chars, run_key)},
+        {"role": "user", "content": task(context_chars, run_key, plan_key)},
     ]
 
 

@@ -325,9 +325,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan-seed",
         metavar="TEXT",
         help="what the runs are drawn from (default: --seed): a --profile group's runs, and "
-        "the fake engine's replies to an own-loop agent's turns (sent as x-fake-plan-key); "
-        "two loads with the same plan seed play the same runs, slot for slot, whatever "
-        "their --seed names them (luftpause sim --plan-seed draws the same ones)",
+        "the fake engine's replies to an own-loop agent's or a sub-agent's turns (its plan "
+        "key, written into its task as [plan:KEY]); two loads with the same plan seed play "
+        "the same runs, slot for slot, whatever their --seed names them (luftpause sim "
+        "--plan-seed draws the same ones)",
     )
     mcp = parser.add_argument_group("sub-agents over MCP")
     mcp.add_argument(
@@ -471,13 +472,17 @@ def _agent_runner(
 def _subagent_runner(
     pool: spawn.SessionPool,
     group: Group,
+    index: int,
+    plan_seed: str,
     options: spawn.SpawnOptions,
     clock: Callable[[], float],
 ) -> Runner:
+    """Sub-agents of slot ``index``, each with its plan key from the plan seed."""
     session = pool.pick()
 
     def once(key: str, number: int) -> Coroutine[Any, Any, stats.RunRecord]:
-        return spawn.subagent_once(pool, session, group, key, options, clock)
+        plan = plan_key(plan_seed, group.name, index, number)
+        return spawn.subagent_once(pool, session, group, key, options, clock, plan)
 
     return once
 
@@ -732,7 +737,9 @@ async def run_load(
                         )
                         slot += 1
                     else:
-                        once = _subagent_runner(sessions[g.name], g, spawn_options, rec.clock)
+                        once = _subagent_runner(
+                            sessions[g.name], g, i, options.plan_seed, spawn_options, rec.clock
+                        )
                     tasks.append(
                         asyncio.create_task(_closed_loop(rec, g, i, once, nonce, args.ramp_s))
                     )

@@ -58,9 +58,13 @@ def tool_payload(result: Any) -> dict[str, Any]:
     raise RunFailed("mcp_bad_reply", "the runtime's reply holds no JSON object")
 
 
-def spawn_args(group: Group, run_key: str, options: SpawnOptions) -> dict[str, Any]:
+def spawn_args(
+    group: Group, run_key: str, options: SpawnOptions, plan: str | None = None
+) -> dict[str, Any]:
+    """The ``spawn`` tool's arguments for one sub-agent; ``plan``: its plan key, written
+    into its task (the fake engine draws the sub-agent's replies from it)."""
     args: dict[str, Any] = {
-        "task": content.task(group.context_chars, run_key),
+        "task": content.task(group.context_chars, run_key, plan),
         "system": content.preamble(group.context_chars),
         "serviceClass": group.cls,
         "maxTokens": group.max_tokens,
@@ -72,9 +76,13 @@ def spawn_args(group: Group, run_key: str, options: SpawnOptions) -> dict[str, A
     return args
 
 
-async def spawn(client: Client, group: Group, run_key: str, options: SpawnOptions) -> str:
+async def spawn(
+    client: Client, group: Group, run_key: str, options: SpawnOptions, plan: str | None = None
+) -> str:
     return str(
-        tool_payload(await client.call_tool("spawn", spawn_args(group, run_key, options)))["handle"]
+        tool_payload(await client.call_tool("spawn", spawn_args(group, run_key, options, plan)))[
+            "handle"
+        ]
     )
 
 
@@ -126,9 +134,10 @@ async def subagent_once(
     run_key: str,
     options: SpawnOptions,
     clock: Callable[[], float],
+    plan: str | None = None,
 ) -> RunRecord:
     start = clock()
-    handle = await spawn(client, group, run_key, options)
+    handle = await spawn(client, group, run_key, options, plan)
     pool.live[handle] = client
     (run,) = await await_runs(client, [handle], options)
     pool.live.pop(handle, None)

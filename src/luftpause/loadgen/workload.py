@@ -217,8 +217,9 @@ def run_rng(seed: object, *parts: object) -> random.Random:
 
 
 def plan_key(plan_seed: str, group: str, slot: int, number: int) -> str:
-    """The fake engine's plan key (``x-fake-plan-key``) of run ``number`` (from 0) of slot
-    ``slot`` of own-loop group ``group``: what the engine draws that run's replies from,
+    """The fake engine's plan key of run ``number`` (from 0) of slot ``slot`` of group
+    ``group`` (written into the run's task: ``fakes.engine.script.plan_marker``): what the
+    engine draws that run's replies from,
     so that loads with one plan seed get the same replies, run for run, whatever their
     prompt text, and ``luftpause sim --plan-seed`` plays them too."""
     return f"{plan_seed}-{group}-{slot}-{number}"

@@ -194,7 +194,7 @@ class Agent:
         run = _Run(
             run_id=f"sim-{key}",
             key=key,
-            messages=content.messages(self.group.context_chars, key),
+            messages=content.messages(self.group.context_chars, key, plan),
             tool_results=tool_results,
             plan=plan,
             record=RunRecord(

@@ -223,6 +223,33 @@ def _words(seed: str) -> str:
     return "".join(tokens).strip() or "value"
 
 
+PLAN_KEY_MAX_CHARS = 256
+# A plan key written into a conversation's first user message: proxies pass the
+# messages on, where some drop a request's custom headers (sglang-router, SMG).
+_PLAN_MARKER = re.compile(rf"\[plan:([^\]\s]{{1,{PLAN_KEY_MAX_CHARS}}})\]")
+
+
+def plan_marker(key: str) -> str:
+    """``key`` as the fake engine finds it in a conversation's first user message."""
+    if not key or len(key) > PLAN_KEY_MAX_CHARS or any(c.isspace() or c == "]" for c in key):
+        raise ValueError(f"a plan key is 1-{PLAN_KEY_MAX_CHARS} characters, no spaces or ']'")
+    return f"[plan:{key}]"
+
+
+def plan_key_in(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The plan key written in the first user message (:func:`plan_marker`), if any."""
+    for message in messages:
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+            if isinstance(content, str) and "[plan:" in content:
+                found = _PLAN_MARKER.search(content)
+                return found.group(1) if found else None
+            return None
+    return None
+
+
 def plan_reply(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,

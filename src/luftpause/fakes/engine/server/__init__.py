@@ -20,7 +20,8 @@ configured names either way.
 
 Per-request script overrides: ``x-fake-tool-results: N``,
 ``x-fake-text-tool-calls: 1``, ``x-fake-wrong-types: 1``, ``x-fake-plan-key: KEY``
-(every draw from the key and the tool results so far, not from the prompt); the body's
+(every draw from the key and the tool results so far, not from the prompt; a first user
+message holding ``[plan:KEY]`` does the same where a proxy drops the header); the body's
 ``ignore_eos: true`` (SGLang/vLLM) makes a text answer run until ``max_tokens``.
 Real routers in front of the engines: docs/routers.md.
 """

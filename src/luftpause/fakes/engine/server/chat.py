@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
-from luftpause.fakes.engine.script import plan_reply
+from luftpause.fakes.engine.script import plan_key_in, plan_reply
 from luftpause.fakes.engine.server.driver import EngineDriver, Event, collect, collect_half
 from luftpause.fakes.engine.server.faults import (
     FAULTS,
@@ -73,6 +73,8 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
             return failed
 
     messages = [m.model_dump(exclude_none=False) for m in body.messages]
+    # the plan key: the header's, else one written in the first user message
+    plan_key = plan_key or plan_key_in(messages)
     prompt_text = render_messages(messages, body.tools)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     plan = plan_reply(
@@ -104,7 +106,7 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
         )
     except SubmitError as exc:
         return error(400, str(exc))
-    if plan_key is not None:  # a proxy between the client and here passed the header on
+    if plan_key is not None:  # what the client keyed got here, through any proxy
         driver.plan_keyed += 1
     prompt_tokens = driver.model.prompt_tokens(rid) or count_tokens(prompt_text)
     limit = max_new if max_new is not None else config.params.context_length - prompt_tokens

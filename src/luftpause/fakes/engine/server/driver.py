@@ -49,7 +49,7 @@ class EngineDriver:
         self._task: asyncio.Task[None] | None = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=keep_finished)
         self.submitted = 0
-        self.plan_keyed = 0  # chat requests that came with x-fake-plan-key (server.chat)
+        self.plan_keyed = 0  # chat requests that came with a plan key (server.chat)
         # Steps run back to back in model time; the host's own work (HTTP, streaming,
         # other processes on the same cores) can still make one start late. ``late_s``
         # sums how far each step started behind the previous one's end, against

@@ -3,7 +3,8 @@
 * Request bodies: ``ChatCompletionBody`` and ``ClassifyBody`` (the fields the
   engine reads; anything else is accepted and ignored), request headers that
   override the script (``x-fake-tool-results``, ``x-fake-text-tool-calls``,
-  ``x-fake-wrong-types``, ``x-fake-plan-key``), and the OpenAI-style error body.
+  ``x-fake-wrong-types``, ``x-fake-plan-key``; ``script.plan_key_in`` finds a key written in
+  the messages instead), and the OpenAI-style error body.
 * Responses: ``Reply`` renders produced tokens as a ``chat.completion`` or as
   ``chat.completion.chunk`` SSE events; ``classify_response`` renders vLLM's
   ``/classify`` answer.
@@ -23,7 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from luftpause.fakes.engine.model import FinishedRequest
-from luftpause.fakes.engine.script import ReplyKind, ReplyPlan, token_logprobs
+from luftpause.fakes.engine.script import PLAN_KEY_MAX_CHARS, ReplyKind, ReplyPlan, token_logprobs
 from luftpause.fakes.engine.server.driver import timing_json
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -116,9 +117,6 @@ def header_int(request: Request, name: str) -> int | None:
     if value < 0:
         raise BadHeader(f"header {name} must not be negative")
     return value
-
-
-PLAN_KEY_MAX_CHARS = 256
 
 
 def header_key(request: Request, name: str) -> str | None:
