@@ -275,6 +275,7 @@ def test_an_own_loop_flood_with_plan_keys_is_simulated_with_each_repetitions_rep
 
     def fake_simulate(config: Any, arm: str) -> dict[str, Any]:
         seen.append((arm, config.plan_seed, config.seed))
+        assert all(g.kind == "agents" for g in config.groups)  # sub-agents played as agents
         simulated_groups.add(
             tuple((g.name, g.count, g.cls, str(g.tool_calls)) for g in config.groups)
         )
@@ -319,3 +320,23 @@ def test_an_own_loop_flood_with_plan_keys_is_simulated_with_each_repetitions_rep
     for code, why in (("", "recorded no commit"), ("0123abc", "cannot place")):
         rc, out = run(code, arms)
         assert rc == 2 and why in out and "Traceback" not in out and seen == []
+    # sub-agents over MCP: paired from PLAN_MARKERS on (their keys ride in the task),
+    # played as own-loop agents of the flood's groups
+    groups[:] = [{**g, "kind": "subagents"} for g in groups]
+    for code, paired in ((fidelity.PLAN_MARKERS, True), (fidelity.PLAN_KEYS, False)):
+        path.write_text(json.dumps(
+            {"plan": plan, "results": {"mcp": {"2": {"luftpause": reps("luftpause", 1.0)}}},
+             "code": code}
+        ))  # fmt: skip
+        monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(path)])
+        seen.clear()
+        simulated_groups.clear()
+        assert fidelity.main() == 0
+        capsys.readouterr()
+        if paired:
+            assert seen == [("luftpause", "own2rep0", 0), ("luftpause", "own2rep1", 0)]
+            assert simulated_groups == {
+                (("crowd", 2, "batch", "3"), ("people", 4, "interactive", "1-3"))
+            }
+        else:
+            assert seen == [("luftpause", None, 0)]

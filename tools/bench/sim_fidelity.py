@@ -63,12 +63,14 @@ the simulator's are one seed, or with ``--seeds N`` the mean of N seeds with the
 lowest and highest beside it: with 4 interactive agents a window holds a few dozen
 interactive runs, whose rate moves by about 13 % and p50 by 10–30 % from seed to
 seed, so one seed against one repetition cannot tell a model's error from the draw.
-An own-loop flood from ``PLAN_KEYS`` on drew its replies from plan keys (the load
-generator's ``--plan-seed``, one per repetition): each repetition is then simulated
-with its plan seed (under ``--seeds N`` seeds each, for what else is random: tool
-delays, placement), so both play the same tool counts and replies run for run, and
-what is left between them is the model, not the draw. Nothing is asserted: this is a
-measurement.
+An own-loop flood from ``PLAN_KEYS`` on, and a sub-agent flood from ``PLAN_MARKERS``
+on, drew its replies from plan keys (the load generator's ``--plan-seed``, one per
+repetition): each repetition of an arm whose keys reached the engines is then
+simulated with its plan seed (under ``--seeds N`` seeds each, for what else is
+random: tool delays, placement), so both play the same tool counts and replies run
+for run, and what is left between them is the model, not the draw. Such a flood is
+simulated with the groups its load generator ran (a plan key names its group).
+Nothing is asserted: this is a measurement.
 """
 
 from __future__ import annotations
@@ -185,8 +187,8 @@ def flood_groups(arms: dict[str, list[dict[str, Any]]]) -> tuple[Group, ...]:
                     {k: v for k, v in group.items() if v is not None}
                     for group in rep["groups_config"]
                 ]
-                try:
-                    return tuple(parse_mix({"group": tables}))
+                try:  # sub-agents are played as own-loop agents (the simulator has no runtime)
+                    return tuple(replace(g, kind="agents") for g in parse_mix({"group": tables}))
                 except MixError as exc:
                     raise ValueError(f"unreadable groups_config: {exc}") from None
     raise ValueError("no repetition recorded its groups (groups_config)")
@@ -277,6 +279,12 @@ def keys_reached(arm: str, reps: list[dict[str, Any]]) -> bool:
     if reps and len(counted) == len(shares):
         return min(counted) >= 0.99
     return arm.split("-", 1)[0] == "luftpause" or arm in HEADERS_REACH_ENGINES
+
+
+# Since this commit the load generator writes each run's plan key into its task, where
+# every proxy passes it on, sub-agents' tasks through the runtime included: a flood of
+# sub-agents over MCP is then paired as an own-loop one is.
+PLAN_MARKERS = "c060d75f94d618ec308709300a020e7f58504fc7"
 
 
 class UnknownCommit(ValueError):
@@ -408,8 +416,10 @@ def main() -> int:
         paced = pace_on and (bench != "mcp" or ran_since(code, RUNTIME_STREAMS))
         # what the flood's fake engines put in a reply's first streamed chunk
         first_chunk = 1 if ran_since(code, FIRST_TOKEN_ALONE) else int(plan.get("chunk_tokens", 8))
-        # own-loop runs with plan keys: each repetition simulated with the replies it drew
-        paired = bench == "own" and ran_since(code, PLAN_KEYS)
+        # runs with plan keys: each repetition simulated with the replies it drew
+        paired = (bench == "own" and ran_since(code, PLAN_KEYS)) or (
+            bench == "mcp" and ran_since(code, PLAN_MARKERS)
+        )
     except UnknownCommit as exc:
         print(f"sim_fidelity: {args.flood}: {exc}")
         return 2
