@@ -21,6 +21,7 @@ from luftpause.loadgen.mix import (
     parse_mix,
 )
 from luftpause.loadgen.spawn import SpawnOptions, spawn_args
+from luftpause.loadgen.workload import plan_key
 
 
 def args_of(*argv: str) -> argparse.Namespace:
@@ -138,6 +139,13 @@ def test_a_plan_key_is_written_into_the_task_at_the_same_size() -> None:
     args = spawn_args(group, "run-a", SpawnOptions(), "rep0-crowd-3-7")
     assert plan_key_in([{"role": "user", "content": args["task"]}]) == "rep0-crowd-3-7"
     assert len(args["task"]) == len(spawn_args(group, "run-a", SpawnOptions())["task"])
+    # any plan seed and group name make a key the marker carries, the same every time
+    for seed, name in (("my seed", "night shift"), ("x]y", "g"), ("s" * 300, "g")):
+        key = plan_key(seed, name, 2, 5)
+        assert key == plan_key(seed, name, 2, 5) and len(key) <= 256
+        assert plan_key_in([{"role": "user", "content": content.task(8000, "r", key)}]) == key
+    assert plan_key("s" * 300, "g", 2, 5) != plan_key("s" * 300, "g", 2, 6)
+    assert plan_key("rep0", "crowd", 3, 7) == "rep0-crowd-3-7"
 
 
 def test_filler_draws_the_words_random_choice_draws() -> None:

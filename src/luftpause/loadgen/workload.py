@@ -17,10 +17,14 @@ Every parameter of :data:`CODING_AGENT` and its source is in docs/workloads.md.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from statistics import NormalDist
+
+from luftpause.fakes.engine.script import PLAN_KEY_MAX_CHARS
 
 _NORMAL = NormalDist()
 
@@ -221,5 +225,13 @@ def plan_key(plan_seed: str, group: str, slot: int, number: int) -> str:
     ``group`` (written into the run's task: ``fakes.engine.script.plan_marker``): what the
     engine draws that run's replies from,
     so that loads with one plan seed get the same replies, run for run, whatever their
-    prompt text, and ``luftpause sim --plan-seed`` plays them too."""
-    return f"{plan_seed}-{group}-{slot}-{number}"
+    prompt text, and ``luftpause sim --plan-seed`` plays them too. Spaces and ``]`` (which
+    the marker cannot carry) become ``_``; a key longer than the marker holds keeps its
+    first 200 characters and a hash of the whole."""
+    key = _NOT_IN_A_KEY.sub("_", f"{plan_seed}-{group}-{slot}-{number}")
+    if len(key) > PLAN_KEY_MAX_CHARS:
+        key = f"{key[:200]}~{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}"
+    return key
+
+
+_NOT_IN_A_KEY = re.compile(r"[\s\]]")
