@@ -437,7 +437,7 @@ def main() -> int:
         return 2
     unkeyed = sorted({arm for load, arms in own.items() for arm in arms
                       if paired and simulated(arm) and (load, arm) not in keyed})  # fmt: skip
-    sims_per_arm = most_reps if coding else args.seeds
+    sims_per_arm = 0  # the most simulations behind one sim cell
     rows = []
     splits: list[tuple[str, str, list[float], float]] = []
     # luftpause arms: the flood's scheduler figures (per repetition) and the simulator's
@@ -487,12 +487,8 @@ def main() -> int:
                     return 2
                 polls.add(poll)
                 arm_config = replace(config, smg_load_poll_s=poll)
-            if coding:  # each repetition's own runs, slot for slot
-                results = [
-                    simulate(replace(arm_config, plan_seed=plan_seed_of(rep)), sim_arm)
-                    for rep in own[load][arm]
-                ]
-            elif (load, arm) in keyed:  # each repetition's own replies, under --seeds seeds
+            if coding or (load, arm) in keyed:
+                # each repetition's own runs (coding: one seed) or replies, under --seeds seeds
                 results = [
                     simulate(
                         replace(arm_config, plan_seed=plan_seed_of(rep), seed=args.seed + i),

@@ -20,11 +20,10 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-import re
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from luftpause.fakes.engine.script import PLAN_KEY_MAX_CHARS
+from luftpause.fakes.engine.script import NOT_IN_A_PLAN_KEY, PLAN_KEY_MAX_CHARS
 
 _NORMAL = NormalDist()
 
@@ -228,10 +227,7 @@ def plan_key(plan_seed: str, group: str, slot: int, number: int) -> str:
     prompt text, and ``luftpause sim --plan-seed`` plays them too. Spaces and ``]`` (which
     the marker cannot carry) become ``_``; a key longer than the marker holds keeps its
     first 200 characters and a hash of the whole."""
-    key = _NOT_IN_A_KEY.sub("_", f"{plan_seed}-{group}-{slot}-{number}")
+    key = NOT_IN_A_PLAN_KEY.sub("_", f"{plan_seed}-{group}-{slot}-{number}")
     if len(key) > PLAN_KEY_MAX_CHARS:
         key = f"{key[:200]}~{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}"
     return key
-
-
-_NOT_IN_A_KEY = re.compile(r"[\s\]]")

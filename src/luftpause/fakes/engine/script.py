@@ -224,6 +224,8 @@ def _words(seed: str) -> str:
 
 
 PLAN_KEY_MAX_CHARS = 256
+# What a plan key written into a message cannot hold (the marker ends at either)
+NOT_IN_A_PLAN_KEY = re.compile(r"[\s\]]")
 # A plan key written into a conversation's first user message: proxies pass the
 # messages on, where some drop a request's custom headers (sglang-router, SMG).
 _PLAN_MARKER = re.compile(rf"\[plan:([^\]\s]{{1,{PLAN_KEY_MAX_CHARS}}})\]")
@@ -231,7 +233,7 @@ _PLAN_MARKER = re.compile(rf"\[plan:([^\]\s]{{1,{PLAN_KEY_MAX_CHARS}}})\]")
 
 def plan_marker(key: str) -> str:
     """``key`` as the fake engine finds it in a conversation's first user message."""
-    if not key or len(key) > PLAN_KEY_MAX_CHARS or any(c.isspace() or c == "]" for c in key):
+    if not key or len(key) > PLAN_KEY_MAX_CHARS or NOT_IN_A_PLAN_KEY.search(key):
         raise ValueError(f"a plan key is 1-{PLAN_KEY_MAX_CHARS} characters, no spaces or ']'")
     return f"[plan:{key}]"
 
