@@ -385,22 +385,28 @@ def test_a_replica_shows_the_first_token_when_its_first_chunk_is_streamed(
     """B1, H1: a replica reports a reply's first token at the end of the step that made
     its ``first_chunk_tokens``-th token (1: the token itself, as SGLang streams it); a
     reply shorter than the chunk shows it at its end, before the end is reported."""
-    from luftpause.fakes.engine.model import EngineRequest
+    from luftpause.fakes.engine.model import EngineModel, EngineRequest
     from luftpause.sim.fleet import Replica
+
+    def request() -> EngineRequest:
+        return EngineRequest("r1", "word " * 40, reply_tokens=reply, max_new_tokens=64)
+
+    # The model alone, stepped back to back from 0: each step's end that made one of
+    # the reply's tokens.
+    model = EngineModel(EngineParams())
+    model.submit(request(), now=0.0)
+    produced: list[float] = []
+    t = 0.0
+    while model.has_work():
+        step = model.step(t)
+        t = step.end
+        produced.extend(t for _ in step.tokens)
 
     world = World()
     replica = Replica("engine-0", EngineParams(), world, first_chunk_tokens=first_chunk)
-    produced: list[float] = []  # each step's end that delivered one of the reply's tokens
     seen: list[tuple[str, float]] = []
-    deliver = replica._deliver
-
-    def counting(step):  # type: ignore[no-untyped-def]
-        produced.extend(step.end for _ in step.tokens)
-        deliver(step)
-
-    replica._deliver = counting  # type: ignore[method-assign]
     replica.submit(
-        EngineRequest("r1", "word " * 40, reply_tokens=reply, max_new_tokens=64),
+        request(),
         lambda: seen.append(("first", world.now)),
         lambda done: seen.append(("end", world.now)),
     )
