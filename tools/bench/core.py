@@ -2,12 +2,13 @@
 
 For each cell (runs × replicas) the benchmark builds a realistic state through
 ``decide`` itself: every replica probed healthy with a cap, N runs pre-populated
-(each ran one turn; some are paused on a tool, the rest idle), ~32 callers, both
-service classes. It then drives a steady-state mix for a warm-up and times a fixed
-number of events: a turn is requested (admitted or held), started, gets its first
-token, finishes (sometimes paused on a tool, sometimes failed); runs end and new
-ones start; replicas are probed and the clock ticks now and then. Only the time
-spent inside ``decide`` is counted; the workload generator is outside the timer.
+(each asked for one turn: admitted and finished, some paused on a tool, the rest
+idle; or, where the core held it, abandoned), ~32 callers, both service classes.
+It then drives a steady-state mix for a warm-up and times a fixed number of
+events: a turn is requested (admitted or held), started, gets its first token,
+finishes (sometimes paused on a tool, sometimes failed); runs end and new ones
+start; replicas are probed and the clock ticks now and then. Only the time spent
+inside ``decide`` is counted; the workload generator is outside the timer.
 
 Goals (SPEC S1: per-event cost must not grow with the number of runs):
   * >= 100,000 events/s at 10k runs x 64 replicas, on one core (issue #18; it was
@@ -48,6 +49,7 @@ from luftpause.scheduler.core import (
     RunEnded,
     ServiceClass,
     State,
+    TurnAbandoned,
     TurnFailed,
     TurnFinished,
     TurnRequested,
@@ -194,6 +196,14 @@ class Workload:
                 self.feed(TurnFinished(self.now, turn_id, paused_on_tool=pause))
                 if pause:
                     self.paused.append(run_id)
+            else:
+                # Held (prefix keeping holds new batch runs back on a replica full of
+                # runs): its client gives up. Left held, one such turn per run piled up,
+                # and the 100k-run cells timed a core holding ~15,000 turns with the
+                # load generator stalled behind them.
+                self.held -= 1
+                self.busy.discard(self.turn_run.pop(turn_id))
+                self.feed(TurnAbandoned(self.now, turn_id))
             self.tick_clock()
 
     def step(self) -> None:
