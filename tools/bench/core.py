@@ -200,7 +200,7 @@ class Workload:
                 # Held (prefix keeping holds new batch runs back on a replica full of
                 # runs): its client gives up. Left held, one such turn per run piled up,
                 # and the 100k-run cells timed a core holding ~15,000 turns with the
-                # load generator stalled behind them.
+                # workload generator stalled behind them.
                 self.held -= 1
                 self.busy.discard(self.turn_run.pop(turn_id))
                 self.feed(TurnAbandoned(self.now, turn_id))
