@@ -193,6 +193,15 @@ class SchedulerSettings(_Frozen):
     # milliseconds per token; 0 = off. Replies shorter than pace_min_tokens are not judged.
     interactive_pace_ms: Annotated[float, Field(ge=0)] = 100.0
     pace_min_tokens: Annotated[int, Field(ge=2)] = 16
+    # Tool leases (docs/scheduling.md): a run paused on a tool for longer than its lease
+    # stops counting as living on its replica (new batch runs stop waiting behind it) and
+    # its interactive reservation lapses; both come back when it returns. The lease is
+    # tool_lease_factor x (smoothed time + 4 x deviation) of its slowest tool, learned from
+    # runs that came back, at least tool_lease_min_s; tool_lease_default_s for a tool never
+    # seen back.
+    tool_lease_min_s: Annotated[float, Field(gt=0)] = 10.0
+    tool_lease_default_s: Annotated[float, Field(gt=0)] = 120.0
+    tool_lease_factor: Annotated[float, Field(ge=1)] = 2.0
     # S12: runtimes (base URLs, http(s)://host:port) the status page may show besides
     # loopback ones; the scheduler fetches their /status for the page.
     status_runtimes: tuple[

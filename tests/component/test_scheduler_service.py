@@ -169,6 +169,24 @@ async def test_reported_cached_tokens_drive_prefix_keeping(sched: Sched) -> None
     assert sched.host.state.replicas[replica].cap == 3
 
 
+async def test_reported_tool_names_teach_the_core_each_tool_s_time(sched: Sched) -> None:
+    """Tool leases through the wire: the tool names a dataplane reports with a paused turn
+    reach the core (bounded as a dataplane bounds them), and the run's return teaches it
+    how long those tools took; /status lists them."""
+    await sched.stub.Admit(admit_req("t1", "r1"))
+    event = finished("t1", "r1", paused=True)
+    event.finished.tool_names.extend(["grep", "y" * 100] + [f"t{i}" for i in range(10)])
+    await finish(sched.stub, event)
+    await wait_for(
+        lambda: "r1" in sched.host.state.runs and sched.host.state.runs["r1"].paused_tools
+    )
+    tools = sched.host.state.runs["r1"].paused_tools
+    assert len(tools) == 8 and "grep" in tools and "y" * 64 in tools
+    await sched.stub.Admit(admit_req("t2", "r1"))
+    times = sched.host.state.tool_times
+    assert set(times) == set(tools) and times["grep"].samples == 1
+
+
 async def test_cancelled_admit_abandons_the_held_turn(sched: Sched) -> None:
     """D4, D6: a client that leaves while held leaves the queue; it is never admitted."""
     await sched.probe("a", 1, 1)

@@ -24,6 +24,10 @@ All three digests were recorded again when S2's raise came to need luftpause's o
 turns to fill the cap (an engine running at the cap for other clients raises nothing):
 this history's probes report running counts drawn at random, not its turns, and its
 runs' idle expiry went from 90 to 60 s so that runs are still forgotten in it.
+
+And again when the cap stopped rising for runs that wait behind runs living on a
+replica (prefix keeping's run limit does that now) and pauses gained tool leases: its
+paused turns name tools, and leases are short enough that pauses lapse in it.
 """
 
 from __future__ import annotations
@@ -80,20 +84,28 @@ SPECS = (
     ReplicaSpec("g3", GEN, frozenset({"m1"})),
     ReplicaSpec("sp", SP, frozenset({"cls"})),
 )
-PARAMS = Params(turn_timeout_s=40.0, run_idle_expiry_s=60.0, dataplane_grace_s=8.0)
+# Tool leases short enough for pauses to lapse within the history (and come back).
+PARAMS = Params(
+    turn_timeout_s=40.0,
+    run_idle_expiry_s=60.0,
+    dataplane_grace_s=8.0,
+    tool_lease_min_s=1.0,
+    tool_lease_default_s=6.0,
+)
+TOOLS = ("grep", "build", "")
 EVENTS = 6000
 SEED = 18
 # (initial_cap, interactive_pace_s, digest): off (the ramp's field left out of the status);
 # the default ramp; the ramp with the decode pace's batch limit (a 20-token reply here
 # takes 0.01 s to seconds, so a target of 0.1 s per token cuts and raises it often)
 DIGESTS = (
-    (None, None, "7447088ab238b045a98a2f9bc2258d40e5ad1ccdce7fbce17824239cef1764e6"),
+    (None, None, "50f853a3168b4edb8882fcd7c3e1b8cc42b975bdaf716e03c6afe6f53ce56ea4"),
     (
         PARAMS.initial_cap,
         None,
-        "832747ef0fc3c8c406485e3eb3cc07125048dede02c46711be6584f5d28f8598",
+        "03046cc655686f4c12b497f20c54a98597561428c4a4d77cecfb550438d1c320",
     ),
-    (PARAMS.initial_cap, 0.1, "fe73eeff83115616ca3fe64ad37a0860d0644f59a5ac81860ec55ee26782f443"),
+    (PARAMS.initial_cap, 0.1, "8466a22fb31122ba853a93403c45596096be7c1a13f7fac5d7c16be0bb0e4f0d"),
 )
 
 
@@ -118,6 +130,7 @@ class Host:
         self.abandoned_held: set[str] = set()
         self.most_held = 0
         self.capped = 0  # events after which some replica had a cap
+        self.lapsed = 0  # events after which some run had lapsed (tool leases)
         self.paced = 0  # events after which some replica's batch turns were at its pace limit
 
     def feed(self, ev: Event) -> tuple[Action, ...]:
@@ -129,6 +142,7 @@ class Host:
         assert violations(self.state) == [], (ev, violations(self.state))
         self.most_held = max(self.most_held, len(self.state.held))
         self.capped += any(r.cap is not None for r in self.state.replicas.values())
+        self.lapsed += any(r.lapsed for r in self.state.runs.values())
         self.paced += any(
             r.pace_cap is not None and r.batch_in_flight >= r.pace_cap
             for r in self.state.replicas.values()
@@ -238,7 +252,11 @@ class Host:
                 else:
                     prompt = rng.choice((0, 800, 2000))
                     cached = rng.choice((0, prompt // 4, prompt))
-                    self.feed(TurnFinished(self.now, turn_id, x < 0.5, "stop", prompt, 20, cached))
+                    paused = x < 0.5
+                    tools = (rng.choice(TOOLS),) if paused else ()
+                    self.feed(
+                        TurnFinished(self.now, turn_id, paused, "stop", prompt, 20, cached, tools)
+                    )
         elif r < 0.74:
             spec = rng.choice(SPECS)
             if rng.random() < 0.05:
@@ -344,6 +362,7 @@ def test_a_long_history_stays_sound_answers_each_turn_once_and_replays(
     assert kinds["Admit"] > 1000 and kinds["Reject"] > 0 and kinds["ForgetRun"] > 0
     assert kinds["DropTurn"] > 0 and host.abandoned_held
     assert host.most_held >= 5 and host.capped > EVENTS // 2
+    assert host.lapsed > 0 and host.state.tool_times  # leases ran out, and were learned
     assert (host.paced > EVENTS // 20) if pace is not None else host.paced == 0
     host.drain()
     assert not host.state.held and not host.state.turns

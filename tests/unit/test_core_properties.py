@@ -124,10 +124,10 @@ def has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
 
 def may_start_run(rep: ReplicaState, cls: ServiceClass) -> bool:
     """Prefix keeping, restated: a capped replica takes a batch run not pinned there only
-    while fewer runs than its cap are pinned there (interactive runs are exempt)."""
-    if rep.cap is None or cls is INT:
+    while fewer runs than its run limit live there (interactive runs are exempt)."""
+    if rep.run_limit is None or cls is INT:
         return True
-    return rep.pinned_runs < rep.cap
+    return rep.pinned_runs < rep.run_limit
 
 
 @dataclass
@@ -322,14 +322,17 @@ class CoreMachine(RuleBasedStateMachine):
                 assert not (pinned_here or free_here), (a, h)
         run = self.runs.get(m.run_id) if m.kind is GEN else None
         continuing = run is not None and run.phase is not RunPhase.IDLE and run.replica == a.replica
-        if m.kind is GEN and not continuing and rep.cap is not None and m.cls is BAT:
-            # prefix keeping: a run new here only while fewer than cap runs are pinned
+        if m.kind is GEN and not continuing and rep.run_limit is not None and m.cls is BAT:
+            # prefix keeping: a run new here only while fewer runs than the run limit live
+            # here (a run paused past its tool lease lives nowhere)
             pinned_then = sum(
                 1
                 for r in self.runs.values()
-                if r.phase is not RunPhase.IDLE and r.replica == a.replica
+                if r.phase is not RunPhase.IDLE
+                and r.replica == a.replica
+                and not post.runs[r.run_id].lapsed
             )
-            assert pinned_then < rep.cap, (a, pinned_then, rep.cap)
+            assert pinned_then < rep.run_limit, (a, pinned_then, rep.run_limit)
         if run is not None:
             # S3: a generating or paused run goes only to its replica while that is healthy
             if (
@@ -357,12 +360,20 @@ class CoreMachine(RuleBasedStateMachine):
         for run in self.runs.values():
             core = post.runs[run.run_id]
             assert (core.phase, core.replica) == (run.phase, run.replica), (core, run)
+            if core.lapsed:
+                # tool leases: only a pause, and never before the shortest lease
+                assert run.phase is RunPhase.PAUSED_ON_TOOL, (core, run)
+                assert self.now - run.last_active >= PARAMS.tool_lease_min_s, (core, run)
         for name, rep in post.replicas.items():
-            # S4: one reserved slot per interactive run paused on a tool there
+            # S4: one reserved slot per interactive run paused on a tool there, unless the
+            # pause outlived its lease
             want = sum(
                 1
                 for r in self.runs.values()
-                if r.replica == name and r.phase is RunPhase.PAUSED_ON_TOOL and r.cls is INT
+                if r.replica == name
+                and r.phase is RunPhase.PAUSED_ON_TOOL
+                and r.cls is INT
+                and not post.runs[r.run_id].lapsed
             )
             assert rep.reserved == want, (name, rep.reserved, want)
         # no held turn could be admitted now (the core's theory; what liveness rests on)
@@ -471,7 +482,17 @@ class CoreMachine(RuleBasedStateMachine):
             usage = {} if cached is None else {"prompt_tokens": 100, "cached_tokens": cached}
             if cached is not None:
                 usage["completion_tokens"] = 2
-            self.step(TurnFinished(self.now, m.turn_id, paused_on_tool=how == "paused", **usage))
+            # tool leases: pauses name a tool (or none), so the core learns their times
+            tools = data.draw(st.sampled_from([(), ("grep",), ("build", "grep")]))
+            self.step(
+                TurnFinished(
+                    self.now,
+                    m.turn_id,
+                    paused_on_tool=how == "paused",
+                    tool_names=tools if how == "paused" else (),
+                    **usage,
+                )
+            )
 
     @precondition(lambda self: bool(self.live("held") or self.live("admitted")))
     @rule(data=st.data())

@@ -752,9 +752,10 @@ def test_prefix_keeping_resync_pins_a_held_turn_with_its_run() -> None:
     assert admits(sim.finish("x1")) == {"r1": "a"}
 
 
-def test_prefix_keeping_quiet_probe_raises_the_cap_while_new_runs_wait() -> None:
-    """Prefix keeping with S2's raise: new runs held by the pinned-run gate count as
-    running at the cap, so a quiet probe without misses raises the cap and lets one in."""
+def test_prefix_keeping_quiet_probe_raises_the_run_limit_not_the_cap_while_new_runs_wait() -> None:
+    """Prefix keeping with S2: new runs held by the run limit let one more run live here per
+    quiet probe without misses, but the cap (the engine's load) stays: the engine is not
+    running at it. Runs waiting behind runs on tools are no evidence of the engine's room."""
     sim = Sim(gen("a"))
     capped(sim, "a", 2)
     sim.req("p1", "P")
@@ -763,7 +764,8 @@ def test_prefix_keeping_quiet_probe_raises_the_cap_while_new_runs_wait() -> None
     sim.finish("q1", paused=True)  # both on tools: nothing in flight
     assert sim.req("x1", "X") == ()
     assert admits(sim.probe("a", True, running=0, waiting=0)) == {"x1": "a"}
-    assert sim.replica("a")["capacity"] == 3
+    assert sim.replica("a")["run_limit"] == 3
+    assert sim.replica("a")["capacity"] == 2
 
 
 # ===================================================================== S3
@@ -1587,8 +1589,10 @@ def test_status_view_shape() -> None:
         "callers_in_flight",
         "in_flight_by_dataplane",
         "dataplanes_lost",
+        "tool_times",
     }
     assert v["dataplanes_lost"] == {}
+    assert v["tool_times"] == {}
     assert sum(v["in_flight_by_dataplane"].values()) == len(sim.state.turns) > 0
     assert [r["name"] for r in v["replicas"]] == ["a", "sp"]
     a = v["replicas"][0]
@@ -1603,6 +1607,8 @@ def test_status_view_shape() -> None:
         "engine_orders_classes": False,
         "reserved_for_interactive": 0,
         "runs_pinned": 1,
+        "run_limit": 1,
+        "runs_lapsed": 0,
         "engine_running": 1,
         "engine_waiting": 1,
         "kv_usage": None,

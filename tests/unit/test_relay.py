@@ -81,6 +81,24 @@ def test_stream_without_done_is_noticed() -> None:
     assert not tap.outcome.done and tap.outcome.first_token
 
 
+def test_tool_names_are_read_distinct_cut_and_bounded() -> None:
+    """D5, tool leases: the names of the tools a reply called are reported with the
+    finished turn (from the first delta of each streamed call, or the message's calls):
+    distinct, in order, cut to 64 characters, at most 8; a name that is not a string is
+    not one."""
+    tap = SseTap(TurnOutcome(), hide_usage=False)
+    tap.feed(sse(*CHUNKS))
+    assert tap.outcome.tool_names == ["f"]
+    o = TurnOutcome()
+    calls = [{"id": f"c{i}", "function": {"name": f"tool{i % 10}" + "x" * 80}} for i in range(12)]
+    calls += [{"id": "d", "function": {"name": 7}}, {"id": "e", "function": None}]
+    o.read_completion(
+        {"choices": [{"finish_reason": "tool_calls", "message": {"tool_calls": calls}}]}
+    )
+    assert o.tool_names == [f"tool{i}" + "x" * 59 for i in range(8)]
+    assert len(o.tool_call_ids) == 14
+
+
 def test_non_streamed_completion_is_read() -> None:
     o = TurnOutcome()
     o.read_completion(

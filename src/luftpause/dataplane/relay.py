@@ -38,12 +38,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("luftpause.dataplane.relay")
 
 
+# Tool names reported with a finished turn (tool leases): at most this many, this long.
+MAX_TOOL_NAMES = 8
+MAX_TOOL_NAME = 64
+
+
 @dataclass
 class TurnOutcome:
     """What the reply said, accumulated as it passes."""
 
     first_token: bool = False
     tool_call_ids: list[str] = field(default_factory=list)
+    tool_names: list[str] = field(default_factory=list)  # distinct, for the tool leases
     finish_reason: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -53,6 +59,14 @@ class TurnOutcome:
     @property
     def paused_on_tool(self) -> bool:
         return self.finish_reason == "tool_calls" or bool(self.tool_call_ids)
+
+    def saw_tool(self, name: Any) -> None:
+        """A tool call named ``name``: the scheduler learns how long each tool keeps runs
+        away (tool leases). Names are cut and counted as the report's limits allow."""
+        if isinstance(name, str) and name:
+            name = name[:MAX_TOOL_NAME]
+            if name not in self.tool_names and len(self.tool_names) < MAX_TOOL_NAMES:
+                self.tool_names.append(name)
 
     def read_usage(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -105,8 +119,13 @@ class TurnOutcome:
         if not isinstance(calls, list):
             return
         for call in calls:
-            if isinstance(call, dict) and isinstance(call.get("id"), str) and call["id"]:
+            if not isinstance(call, dict):
+                continue
+            if isinstance(call.get("id"), str) and call["id"]:
                 self.tool_call_ids.append(call["id"])
+            function = call.get("function")
+            if isinstance(function, dict):  # (streamed: the name comes with the call's first delta)
+                self.saw_tool(function.get("name"))
 
 
 _NOT_JSON = object()

@@ -102,6 +102,7 @@ class Turn:
                 tool_call_ids=[i for i in outcome.tool_call_ids if len(i) <= _MAX_CALL_ID][
                     :_MAX_CALLS
                 ],
+                tool_names=outcome.tool_names,  # (bounded as they are read)
             )
         except (TypeError, ValueError) as exc:  # a reply value a report cannot carry
             log.exception("turn %s: cannot report its reply", self.record.turn_id)

@@ -944,6 +944,7 @@ def _read_content(content: Any, outcome: TurnOutcome) -> None:
             call_id = block.get("id")
             if isinstance(call_id, str) and call_id and call_id not in outcome.tool_call_ids:
                 outcome.tool_call_ids.append(call_id)
+            outcome.saw_tool(block.get("name"))
 
 
 def _read_usage(usage: Any, outcome: TurnOutcome) -> None:

@@ -1259,6 +1259,7 @@ def _observe_item(item: Any, outcome: TurnOutcome) -> bool:
     call_id = item.get("call_id")
     if isinstance(call_id, str) and call_id and call_id not in outcome.tool_call_ids:
         outcome.tool_call_ids.append(call_id)
+    outcome.saw_tool(item.get("name"))
     return True
 
 

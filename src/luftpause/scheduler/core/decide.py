@@ -123,6 +123,7 @@ from luftpause.scheduler.core.state import (
     ReplicaState,
     RunState,
     State,
+    ToolTime,
     TurnState,
     free_lane,
     new_held,
@@ -135,6 +136,7 @@ from luftpause.scheduler.core.state import (
 from luftpause.scheduler.core.types import (
     DropReason,
     EndpointKind,
+    Params,
     RejectCode,
     RunPhase,
     ServiceClass,
@@ -149,6 +151,13 @@ PACE_WEIGHT = 0.25
 PACE_BACKOFF = 0.75
 PACE_HEADROOM = 0.8
 PACE_BEST_FACTOR = 1.5  # the target is at least this many times the replica's best pace
+# Tool leases: the weights of a new sample in a tool's smoothed duration and deviation
+# (those of TCP's round-trip estimate, RFC 6298), the longest tool name learned (longer
+# ones are cut), and the most tools one pause is learned for.
+TOOL_MEAN_WEIGHT = 0.125
+TOOL_DEV_WEIGHT = 0.25
+MAX_TOOL_NAME = 64
+MAX_PAUSE_TOOLS = 8
 _KIND_LABEL = {EndpointKind.GENERATIVE: "Generative", EndpointKind.SINGLE_PASS: "SinglePass"}
 _MAX_ID = 256  # longest turn/run ID accepted from a peer
 
@@ -219,6 +228,7 @@ class _Tx:
         "seq",
         "serving",
         "swept_until",
+        "tool_times",
         "turn_deadlines",
         "turns",
         "unhealthy",
@@ -243,6 +253,7 @@ class _Tx:
         self.run_deadlines = s.run_deadlines
         self.swept_until = s.swept_until
         self.lost_dataplanes = s.lost_dataplanes
+        self.tool_times = s.tool_times
         self.actions: list[Action] = []
         self.dirty: set[str] = set()
 
@@ -265,6 +276,7 @@ class _Tx:
             self.run_deadlines,
             self.swept_until,
             self.lost_dataplanes,
+            self.tool_times,
         )
 
     # ------------------------------------------------------------------ requests
@@ -288,6 +300,8 @@ class _Tx:
             return
         # single-pass turns never enter run state (S13), even when they name a run
         run = self.runs.get(ev.run_id) if ev.kind is EndpointKind.GENERATIVE else None
+        if run is not None and run.phase is RunPhase.PAUSED_ON_TOOL and run.in_flight == 0:
+            run = self._back_from_tool(run)
         lane = self._lane_for(run, ev.kind, ev.model)
         self.seq += 1
         target = self._place(run, names, ev.kind, ev.service_class, lane, self.seq)
@@ -386,7 +400,9 @@ class _Tx:
                 if interactive:
                     if rep.in_flight >= cap and not rep.spec.orders_classes:
                         continue
-                elif load >= cap or (limit_runs and pinned >= cap):
+                elif load >= cap or (
+                    limit_runs and rep.run_limit is not None and pinned >= rep.run_limit
+                ):
                     continue
             if choice is not None:  # (pinned, load, rotation) must be less than the best
                 if pinned != best_pinned:
@@ -565,7 +581,8 @@ class _Tx:
             ended = run.ended
         # The run's reservation ends (it is back) and it is pinned here now (S3); each
         # replica's counters change once.
-        before = None if run is None or run.phase is RunPhase.IDLE else run.replica  # S3
+        # S3: where it lived (a lapsed run lived nowhere: on_requested restores it first)
+        before = None if run is None or run.phase is RunPhase.IDLE or run.lapsed else run.replica
         moved = before != replica
         reserved_on = None if run is None else run.reserved_on
         if reserved_on is not None and reserved_on not in self.replicas:
@@ -595,6 +612,8 @@ class _Tx:
                 None,  # last_prompt_on
                 1,  # turns
                 0,  # moves
+                (),  # paused_tools
+                False,  # lapsed
             )
         else:
             run = new_run(
@@ -611,9 +630,69 @@ class _Tx:
                 run.last_prompt_on,
                 run.turns + 1,
                 run.moves + (run.replica is not None and run.replica != replica),
+                (),  # paused_tools: it is back
+                False,  # lapsed
             )
         self.runs = self.runs.set(run_id, run)
         self._move_run_held(run_id, replica)  # S3: it is generating there now
+
+    # ------------------------------------------------------------ tool leases
+
+    def _back_from_tool(self, run: RunState) -> RunState:
+        """A run paused on a tool asks for its next turn: the pause's length is a sample
+        of its tools' times, and a lapsed run lives on its replica again, with its
+        reservation (S4) if it is interactive."""
+        changed = run
+        if run.paused_tools:  # (empty: sampled already, when a turn of it was first held)
+            self._learn_tool_time(run.paused_tools, self.now - run.last_active)
+            changed = _run_with(changed, paused_tools=())
+        if run.lapsed:
+            reserved_on = None
+            if (
+                run.service_class is ServiceClass.INTERACTIVE
+                and run.replica is not None
+                and run.replica in self.replicas
+            ):
+                reserved_on = run.replica
+                self._bump_replica(run.replica, reserved=1)
+            changed = _run_with(changed, lapsed=False, reserved_on=reserved_on)
+        if changed is run:
+            return run
+        self._put_run(run.run_id, changed)  # (counts it as living on its replica again)
+        return changed
+
+    def _learn_tool_time(self, tools: tuple[str, ...], seconds: float) -> None:
+        """Fold one pause's length into each of its tools' estimates (the tools of one
+        pause ran together: each is taken to have taken the whole pause)."""
+        seconds = max(0.0, seconds)
+        times = self.tool_times
+        for name in tools:
+            est = times.get(name)
+            if est is None:
+                if len(times) >= self.params.tool_estimates_max:
+                    continue  # (a peer naming endless tools: the rest get the default)
+                est = ToolTime(seconds, seconds / 2, 1)
+            else:
+                err = seconds - est.mean_s
+                est = ToolTime(
+                    est.mean_s + TOOL_MEAN_WEIGHT * err,
+                    est.dev_s + TOOL_DEV_WEIGHT * (abs(err) - est.dev_s),
+                    est.samples + 1,
+                )
+            times = times.set(name, est)
+        self.tool_times = times
+
+    def _lease(self, tools: tuple[str, ...]) -> float:
+        """How long a pause on ``tools`` keeps its run living on its replica."""
+        return tool_lease(self.params, self.tool_times, tools)
+
+    def _lapse(self, run: RunState) -> None:
+        """The run's pause outlived its lease: it no longer lives on its replica (S3's
+        pinned count, which new batch runs wait behind) nor holds a slot (S4). It keeps
+        its replica as its last (its prefix may still be there) and comes back in full
+        when it returns (``_back_from_tool``)."""
+        self._release_reservation(run)
+        self._put_run(run.run_id, _run_with(self.runs[run.run_id], lapsed=True))
 
     # ------------------------------------------------------------ turn reports
 
@@ -635,7 +714,10 @@ class _Tx:
 
     def on_finished(self, ev: TurnFinished) -> None:
         turn = self.end_turn(
-            ev.turn_id, paused_on_tool=ev.paused_on_tool, prompt_tokens=ev.prompt_tokens
+            ev.turn_id,
+            paused_on_tool=ev.paused_on_tool,
+            prompt_tokens=ev.prompt_tokens,
+            tool_names=ev.tool_names,
         )
         if turn is None:
             return
@@ -714,12 +796,12 @@ class _Tx:
     def _prefix_feedback(self, turn: TurnState, ev: TurnFinished) -> None:
         """Prefix keeping: a turn back from a tool on a capped replica that found less than
         ``prefix_miss_share`` of its run's previous prompt cached shows the engine's cache
-        is over-committed: one slot less (at most one per probe period), and no raise at
-        the next probe. Judged only on an engine that reports caching at all. With more
-        runs pinned there than the cap (a backlog admitted before the engine first
-        queued), a miss blocks the raise but does not lower the cap: that backlog does
-        not fit whatever the cap, and lowering it would only slow the backlog down, each
-        of its later misses lowering it again."""
+        is over-committed: one run less may live there (at most one per probe period), the
+        cap no higher than that, and no raise at the next probe. Judged only on an engine
+        that reports caching at all. With more runs living there than the run limit (a
+        backlog admitted before the engine first queued), a miss blocks the raise but
+        lowers nothing: that backlog does not fit whatever the limit, and lowering it
+        would only slow the backlog down, each of its later misses lowering it again."""
         rep = self.replicas.get(turn.replica)
         if rep is None or ev.prompt_tokens <= 0:  # no usage reported: nothing to judge
             return
@@ -733,16 +815,25 @@ class _Tx:
         if not missed and reports_cache == rep.reports_cache:
             return
         cap = rep.cap
-        if missed and cap is not None and not rep.missed_since_probe and rep.pinned_runs <= cap:
+        run_limit = rep.run_limit
+        if (
+            missed
+            and cap is not None
+            and run_limit is not None
+            and not rep.missed_since_probe
+            and rep.pinned_runs <= run_limit
+        ):
             # One step per probe period, as the raise: misses come in bursts (one
             # over-full moment evicts several paused runs), and each would otherwise
             # take a slot away for the same cause.
-            cap = max(1, cap - 1)
+            run_limit = max(1, run_limit - 1)
+            cap = min(cap, run_limit)
         self.replicas = self.replicas.set(
             turn.replica,
             _replica_with(
                 rep,
                 cap=cap,
+                run_limit=run_limit,
                 reports_cache=reports_cache,
                 prefix_misses=rep.prefix_misses + (1 if missed else 0),
                 missed_since_probe=rep.missed_since_probe or missed,
@@ -750,10 +841,16 @@ class _Tx:
         )
 
     def end_turn(
-        self, turn_id: str, *, paused_on_tool: bool, prompt_tokens: int = 0
+        self,
+        turn_id: str,
+        *,
+        paused_on_tool: bool,
+        prompt_tokens: int = 0,
+        tool_names: tuple[str, ...] = (),
     ) -> TurnState | None:
         """Free an admitted turn's slot and move its run on (D5). ``prompt_tokens``: the
-        finished turn's reported prompt, remembered for prefix keeping."""
+        finished turn's reported prompt, remembered for prefix keeping; ``tool_names``: the
+        tools it called, whose lease the run's pause gets."""
         turn = self.turns.get(turn_id)
         if turn is None:
             return None
@@ -793,7 +890,9 @@ class _Tx:
             and here is not None
         ):
             reserved_on = here  # S4: keep a slot for its return
-        before = None if run.phase is RunPhase.IDLE else run.replica  # S3: where it is pinned
+        # S3: where it is pinned (a lapsed run nowhere; it has no turn in flight, so
+        # this is a guard for peers that report turns it never had)
+        before = None if run.phase is RunPhase.IDLE or run.lapsed else run.replica
         after = None if phase is RunPhase.IDLE else turn.replica
         if before == after:
             before = after = None
@@ -822,6 +921,11 @@ class _Tx:
         last_prompt_on: str | None = run.last_prompt_on
         if prompt_tokens > 0:
             last_prompt, last_prompt_on = prompt_tokens, turn.replica
+        paused_tools: tuple[str, ...] = ()
+        if phase is RunPhase.PAUSED_ON_TOOL:
+            paused_tools = _tool_keys(tool_names)
+        elif in_flight > 0 and paused_on_tool:
+            paused_tools = _tool_keys(run.paused_tools + tool_names)  # (parallel turns)
         self.runs = self.runs.set(
             run.run_id,
             new_run(
@@ -838,10 +942,16 @@ class _Tx:
                 last_prompt_on,
                 run.turns,
                 run.moves,
+                paused_tools,
+                False,  # lapsed
             ),
         )
         if phase is RunPhase.IDLE:
             self._move_run_held(run.run_id, None)  # S3: an idle run may move
+        elif phase is RunPhase.PAUSED_ON_TOOL:
+            # Tool lease: checked when it may have run out (on_tick).
+            due = self.now + self._lease(paused_tools)
+            self.run_deadlines = _bucket_add(self.run_deadlines, due, run.run_id)
         self._schedule_run_expiry(run.run_id)
         return turn
 
@@ -864,6 +974,8 @@ class _Tx:
                 None,
                 0,
                 0,
+                (),
+                False,
             )
         else:  # ended=False: a new turn after RunEnded, the run lives on
             run = _run_with(run, caller=caller, last_active=self.now, ended=False)
@@ -922,6 +1034,7 @@ class _Tx:
         if rep is None:
             return
         cap = rep.cap
+        run_limit = rep.run_limit
         queued = rep.queued_probes
         ramping = rep.ramping
         pace_cap, pace_set_at = rep.pace_cap, rep.pace_set_at
@@ -933,6 +1046,7 @@ class _Tx:
                 # down: it may come back as a restarted engine, idle and cold, so it
                 # ramps from idle again (S2)
                 cap, queued, ramping = self.params.initial_cap, 0, True
+                run_limit = cap
             else:
                 # S2: a replica that reports no load is not limited
                 cap, queued, ramping = None, 0, False
@@ -940,32 +1054,40 @@ class _Tx:
             queued += 1
             if queued >= self.params.queue_probes:
                 cap = max(1, ev.running)  # the engine keeps a queue: hold the rest ourselves
+                run_limit = cap  # prefix keeping: as many runs live here as it runs
                 ramping = False  # its capacity is found: from now on the cap rises by steps
+        elif cap is not None and not rep.missed_since_probe:  # (a miss: the cache is full)
+            queued = 0
+            step = self.params.cap_raise_step
+            # The cap rises only on the engine's evidence: it runs at the cap with an empty
+            # queue, and luftpause's turns fill it. The engine's count alone is no
+            # evidence: requests of other clients on a shared engine would raise a cap
+            # luftpause does not use, without bound while it idles (and double it on the
+            # ramp), so its next burst would go straight into the engine's queue. Our own
+            # count alone is none either: it may be high for reasons of ours (a turn
+            # reported late, or never). Runs waiting behind runs placed here are none
+            # either: those may be paused on tools, or gone (a client that left mid-tool).
+            if ev.running >= cap and rep.in_flight + rep.reserved >= cap:
+                # quiet at the cap: probe for more (doubling while it ramps from idle)
+                cap += max(cap, step) if ramping else step
+            # Prefix keeping: new batch runs wait while the runs living here reach the run
+            # limit; with the engine quiet, one more may live here each probe (doubling
+            # while the replica ramps from idle, so that new runs are not held a probe
+            # each behind runs that may be gone). A miss (a returning run lost its prefix)
+            # lowers it again.
+            if (
+                self.params.keep_prefixes
+                and run_limit is not None
+                and rep.pinned_runs >= run_limit
+                and self._new_runs_waiting(rep)
+            ):
+                run_limit += max(run_limit, step) if ramping else step
         else:
             queued = 0
-            if (
-                cap is not None
-                and (
-                    # The engine runs at the cap, and luftpause's turns fill it. The
-                    # engine's count alone is no evidence: requests of other clients
-                    # on a shared engine would raise a cap luftpause does not use,
-                    # without bound while it idles (and double it on the ramp), so
-                    # its next burst would go straight into the engine's queue. Our
-                    # own count alone is none either: it may be high for reasons of
-                    # ours (a turn reported late, or never).
-                    (ev.running >= cap and rep.in_flight + rep.reserved >= cap)
-                    # prefix keeping: new runs wait for the cap too
-                    or (
-                        self.params.keep_prefixes
-                        and rep.pinned_runs >= cap
-                        and self._new_runs_waiting(rep)
-                    )
-                )
-                and not rep.missed_since_probe  # prefix keeping: the cache is full already
-            ):
-                # quiet at the cap: probe for more (doubling while it ramps from idle)
-                step = self.params.cap_raise_step
-                cap += max(cap, step) if ramping else step
+        if cap is None:
+            run_limit = None
+        elif run_limit is None or run_limit < cap:
+            run_limit = cap  # (never below the cap: a run with a turn in flight lives here)
         self._set_health(ev.replica, healthy=ev.healthy)
         self.replicas = self.replicas.set(
             ev.replica,
@@ -990,9 +1112,10 @@ class _Tx:
                 rep.pace_s,
                 pace_set_at,
                 rep.pace_best_s,
+                run_limit,
             ),
         )
-        if cap != rep.cap or pace_cap != rep.pace_cap:
+        if cap != rep.cap or pace_cap != rep.pace_cap or run_limit != rep.run_limit:
             self.dirty.add(ev.replica)
 
     def _set_health(self, name: str, *, healthy: bool) -> None:
@@ -1045,6 +1168,7 @@ class _Tx:
                 rep.pace_s,
                 rep.pace_set_at,
                 rep.pace_best_s,
+                rep.run_limit,
             ),
         )
 
@@ -1130,13 +1254,13 @@ class _Tx:
 
     def _may_start_run(self, rep: ReplicaState, cls: ServiceClass) -> bool:
         """Prefix keeping: a capped replica takes a batch run that is not already there
-        only while fewer runs than its cap are pinned there, so the prefixes of the runs
+        only while fewer runs than its run limit live there, so the prefixes of the runs
         it serves stay in the engine's cache between their turns."""
-        if not self.params.keep_prefixes or rep.cap is None:
+        if not self.params.keep_prefixes or rep.run_limit is None:
             return True
         if cls is ServiceClass.INTERACTIVE:
             return True  # S4: interactive first, new runs included; they are few
-        return rep.pinned_runs < rep.cap
+        return rep.pinned_runs < rep.run_limit
 
     def _best_held(
         self, rep: ReplicaState, cls: ServiceClass, new_runs: bool = True
@@ -1199,15 +1323,21 @@ class _Tx:
         for second in _due(self.run_deadlines, self.swept_until, until):
             for run_id in sorted(self.run_deadlines[second]):
                 run = self.runs.get(run_id)
-                expiry = self.params.run_idle_expiry_s
                 if (
-                    run is not None
-                    and run.in_flight == 0
-                    and run_id not in self.held_by_run  # a held turn is a turn (S10)
-                    and run.last_active + expiry <= self.now
+                    run is None
+                    or run.in_flight > 0
+                    or run_id in self.held_by_run  # a held turn is a turn (S10)
                 ):
+                    continue
+                if run.last_active + self.params.run_idle_expiry_s <= self.now:
                     self.forget_run(run_id)
                     self.actions.append(ForgetRun(run_id))
+                elif run.phase is RunPhase.PAUSED_ON_TOOL and not run.lapsed:
+                    due = run.last_active + self._lease(run.paused_tools)
+                    if due <= self.now:
+                        self._lapse(run)
+                    else:  # its tools' estimates grew since it paused
+                        self.run_deadlines = _bucket_add(self.run_deadlines, due, run_id)
             self.run_deadlines = self.run_deadlines.delete(second)
         self.swept_until = until
 
@@ -1231,15 +1361,26 @@ class _Tx:
             generative = rep is not None and rep.spec.kind is EndpointKind.GENERATIVE
             replica = snap.replica if generative else None
             phase = snap.phase if replica is not None else RunPhase.IDLE
+            in_flight = per_run.get(snap.run_id, 0)
+            # Tool leases: the same pause as the scheduler knew keeps its tools and whether
+            # it lapsed; a resync is activity (S10), so a live pause's lease starts again.
+            same_pause = (
+                old is not None
+                and phase is RunPhase.PAUSED_ON_TOOL
+                and in_flight == 0
+                and old.phase is RunPhase.PAUSED_ON_TOOL
+                and old.replica == replica
+            )
+            lapsed = same_pause and old is not None and old.lapsed
             reserved_on = None
             if (
                 replica is not None
                 and phase is RunPhase.PAUSED_ON_TOOL
                 and snap.service_class is ServiceClass.INTERACTIVE
+                and not lapsed
             ):
                 reserved_on = replica
                 self._bump_replica(replica, reserved=1)
-            in_flight = per_run.get(snap.run_id, 0)
             self._put_run(
                 snap.run_id,
                 RunState(
@@ -1251,11 +1392,17 @@ class _Tx:
                     last_active=self.now,
                     in_flight=in_flight,
                     reserved_on=reserved_on,
+                    paused_tools=old.paused_tools if same_pause and old is not None else (),
+                    lapsed=lapsed,
                 ),
             )
             # S3: turns it has held follow it (the snapshot may pin a run held as idle)
             self._move_run_held(snap.run_id, replica if phase is not RunPhase.IDLE else None)
             self._schedule_run_expiry(snap.run_id)
+            if phase is RunPhase.PAUSED_ON_TOOL and in_flight == 0 and not lapsed:
+                run = self.runs[snap.run_id]
+                due = run.last_active + self._lease(run.paused_tools)
+                self.run_deadlines = _bucket_add(self.run_deadlines, due, snap.run_id)
         for t in ev.in_flight:
             if t.turn_id in self.turns or t.replica not in self.replicas:
                 continue
@@ -1335,6 +1482,8 @@ class _Tx:
                 replica=run.replica if run.replica is not None else t.replica,
                 last_active=self.now,
                 in_flight=run.in_flight + 1,
+                paused_tools=(),
+                lapsed=False,  # it is back
             )
         self._put_run(t.run_id, run)
         self._schedule_run_expiry(t.run_id)
@@ -1354,6 +1503,29 @@ def _invalid(ev: TurnRequested) -> str | None:
     if not ev.model:
         return "model is required"
     return None
+
+
+def _tool_keys(names: tuple[str, ...]) -> tuple[str, ...]:
+    """A pause's tools as estimate keys: distinct, cut, at most ``MAX_PAUSE_TOOLS``, in
+    order; ("",) when it named none (its estimate is that of unnamed tools)."""
+    keys = sorted({name[:MAX_TOOL_NAME] for name in names})[:MAX_PAUSE_TOOLS]
+    return tuple(keys) if keys else ("",)
+
+
+def tool_lease(params: Params, times: Map[str, ToolTime], tools: tuple[str, ...]) -> float:
+    """The lease of a pause on ``tools`` (docs/scheduling.md): for its slowest tool,
+    ``tool_lease_factor`` x (smoothed duration + 4 x deviation), or the default for a tool
+    never seen back; at least ``tool_lease_min_s``."""
+    lease = params.tool_lease_min_s
+    for name in tools or ("",):
+        est = times.get(name)
+        if est is None:
+            t = params.tool_lease_default_s
+        else:
+            t = params.tool_lease_factor * (est.mean_s + 4.0 * est.dev_s)
+        if t > lease:
+            lease = t
+    return lease
 
 
 def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
@@ -1425,6 +1597,8 @@ def _run_with(
     last_prompt_on: str | _Keep | None = _KEEP,
     turns: int | _Keep = _KEEP,
     moves: int | _Keep = _KEEP,
+    paused_tools: tuple[str, ...] | _Keep = _KEEP,
+    lapsed: bool | _Keep = _KEEP,
 ) -> RunState:
     """A copy of ``r`` with some fields changed. Hand-written rather than
     ``dataclasses.replace``, which costs several microseconds per call; the hot paths
@@ -1443,12 +1617,15 @@ def _run_with(
         r.last_prompt_on if isinstance(last_prompt_on, _Keep) else last_prompt_on,
         r.turns if isinstance(turns, _Keep) else turns,
         r.moves if isinstance(moves, _Keep) else moves,
+        r.paused_tools if isinstance(paused_tools, _Keep) else paused_tools,
+        r.lapsed if isinstance(lapsed, _Keep) else lapsed,
     )
 
 
 def _pinned_to(run: RunState | None) -> str | None:
-    """The replica a run is pinned to (S3): generating or paused there."""
-    if run is None or run.phase is RunPhase.IDLE:
+    """The replica a run lives on (S3's pinned count): generating or paused there, and
+    not lapsed (paused past its tool lease)."""
+    if run is None or run.phase is RunPhase.IDLE or run.lapsed:
         return None
     return run.replica
 
@@ -1468,6 +1645,7 @@ def _replica_with(
     pace_s: float | _Keep | None = _KEEP,
     pace_set_at: float | _Keep | None = _KEEP,
     pace_best_s: float | _Keep | None = _KEEP,
+    run_limit: int | _Keep | None = _KEEP,
 ) -> ReplicaState:
     """A copy of ``rep`` with some counters changed (hand-written, as ``_run_with``)."""
     return new_replica(
@@ -1491,6 +1669,7 @@ def _replica_with(
         rep.pace_s if isinstance(pace_s, _Keep) else pace_s,
         rep.pace_set_at if isinstance(pace_set_at, _Keep) else pace_set_at,
         rep.pace_best_s if isinstance(pace_best_s, _Keep) else pace_best_s,
+        rep.run_limit if isinstance(run_limit, _Keep) else run_limit,
     )
 
 
@@ -1535,4 +1714,5 @@ def _state_with(s: State, now: float, turns: Map[str, TurnState]) -> State:
         s.run_deadlines,
         s.swept_until,
         s.lost_dataplanes,
+        s.tool_times,
     )

@@ -52,7 +52,8 @@ class FirstTokenReceived:
 
 @dataclass(frozen=True, slots=True)
 class TurnFinished:
-    """The engine's reply ended. ``paused_on_tool``: it ended in tool calls (D5)."""
+    """The engine's reply ended. ``paused_on_tool``: it ended in tool calls (D5);
+    ``tool_names``: the names of the tools it called (for the tool leases), as given."""
 
     at: float
     turn_id: str
@@ -61,6 +62,7 @@ class TurnFinished:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    tool_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,10 @@ def violations(state: State) -> list[str]:
                 problems.append(f"run {r.run_id} holds a reservation while {r.phase.value}")
             if r.service_class is not ServiceClass.INTERACTIVE:
                 problems.append(f"batch run {r.run_id} holds a reservation")
+            if r.lapsed:
+                problems.append(f"lapsed run {r.run_id} holds a reservation")
+        if r.lapsed and (r.phase is not RunPhase.PAUSED_ON_TOOL or r.in_flight > 0):
+            problems.append(f"run {r.run_id} lapsed while {r.phase.value}")
         if r.in_flight != run_turns.get(r.run_id, 0):
             problems.append(
                 f"run {r.run_id} counts {r.in_flight} turns, has {run_turns.get(r.run_id, 0)}"
@@ -40,9 +44,13 @@ def violations(state: State) -> list[str]:
             problems.append(f"run {r.run_id} has turns in flight but is {r.phase.value}")
     pinned: dict[str, int] = {}
     for r in state.runs.values():
-        if r.phase is not RunPhase.IDLE and r.replica is not None:
+        if r.phase is not RunPhase.IDLE and r.replica is not None and not r.lapsed:
             pinned[r.replica] = pinned.get(r.replica, 0) + 1
     for name, rep in state.replicas.items():
+        if (rep.cap is None) != (rep.run_limit is None) or (
+            rep.cap is not None and rep.run_limit is not None and rep.run_limit < rep.cap
+        ):
+            problems.append(f"replica {name}: run limit {rep.run_limit} under cap {rep.cap}")
         if rep.pinned_runs != pinned.get(name, 0):
             problems.append(
                 f"replica {name} counts {rep.pinned_runs} pinned runs, has {pinned.get(name, 0)}"

@@ -114,6 +114,10 @@ class ReplicaState:
     pace_s: float | None = None
     pace_set_at: float | None = None
     pace_best_s: float | None = None
+    # Prefix keeping: the most runs that may live here before new batch runs wait (None:
+    # not limited). Never below the cap; it rises while new runs wait behind the runs
+    # living here, which the cap (the engine's load) never does.
+    run_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,11 @@ class RunState:
     last_prompt_on: str | None = None
     turns: int = 0  # turns admitted
     moves: int = 0  # of those, admitted to another replica than the run's previous turn
+    # Tool leases: the tools it is paused on ("" for a call without a name), and whether
+    # the pause outlived its lease: then it no longer counts as living on its replica
+    # (S3's pinned count) and holds no reservation (S4) until it comes back.
+    paused_tools: tuple[str, ...] = ()
+    lapsed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +184,16 @@ class HeldTurn:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolTime:
+    """How long a tool keeps its runs away: the smoothed duration of the pauses runs
+    came back from and their smoothed deviation (as a TCP round-trip estimate)."""
+
+    mean_s: float
+    dev_s: float
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
 class State:
     params: Params
     now: float
@@ -194,6 +213,7 @@ class State:
     swept_until: int  # deadline buckets up to this second have been processed
     # S11: dataplanes whose report stream ended -> when their admitted turns are released
     lost_dataplanes: Map[str, float] = field(default_factory=Map)
+    tool_times: Map[str, ToolTime] = field(default_factory=Map)  # tool name -> estimate
 
 
 def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float = 0.0) -> State:
@@ -209,7 +229,10 @@ def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float 
         replicas=Map(
             {
                 s.name: ReplicaState(
-                    spec=s, cap=params.initial_cap, ramping=params.initial_cap is not None
+                    spec=s,
+                    cap=params.initial_cap,
+                    ramping=params.initial_cap is not None,
+                    run_limit=params.initial_cap,
                 )
                 for s in replicas
             }
@@ -226,6 +249,8 @@ def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float 
         turn_deadlines=Map(),
         run_deadlines=Map(),
         swept_until=int(now) - 1,
+        lost_dataplanes=Map(),
+        tool_times=Map(),
     )
 
 
@@ -275,6 +300,7 @@ def new_state(
     run_deadlines: Map[int, Map[str, None]],
     swept_until: int,
     lost_dataplanes: Map[str, float],
+    tool_times: Map[str, ToolTime],
 ) -> State:
     s: Any = _new(_StateDraft)
     s.params = params
@@ -294,6 +320,7 @@ def new_state(
     s.run_deadlines = run_deadlines
     s.swept_until = swept_until
     s.lost_dataplanes = lost_dataplanes
+    s.tool_times = tool_times
     s.__class__ = State
     return s  # type: ignore[no-any-return]
 
@@ -319,6 +346,7 @@ def new_replica(
     pace_s: float | None,
     pace_set_at: float | None,
     pace_best_s: float | None,
+    run_limit: int | None,
 ) -> ReplicaState:
     r: Any = _new(_ReplicaDraft)
     r.spec = spec
@@ -341,6 +369,7 @@ def new_replica(
     r.pace_s = pace_s
     r.pace_set_at = pace_set_at
     r.pace_best_s = pace_best_s
+    r.run_limit = run_limit
     r.__class__ = ReplicaState
     return r  # type: ignore[no-any-return]
 
@@ -359,6 +388,8 @@ def new_run(
     last_prompt_on: str | None,
     turns: int,
     moves: int,
+    paused_tools: tuple[str, ...],
+    lapsed: bool,
 ) -> RunState:
     r: Any = _new(_RunDraft)
     r.run_id = run_id
@@ -374,6 +405,8 @@ def new_run(
     r.last_prompt_on = last_prompt_on
     r.turns = turns
     r.moves = moves
+    r.paused_tools = paused_tools
+    r.lapsed = lapsed
     r.__class__ = RunState
     return r  # type: ignore[no-any-return]
 

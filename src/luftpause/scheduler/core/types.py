@@ -86,3 +86,14 @@ class Params:
     # limited (S2). None: off.
     interactive_pace_s: float | None = 0.1
     pace_min_tokens: int = 16  # replies shorter than this say too little about the pace
+    # Tool leases (docs/scheduling.md "Runs that do not come back"): a run paused on a
+    # tool for longer than its lease stops counting as living on its replica and its S4
+    # reservation lapses; both come back when the run returns. A lease is
+    # ``tool_lease_factor`` x (smoothed duration + 4 x smoothed deviation) of the slowest
+    # tool of the pause, learned from the runs that came back from it, and at least
+    # ``tool_lease_min_s``; a tool never seen back gets ``tool_lease_default_s``. At most
+    # ``tool_estimates_max`` tool names are learned (the rest get the default).
+    tool_lease_min_s: float = 10.0
+    tool_lease_factor: float = 2.0
+    tool_lease_default_s: float = 120.0
+    tool_estimates_max: int = 1024

@@ -5,13 +5,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from luftpause.scheduler.core.decide import tool_lease
 from luftpause.scheduler.core.state import State
-from luftpause.scheduler.core.types import EndpointKind
+from luftpause.scheduler.core.types import EndpointKind, RunPhase
+
+TOOLS_SHOWN = 32  # the tool estimates the status lists: those with the most samples
 
 
 def status(state: State, now: float) -> dict[str, Any]:
     """Per replica in-flight and capacity; held turns by class and caller with the
     oldest wait; runs by phase and class."""
+    lapsed: Counter[str] = Counter(
+        r.replica for r in state.runs.values() if r.lapsed and r.replica is not None
+    )
     replicas = []
     for name in sorted(state.replicas):
         rep = state.replicas[name]
@@ -27,6 +33,10 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "engine_orders_classes": rep.spec.orders_classes,
                 "reserved_for_interactive": rep.reserved,
                 "runs_pinned": rep.pinned_runs,
+                # prefix keeping: new batch runs wait while runs_pinned reaches it
+                "run_limit": rep.run_limit,
+                # paused past their tool's lease: not counted in runs_pinned, no reservation
+                "runs_lapsed": lapsed[name],
                 "engine_running": rep.running,
                 "engine_waiting": rep.waiting,
                 "kv_usage": rep.kv_usage,
@@ -77,6 +87,21 @@ def status(state: State, now: float) -> dict[str, Any]:
         "dataplanes_lost": {
             dp: round(max(0.0, due - now), 3) for dp, due in sorted(state.lost_dataplanes.items())
         },
+        # tool leases: how long runs stay away on each tool ("" = calls without a name)
+        "tool_times": _tool_times(state),
+    }
+
+
+def _tool_times(state: State) -> dict[str, dict[str, Any]]:
+    shown = sorted(state.tool_times.items(), key=lambda kv: (-kv[1].samples, kv[0]))
+    return {
+        name: {
+            "mean_s": round(est.mean_s, 3),
+            "dev_s": round(est.dev_s, 3),
+            "samples": est.samples,
+            "lease_s": round(tool_lease(state.params, state.tool_times, (name,)), 3),
+        }
+        for name, est in sorted(shown[:TOOLS_SHOWN])
     }
 
 
@@ -95,6 +120,14 @@ def run_status(state: State, run_id: str, now: float) -> dict[str, Any] | None:
         "moves": run.moves,  # turns admitted elsewhere than the one before
         "in_flight": run.in_flight,
         "reserved_on": run.reserved_on,
+        # tool leases: the tools it is paused on, and whether the pause outlived its lease
+        "paused_tools": list(run.paused_tools),
+        "lapsed": run.lapsed,
+        "lease_s": (
+            round(tool_lease(state.params, state.tool_times, run.paused_tools), 3)
+            if run.phase is RunPhase.PAUSED_ON_TOOL
+            else None
+        ),
         "idle_s": round(max(now - run.last_active, 0.0), 3),
         "last_prompt_tokens": run.last_prompt,
     }

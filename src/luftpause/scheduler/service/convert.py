@@ -81,6 +81,8 @@ def turn_event(
             prompt_tokens=f.usage.prompt_tokens,
             completion_tokens=f.usage.completion_tokens,
             cached_tokens=f.usage.cached_tokens,
+            # (bounded here too: a peer may send more than a dataplane does)
+            tool_names=tuple(name[:64] for name in f.tool_names[:8]),
         )
     if which == "failed":
         return TurnFailed(

@@ -76,6 +76,9 @@ def core_params(settings: SchedulerSettings) -> Params:
         initial_cap=settings.initial_cap or None,
         interactive_pace_s=settings.interactive_pace_ms / 1000 or None,
         pace_min_tokens=settings.pace_min_tokens,
+        tool_lease_min_s=settings.tool_lease_min_s,
+        tool_lease_default_s=settings.tool_lease_default_s,
+        tool_lease_factor=settings.tool_lease_factor,
     )
 
 

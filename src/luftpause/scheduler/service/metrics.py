@@ -128,6 +128,18 @@ class _StateCollector(Collector):
             "Runs generating or paused on a tool on the replica (S3)",
             ["replica"],
         )
+        run_limit = g(
+            "replica_run_limit",
+            "Prefix keeping: runs that may live on the replica before new batch runs wait; "
+            "+Inf while not limited",
+            ["replica"],
+        )
+        lapsed = g(
+            "replica_lapsed_runs",
+            "Runs paused on a tool there past their tool's lease: not counted as pinned, "
+            "no reservation",
+            ["replica"],
+        )
         running = g(
             "engine_requests_running",
             "Requests the engine reported running at the last probe (absent: no load reported)",
@@ -169,9 +181,14 @@ class _StateCollector(Collector):
             "Turns back from a tool that found their run's prefix evicted on the replica",
             labels=["replica"],
         )
+        lapsed_on = collections.Counter(
+            r.replica for r in state.runs.values() if r.lapsed and r.replica is not None
+        )
         for name in sorted(state.replicas):
             rep = state.replicas[name]
             labels = [name]
+            run_limit.add_metric(labels, float("inf") if rep.run_limit is None else rep.run_limit)
+            lapsed.add_metric(labels, lapsed_on[name])
             healthy.add_metric(labels, 1.0 if rep.healthy else 0.0)
             in_flight.add_metric(labels, rep.in_flight)
             cap.add_metric(labels, float("inf") if rep.cap is None else rep.cap)
@@ -190,7 +207,8 @@ class _StateCollector(Collector):
             if rep.probed_at is not None:
                 probe_age.add_metric(labels, max(0.0, now - rep.probed_at))
             misses.add_metric(labels, rep.prefix_misses)
-        yield from (healthy, in_flight, cap, reserved, pinned, batch, pace_limit, pace)
+        yield from (healthy, in_flight, cap, reserved, pinned, run_limit, lapsed, batch)
+        yield from (pace_limit, pace)
         yield from (running, waiting, kv, probe_age)
         yield misses
 

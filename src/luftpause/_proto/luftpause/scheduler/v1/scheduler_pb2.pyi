@@ -114,16 +114,18 @@ class FirstToken(_message.Message):
     def __init__(self) -> None: ...
 
 class TurnFinished(_message.Message):
-    __slots__ = ("usage", "finish_reason", "paused_on_tool", "tool_call_ids")
+    __slots__ = ("usage", "finish_reason", "paused_on_tool", "tool_call_ids", "tool_names")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PAUSED_ON_TOOL_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     finish_reason: str
     paused_on_tool: bool
     tool_call_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., paused_on_tool: _Optional[bool] = ..., tool_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., paused_on_tool: _Optional[bool] = ..., tool_call_ids: _Optional[_Iterable[str]] = ..., tool_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TurnFailed(_message.Message):
     __slots__ = ("reason", "replica_unreachable")
