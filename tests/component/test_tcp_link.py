@@ -16,7 +16,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.auth import bearer
@@ -411,6 +413,25 @@ async def test_past_the_unauthenticated_limit_a_new_connection_is_closed_at_once
         silent[1][1].close()
     finally:
         await _done(dataplane, task)
+        await sched.close()
+
+
+async def test_the_grpc_port_closes_a_connection_that_does_not_finish_its_handshake() -> None:
+    """X2 on the gRPC port: the token is checked per call, but a connection that sends
+    nothing, or half the HTTP/2 client preface, is closed after the hello timeout (grpc's
+    own default is a minute); gRPC calls go on being served."""
+    sched = await start_sched(token=TOKEN, limits=LinkLimits(hello_timeout_s=0.3))
+    try:
+        for sent in (b"", b"PRI * HTTP/2.0\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", sched.server.port)
+            writer.write(sent)
+            await closed_by_scheduler(reader)  # grpc may first say why, in a GOAWAY
+            writer.close()
+        async with grpc.aio.insecure_channel(sched.grpc) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            served = await asyncio.wait_for(health.Check(health_pb2.HealthCheckRequest()), 5)
+            assert served.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
         await sched.close()
 
 

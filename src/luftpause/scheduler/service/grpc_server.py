@@ -315,11 +315,18 @@ async def start_grpc(
     """Start the gRPC server on ``address`` (port 0 picks one) and, unless ``link_port``
     is None, the Link over TCP on the same host at ``link_port`` (0 picks one; its port
     is advertised to dataplanes in ResyncResponse), its connections not yet welcomed
-    bounded by ``link_limits``. With ``token``, every Scheduler call and Link
-    connection must carry it (X2). Tool call IDs are remembered ``tool_call_memory_s``
-    (the dataplane's ``tool_call_id_memory_s``)."""
+    bounded by ``link_limits`` (whose hello timeout also bounds the gRPC port's HTTP/2
+    handshake). With ``token``, every Scheduler call and Link connection must carry it
+    (X2). Tool call IDs are remembered ``tool_call_memory_s`` (the dataplane's
+    ``tool_call_id_memory_s``)."""
+    # The token is checked per call, so the gRPC port cannot tell a dataplane's channel
+    # from anyone else's until a call comes; but a connection that has not finished the
+    # HTTP/2 handshake (the client preface) within the Link's hello timeout is closed
+    # (grpc core's own default: about 60 s, measured).
+    handshake = ("grpc.server_handshake_timeout_ms", round(link_limits.hello_timeout_s * 1000))
     server = grpc.aio.server(
-        options=KEEPALIVE_SERVER, interceptors=[TokenCheck(token)] if token else None
+        options=(*KEEPALIVE_SERVER, handshake),
+        interceptors=[TokenCheck(token)] if token else None,
     )
     servicer = SchedulerServicer(host, urls, ToolCallMemory(host.clock, tool_call_memory_s))
     pb_grpc.add_SchedulerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
