@@ -171,6 +171,10 @@ class SchedulerSettings(_Frozen):
     # dataplanes on resync; off: dataplanes use the Link rpc on grpc_port.
     tcp_link: bool = True
     link_port: Port = 5002
+    # A Link connection whose hello has not arrived within this is closed; while this many
+    # connections wait for theirs, a new one is closed at once (welcomed ones not counted).
+    link_hello_timeout_s: Seconds = 5.0
+    link_max_unauthenticated: Annotated[int, Field(ge=1)] = 64
     probe_period_s: Seconds = 2.0  # also the probe timeout (S9)
     clock_tick_s: Seconds = 1.0  # S10
     turn_timeout_s: Seconds = 600.0  # a turn never reported finished is dropped (S10)

@@ -16,7 +16,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.auth import bearer
@@ -34,6 +36,7 @@ from luftpause.scheduler.core import (
 from luftpause.scheduler.service import convert
 from luftpause.scheduler.service.grpc_server import SchedulerServer, start_grpc
 from luftpause.scheduler.service.host import Host
+from luftpause.scheduler.service.tcp_link import DEFAULT_LIMITS, HELLO_MAX_BYTES, LinkLimits
 
 TOKEN = "s3cret"
 SPECS = tuple(ReplicaSpec(n, EndpointKind.GENERATIVE, frozenset({"m"})) for n in ("a", "b"))
@@ -63,10 +66,14 @@ class Sched:
         await asyncio.gather(self.writer, return_exceptions=True)
 
 
-async def start_sched(token: str | None = None, link_port: int | None = 0) -> Sched:
+async def start_sched(
+    token: str | None = None, link_port: int | None = 0, limits: LinkLimits = DEFAULT_LIMITS
+) -> Sched:
     host = Host(initial_state(SPECS, Params(queue_probes=1), time.monotonic()), time.monotonic)
     writer = asyncio.create_task(host.run())
-    server = await start_grpc(host, URLS, "127.0.0.1:0", token, link_port=link_port)
+    server = await start_grpc(
+        host, URLS, "127.0.0.1:0", token, link_port=link_port, link_limits=limits
+    )
     sched = Sched(host, server, writer)
     for name in ("a", "b"):
         await sched.probe(name, None, None)
@@ -251,6 +258,181 @@ async def test_what_is_not_a_link_frame_closes_that_connection_only(
     link = await RawLink.open(sched.server.link_port)
     assert (await link.welcome()).refused is False
     link.close()
+
+
+async def closed_by_scheduler(reader: asyncio.StreamReader, within_s: float = 5.0) -> bytes:
+    """What the scheduler sent before closing the connection (fails if it does not close
+    within ``within_s``)."""
+    got = b""
+    async with asyncio.timeout(within_s):
+        try:
+            while data := await reader.read(65536):
+                got += data
+        except ConnectionResetError:
+            pass
+    return got
+
+
+async def test_a_connection_without_a_whole_hello_is_closed_after_the_hello_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """X2 on the Link port: with a token, a connection that sends nothing, one that
+    sends half a hello and stalls, and one that announces a hello larger than any is
+    each closed, with a warning naming the peer; the port goes on welcoming."""
+    sched = await start_sched(token=TOKEN, limits=LinkLimits(hello_timeout_s=0.3))
+    port = sched.server.link_port
+    assert sched.server.link is not None
+    try:
+        hello = frame(
+            pb.LinkHello(dataplane_id="dp1", authorization=bearer(TOKEN)).SerializeToString()
+        )
+        sent = {"silent": b"", "half": hello[: len(hello) // 2]}
+        with caplog.at_level(logging.WARNING, logger="luftpause.scheduler.link"):
+            peers = {}
+            for name, data in sent.items():
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(data)
+                peers[name] = (reader, writer)
+            for name, (reader, writer) in peers.items():
+                assert await closed_by_scheduler(reader) == b"", name
+                local = writer.get_extra_info("sockname")
+                assert (
+                    f"closing a Link connection from 127.0.0.1:{local[1]}: no hello" in caplog.text
+                )
+                writer.close()
+            assert f"({len(sent['half'])} bytes of one received)" in caplog.text
+            # Too big to be a hello: closed as soon as that much has come.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write((2 * HELLO_MAX_BYTES).to_bytes(4, "big") + b"\0" * (HELLO_MAX_BYTES + 1))
+            assert await closed_by_scheduler(reader) == b""
+            writer.close()
+            assert f"over {HELLO_MAX_BYTES} bytes received and no whole hello" in caplog.text
+            # A hello with the token, but larger than any dataplane's: not welcomed.
+            huge = pb.LinkHello(dataplane_id="d" * HELLO_MAX_BYTES, authorization=bearer(TOKEN))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(frame(huge.SerializeToString()))
+            assert await closed_by_scheduler(reader) == b""
+            writer.close()
+        assert not sched.server.link.unauthenticated
+        link = await RawLink.open(port, auth=bearer(TOKEN))
+        assert (await link.welcome()).refused is False
+        link.close()
+    finally:
+        await sched.close()
+
+
+async def test_a_dataplane_welcomed_within_the_hello_timeout_is_never_timed_out() -> None:
+    """X2, D4 on the Link port: a dataplane whose hello arrives in time (in pieces, here)
+    is welcomed and keeps being answered long after the hello timeout; a wrong token is
+    still refused in the welcome, as before."""
+    sched = await start_sched(token=TOKEN, limits=LinkLimits(hello_timeout_s=0.3))
+    port = sched.server.link_port
+    link_server = sched.server.link
+    assert link_server is not None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        link = RawLink(reader, writer)
+        hello = frame(
+            pb.LinkHello(dataplane_id="dp1", authorization=bearer(TOKEN)).SerializeToString()
+        )
+        writer.write(hello[:5])
+        await wait_for(lambda: [c.reader.pending for c in link_server.unauthenticated] == [5])
+        writer.write(hello[5:])
+        assert (await link.welcome()).refused is False
+        # A connection opened after the welcome and silent since: once the scheduler has
+        # closed it, the hello timeout has passed for the welcomed one too.
+        silent, silent_writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await closed_by_scheduler(silent) == b""
+        silent_writer.close()
+        link.send(pb.LinkUp(admit=[admit_req("t1", "r1")]))
+        assert (await link.down()).answers[0].response.WhichOneof("outcome") == "admitted"
+        wrong = await RawLink.open(port, auth=bearer("other"))
+        welcome = await wrong.welcome()
+        assert welcome.refused and "bearer token" in welcome.message
+        assert await wrong.next() is None
+        link.close()
+    finally:
+        await sched.close()
+
+
+async def test_past_the_unauthenticated_limit_a_new_connection_is_closed_at_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X2 on the Link port: while ``max_unauthenticated`` connections wait for their
+    hello, each new one is closed at once (one warning for the lot); a welcomed
+    dataplane is not counted and keeps being answered, over the raw link and through
+    the dataplane's own ``SchedulerLink``; a freed place takes a new connection."""
+    from luftpause.scheduler.service import tcp_link
+
+    monkeypatch.setattr(tcp_link, "REFUSAL_LOG_EVERY_S", 3600.0)
+    sched = await start_sched(
+        token=TOKEN, limits=LinkLimits(hello_timeout_s=60.0, max_unauthenticated=2)
+    )
+    port = sched.server.link_port
+    link_server = sched.server.link
+    assert link_server is not None
+    dataplane = SchedulerLink(sched.grpc, "dp2", RunTable(time.monotonic, 60), 0.05, token=TOKEN)
+    task = await _linked(dataplane)
+    try:
+        assert dataplane.transport == "tcp"
+        welcomed = await RawLink.open(port, auth=bearer(TOKEN))
+        assert (await welcomed.welcome()).refused is False
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await wait_for(lambda: len(link_server.unauthenticated) == 2)
+        with caplog.at_level(logging.WARNING, logger="luftpause.scheduler.link"):
+            for _ in range(3):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                assert await closed_by_scheduler(reader) == b""
+                writer.close()
+        refusals = [r for r in caplog.records if "at once" in r.getMessage()]
+        assert len(refusals) == 1 and "link_max_unauthenticated" in refusals[0].getMessage()
+        assert len(link_server.unauthenticated) == 2
+        welcomed.send(pb.LinkUp(admit=[admit_req("t1", "r1")]))
+        assert (await welcomed.down()).answers[0].response.WhichOneof("outcome") == "admitted"
+        assert isinstance(
+            await asyncio.wait_for(dataplane.admit(admit_req("t2", "r2")), 5), Admitted
+        )
+        assert dataplane.transport == "tcp"
+        # A dataplane that comes while the place is full is turned away: it uses the rpc.
+        turned_away = SchedulerLink(
+            sched.grpc, "dp3", RunTable(time.monotonic, 60), 0.05, token=TOKEN
+        )
+        other = await _linked(turned_away)
+        try:
+            assert turned_away.transport == "grpc"
+            outcome = await asyncio.wait_for(turned_away.admit(admit_req("t3", "r3")), 5)
+            assert isinstance(outcome, Admitted)
+        finally:
+            await _done(turned_away, other)
+        silent[0][1].close()  # a place frees up: a dataplane may say hello again
+        await wait_for(lambda: len(link_server.unauthenticated) == 1)
+        late = await RawLink.open(port, auth=bearer(TOKEN))
+        assert (await late.welcome()).refused is False
+        late.close()
+        welcomed.close()
+        silent[1][1].close()
+    finally:
+        await _done(dataplane, task)
+        await sched.close()
+
+
+async def test_the_grpc_port_closes_a_connection_that_does_not_finish_its_handshake() -> None:
+    """X2 on the gRPC port: the token is checked per call, but a connection that sends
+    nothing, or half the HTTP/2 client preface, is closed after the hello timeout (grpc's
+    own default is a minute); gRPC calls go on being served."""
+    sched = await start_sched(token=TOKEN, limits=LinkLimits(hello_timeout_s=0.3))
+    try:
+        for sent in (b"", b"PRI * HTTP/2.0\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", sched.server.port)
+            writer.write(sent)
+            await closed_by_scheduler(reader)  # grpc may first say why, in a GOAWAY
+            writer.close()
+        async with grpc.aio.insecure_channel(sched.grpc) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            served = await asyncio.wait_for(health.Check(health_pb2.HealthCheckRequest()), 5)
+            assert served.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await sched.close()
 
 
 async def _linked(link: SchedulerLink) -> asyncio.Task[None]:

@@ -146,6 +146,12 @@ kind = "generator"
             "runtime.class_headers",
             "printable ASCII",
         ),
+        ("[scheduler]\nlink_hello_timeout_s=0", "scheduler.link_hello_timeout_s", "greater than 0"),
+        (
+            "[scheduler]\nlink_max_unauthenticated=0",
+            "scheduler.link_max_unauthenticated",
+            "greater than or equal to 1",
+        ),
         ('[runtime]\nrun_id_headers=["Authorization"]', "runtime.run_id_headers", "itself"),
         ('[runtime]\nrun_id_headers=["Host"]', "runtime.run_id_headers", "request itself"),
         ('[runtime]\nclass_priority={batch="low"}', "runtime.class_priority.batch", "integer"),
@@ -339,3 +345,16 @@ def test_harness_settings(tmp_path: Path) -> None:
     ]
     assert config.dataplane.session_headers == ("x-session-affinity",)
     assert [a.value for a in config.endpoints[0].native_apis] == ["messages"]
+
+
+def test_link_limits_reach_the_link_and_default_alike(tmp_path: Path) -> None:
+    """X2 (the Link port): ``link_hello_timeout_s`` and ``link_max_unauthenticated``
+    reach the Link's limits; unset, the file's defaults are the library's."""
+    from luftpause.scheduler.service.main import link_limits
+    from luftpause.scheduler.service.tcp_link import LinkLimits
+
+    assert link_limits(parse_config({}, "x.toml").scheduler) == LinkLimits()
+    config, _ = load_config(
+        write(tmp_path, "[scheduler]\nlink_hello_timeout_s = 0.5\nlink_max_unauthenticated = 3\n")
+    )
+    assert link_limits(config.scheduler) == LinkLimits(hello_timeout_s=0.5, max_unauthenticated=3)

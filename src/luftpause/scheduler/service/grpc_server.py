@@ -39,7 +39,7 @@ from luftpause.scheduler.core import (
 from luftpause.scheduler.service import convert, tracing
 from luftpause.scheduler.service.host import Host, Stamp
 from luftpause.scheduler.service.link_session import LinkSession
-from luftpause.scheduler.service.tcp_link import TcpLink
+from luftpause.scheduler.service.tcp_link import DEFAULT_LIMITS, LinkLimits, TcpLink
 from luftpause.tool_calls import ToolCallMemory
 
 log = logging.getLogger("luftpause.scheduler.grpc")
@@ -310,14 +310,23 @@ async def start_grpc(
     token: str | None = None,
     tool_call_memory_s: float = TOOL_CALL_MEMORY_S,
     link_port: int | None = 0,
+    link_limits: LinkLimits = DEFAULT_LIMITS,
 ) -> SchedulerServer:
     """Start the gRPC server on ``address`` (port 0 picks one) and, unless ``link_port``
     is None, the Link over TCP on the same host at ``link_port`` (0 picks one; its port
-    is advertised to dataplanes in ResyncResponse). With ``token``, every Scheduler
-    call and Link connection must carry it (X2). Tool call IDs are remembered
-    ``tool_call_memory_s`` (the dataplane's ``tool_call_id_memory_s``)."""
+    is advertised to dataplanes in ResyncResponse), its connections not yet welcomed
+    bounded by ``link_limits`` (whose hello timeout also bounds the gRPC port's HTTP/2
+    handshake). With ``token``, every Scheduler call and Link connection must carry it
+    (X2). Tool call IDs are remembered ``tool_call_memory_s`` (the dataplane's
+    ``tool_call_id_memory_s``)."""
+    # The token is checked per call, so the gRPC port cannot tell a dataplane's channel
+    # from anyone else's until a call comes; but a connection that has not finished the
+    # HTTP/2 handshake (the client preface) within the Link's hello timeout is closed
+    # (grpc core's own default: about 60 s, measured).
+    handshake = ("grpc.server_handshake_timeout_ms", round(link_limits.hello_timeout_s * 1000))
     server = grpc.aio.server(
-        options=KEEPALIVE_SERVER, interceptors=[TokenCheck(token)] if token else None
+        options=(*KEEPALIVE_SERVER, handshake),
+        interceptors=[TokenCheck(token)] if token else None,
     )
     servicer = SchedulerServicer(host, urls, ToolCallMemory(host.clock, tool_call_memory_s))
     pb_grpc.add_SchedulerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
@@ -332,7 +341,7 @@ async def start_grpc(
     listeners = SchedulerServer(server, port)
     if link_port is not None:
         listen_host = address.rsplit(":", 1)[0].strip("[]")
-        listeners.link = TcpLink(servicer, token)
+        listeners.link = TcpLink(servicer, token, link_limits)
         servicer.link_port = await listeners.link.start(listen_host, link_port)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -14,6 +14,7 @@ from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.probe import Prober
 from luftpause.scheduler.service.status_http import status_app
+from luftpause.scheduler.service.tcp_link import LinkLimits
 from luftpause.serving import Bootstrap, Service, add_service_arguments, load_config_or_exit
 from luftpause.telemetry import Instrumentation
 
@@ -82,6 +83,14 @@ def core_params(settings: SchedulerSettings) -> Params:
     )
 
 
+def link_limits(settings: SchedulerSettings) -> LinkLimits:
+    """What a Link connection not yet welcomed may hold, from the ``[scheduler]`` table."""
+    return LinkLimits(
+        hello_timeout_s=settings.link_hello_timeout_s,
+        max_unauthenticated=settings.link_max_unauthenticated,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     boot = Bootstrap("scheduler", args, os.environ)
     config: StackConfig = load_config_or_exit(args.config)
@@ -119,6 +128,7 @@ def main(args: argparse.Namespace) -> int:
             secrets.token,
             config.dataplane.tool_call_id_memory_s,
             link_port,
+            link_limits(settings),
         )
         bound_grpc = listeners.port
         svc.add_listener("grpc", bound_grpc, lambda: listeners.stop(grace=1.0))

@@ -11,6 +11,14 @@ carriage differs:
   the host it reached the scheduler at; its first frame is a ``LinkHello`` (its
   ID and, with ``LUFTPAUSE_TOKEN``, the token), answered by a ``LinkWelcome``;
 * a wrong token is refused in the welcome and the connection closed;
+* a connection must earn its file descriptor: one whose whole hello has not arrived
+  within ``hello_timeout_s`` (``scheduler.link_hello_timeout_s``; a partial hello
+  counts as none) is closed, and while ``max_unauthenticated`` connections
+  (``scheduler.link_max_unauthenticated``) wait for their welcome a new one is closed
+  at once, logged at most once per ``REFUSAL_LOG_EVERY_S``. Welcomed dataplanes are
+  never counted nor timed; a dataplane closed so uses the Link rpc instead, as when
+  the port cannot be reached. A hello over ``HELLO_MAX_BYTES`` ends the connection
+  too, so that the waiting connections cannot make the scheduler buffer much either;
 * each ``LinkUp`` frame is applied at once, from the protocol's callback, and
   answers decided in one pass of the event loop go out in one ``LinkDown`` frame;
 * the dataplane half-closing, or the connection closing, ends the stream: held
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
@@ -39,14 +48,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("luftpause.scheduler.link")
 
+# A LinkHello is a dataplane ID and a bearer token: far below this. Until the welcome,
+# more than this received without a whole hello ends the connection.
+HELLO_MAX_BYTES = 64 * 1024
+# Connections refused over the limit are logged at most once per this many seconds
+# (the line counts those refused since the last one).
+REFUSAL_LOG_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class LinkLimits:
+    """What a connection that has not been welcomed may hold (the defaults are
+    ``scheduler.link_hello_timeout_s`` and ``scheduler.link_max_unauthenticated``)."""
+
+    hello_timeout_s: float = 5.0  # a whole, welcomed hello within this, or closed
+    max_unauthenticated: int = 64  # connections waiting for their welcome, at most
+
+
+DEFAULT_LIMITS = LinkLimits()
+
 
 class _LinkProtocol(asyncio.Protocol):
-    def __init__(
-        self, servicer: SchedulerServicer, token: str | None, open_: set[_LinkProtocol]
-    ) -> None:
-        self.servicer = servicer
-        self.token = token
-        self.open = open_  # the server's open connections, closed when it stops
+    def __init__(self, link: TcpLink) -> None:
+        self.link = link
+        self.servicer = link.servicer
+        self.token = link.token
         self.reader = FrameReader()
         self.transport: asyncio.Transport | None = None
         self.session: LinkSession | None = None
@@ -54,16 +80,29 @@ class _LinkProtocol(asyncio.Protocol):
         self._answers: list[pb.AdmitAnswer] = []
         self._deciding = False  # inside data_received's drain: it flushes the answers
         self._closed = False
+        self._hello_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
         self.transport = cast(asyncio.Transport, transport)
-        self.open.add(self)
+        link = self.link
+        if len(link.unauthenticated) >= link.limits.max_unauthenticated:
+            link.refused_over_limit(self._peer())
+            self._closed = True  # never counted, nothing to end
+            self.transport.abort()
+            return
+        link.connections.add(self)
+        link.unauthenticated.add(self)
+        self._hello_timer = asyncio.get_running_loop().call_later(
+            link.limits.hello_timeout_s, self._hello_late
+        )
         tune(self.transport.get_extra_info("socket"))
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
         try:
             frames = self.reader.feed(data)
         except FrameError as exc:
@@ -74,12 +113,18 @@ class _LinkProtocol(asyncio.Protocol):
                 return
             try:
                 if self.session is None:
+                    if len(message) > HELLO_MAX_BYTES:
+                        self._drop(f"a hello of {len(message)} bytes, over {HELLO_MAX_BYTES}")
+                        return
                     self._hello(pb.LinkHello.FromString(message))
                 else:
                     self.session.up(pb.LinkUp.FromString(message))
             except DecodeError as exc:
                 self._drop(f"a frame did not parse ({exc})")
                 return
+        if self.session is None and self.reader.pending > HELLO_MAX_BYTES:
+            self._drop(f"over {HELLO_MAX_BYTES} bytes received and no whole hello")
+            return
         if frames and self.session is not None:
             # Decide now what these frames asked, and answer in this callback: an
             # admission waits for nothing else on the event loop.
@@ -98,17 +143,26 @@ class _LinkProtocol(asyncio.Protocol):
         return False  # the transport closes
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.open.discard(self)
+        self.link.connections.discard(self)
         self._end()
 
     # ------------------------------------------------------------- protocol
 
+    def _hello_late(self) -> None:
+        self._hello_timer = None
+        received = self.reader.pending
+        self._drop(
+            f"no hello within {self.link.limits.hello_timeout_s:g} s"
+            + (f" ({received} bytes of one received)" if received else "")
+        )
+
     def _hello(self, hello: pb.LinkHello) -> None:
         if self.token is not None and not bearer_ok(hello.authorization or None, self.token):
-            log.warning("refused a Link connection: %s", REFUSED)
+            log.warning("refused a Link connection from %s: %s", self._peer(), REFUSED)
             self._write(pb.LinkWelcome(refused=True, message=f"the scheduler refused: {REFUSED}"))
             self._close()
             return
+        self._welcomed()
         self.dataplane_id = hello.dataplane_id
         self.servicer.stream_opened(self.dataplane_id)
         self.session = LinkSession(self.servicer, self._send, self._fail)
@@ -147,11 +201,19 @@ class _LinkProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _welcomed(self) -> None:
+        """No longer waiting for a hello: not timed, not counted against the limit."""
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+        self.link.unauthenticated.discard(self)
+
     def _end(self) -> None:
         """Once: abandon what still waits, and say the stream ended (S11)."""
         if self._closed:
             return
         self._closed = True
+        self._welcomed()
         self._answers.clear()
         if self.session is not None:
             self.session.close()
@@ -162,19 +224,44 @@ class _LinkProtocol(asyncio.Protocol):
 class TcpLink:
     """The listener of the Link over TCP and its open connections."""
 
-    def __init__(self, servicer: SchedulerServicer, token: str | None) -> None:
+    def __init__(
+        self, servicer: SchedulerServicer, token: str | None, limits: LinkLimits = DEFAULT_LIMITS
+    ) -> None:
         self.servicer = servicer
         self.token = token
-        self.connections: set[_LinkProtocol] = set()
+        self.limits = limits
+        self.connections: set[_LinkProtocol] = set()  # open ones, closed when it stops
+        self.unauthenticated: set[_LinkProtocol] = set()  # of those, the not yet welcomed
         self.server: asyncio.Server | None = None
         self.port = 0
+        self._refused = 0  # over the limit since the last line logged about it
+        self._refusal_logged_at: float | None = None
+
+    def refused_over_limit(self, peer: str) -> None:
+        """Log a connection closed over the limit: the first at once, then at most one
+        line per ``REFUSAL_LOG_EVERY_S`` counting those since (a flood, one line)."""
+        self._refused += 1
+        now = asyncio.get_running_loop().time()
+        last = self._refusal_logged_at
+        if last is not None and now - last < REFUSAL_LOG_EVERY_S:
+            return
+        others = self._refused - 1
+        self._refused = 0
+        self._refusal_logged_at = now
+        log.warning(
+            "closed a Link connection from %s at once: %d connections already wait for "
+            "their hello (scheduler.link_max_unauthenticated)%s",
+            peer,
+            len(self.unauthenticated),
+            f"; {others} more closed so since the last such line" if others else "",
+        )
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0 picks a free port); return the port."""
         loop = asyncio.get_running_loop()
         try:
             self.server = await loop.create_server(
-                lambda: _LinkProtocol(self.servicer, self.token, self.connections),
+                lambda: _LinkProtocol(self),
                 host,
                 port,
                 reuse_address=True,
