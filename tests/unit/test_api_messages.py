@@ -18,8 +18,7 @@ import anthropic
 import httpx2
 import pytest
 
-from luftpause.dataplane.apis import StreamTranslator, Translated
-from luftpause.dataplane.apis import images
+from luftpause.dataplane.apis import StreamTranslator, Translated, images
 from luftpause.dataplane.apis import messages as msgs
 from luftpause.dataplane.errors import BadRequest
 from luftpause.dataplane.relay import TurnOutcome

@@ -14,7 +14,7 @@ checks that every endpoint serving the model has ``vision = true`` (``app.py``).
 from __future__ import annotations
 
 import binascii
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from openai.types.chat import ChatCompletionContentPartImageParam
@@ -27,16 +27,17 @@ from luftpause.dataplane.request import kind_of as _kind
 MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 #: the ``detail`` values of Chat Completions that engines take (SGLang's schema lists
 #: these three; OpenAI's newer ``original`` is sent as ``high``, the nearest)
-DETAILS = ("auto", "low", "high")
-_DETAIL_AS = {"original": "high"}
+Detail = Literal["auto", "low", "high"]
+DETAILS: tuple[Detail, ...] = ("auto", "low", "high")
+_DETAIL_AS: dict[str, Detail] = {"original": "high"}
 _SCHEMES = ("http", "https", "data")
 
 
-def image_part(url: str, detail: str | None = None) -> ChatCompletionContentPartImageParam:
+def image_part(url: str, detail: Detail | None = None) -> ChatCompletionContentPartImageParam:
     """The Chat Completions content part for an image at ``url``."""
     image_url: ImageURL = {"url": url}
     if detail is not None:
-        image_url["detail"] = detail  # type: ignore[typeddict-item]  # checked by the caller
+        image_url["detail"] = detail
     return {"type": "image_url", "image_url": image_url}
 
 
@@ -106,15 +107,18 @@ def checked_url(url: Any, where: str) -> str:
     return url
 
 
-def checked_detail(detail: Any, where: str) -> str | None:
+def checked_detail(detail: Any, where: str) -> Detail | None:
     """A Responses ``detail`` as Chat Completions takes it (None: none given)."""
     if detail is None:
         return None
-    if not isinstance(detail, str) or (detail not in DETAILS and detail not in _DETAIL_AS):
-        raise BadRequest(
-            f"'{where}' must be one of {', '.join((*DETAILS, *_DETAIL_AS))}, got {_kind(detail)}"
-        )
-    return _DETAIL_AS.get(detail, detail)
+    for known in DETAILS:
+        if detail == known:
+            return known
+    if isinstance(detail, str) and detail in _DETAIL_AS:
+        return _DETAIL_AS[detail]
+    raise BadRequest(
+        f"'{where}' must be one of {', '.join((*DETAILS, *_DETAIL_AS))}, got {_kind(detail)}"
+    )
 
 
 def _check_base64(data: Any, where: str) -> None:
