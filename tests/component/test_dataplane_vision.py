@@ -297,3 +297,40 @@ async def test_file_ids_and_bad_images_are_refused_before_the_engine(stack: Visi
         media.value
     )
     assert stack.engine.bodies == []
+
+
+def test_which_fleets_take_images() -> None:
+    """B9: images go on when every endpoint serving the model sets vision = true or
+    serves the API itself (its turns pass through as sent); the refusal names the model
+    as asked and as served, and at most five endpoints."""
+
+    def endpoint(name: str, **extra: Any) -> Endpoint:
+        return Endpoint(name=name, url="http://x", models=("m",), **extra)
+
+    def refusal(*fleet: Endpoint, api: str = "messages", asked: str = "m") -> str | None:
+        dp = Dataplane(
+            settings=DataplaneSettings(),
+            endpoints={e.name: e for e in fleet},
+            secrets=Secrets(),
+            link=None,  # type: ignore[arg-type]  # not used: only endpoints are read
+            runs=None,  # type: ignore[arg-type]
+            memory=None,  # type: ignore[arg-type]
+            http=None,  # type: ignore[arg-type]
+            metrics=None,  # type: ignore[arg-type]
+        )
+        return dp.vision_refusal(api, "m", asked)
+
+    native = endpoint("native", native_apis=("messages",))
+    assert refusal(endpoint("a", vision=True), endpoint("b", vision=True)) is None
+    assert refusal(endpoint("a", vision=True), native) is None
+    assert refusal(native) is None
+    assert refusal(endpoint("a", vision=True), native, api="responses") == (
+        "model 'm' is served by endpoints with and without vision = true (without: native); "
+        "a turn may be placed on any of them, so images are forwarded only when every "
+        "endpoint serving the model sets vision = true"
+    )
+    many = [endpoint(f"e{i}") for i in range(7)]
+    assert refusal(*many, asked="claude-x") == (
+        "model 'm' (asked as 'claude-x') is not served by a vision endpoint; set vision = true "
+        "on its endpoint (e0, e1, e2, e3, e4 and 2 more) to forward images"
+    )
