@@ -89,6 +89,8 @@ def _endpoint_lines(config: StackConfig, environ: Mapping[str, str]) -> list[str
             extra += f", load from {', '.join(e.load_from)}"
         if e.native_apis:
             extra += f", serves {', '.join(a.value for a in e.native_apis)} natively"
+        if e.vision:
+            extra += ", vision (takes images)"
         lines.append(f"    {e.name:<{width}}  {e.kind.value:<11}  {e.url}")
         lines.append(
             f"    {'':<{width}}  models {', '.join(e.models)}; load {load}; health {health}{extra}"

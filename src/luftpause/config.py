@@ -131,6 +131,9 @@ class Endpoint(_Frozen):
     # /v1/messages or /v1/responses placed here is passed through unchanged instead of
     # being translated to Chat Completions.
     native_apis: tuple[NativeApi, ...] = ()
+    # The engine serves a model that takes images: images of /v1/messages and
+    # /v1/responses turns are translated into Chat Completions image_url parts (B9).
+    vision: bool = False
 
     @field_validator("url")
     @classmethod
@@ -160,6 +163,8 @@ class Endpoint(_Frozen):
     def _priority_kind(self) -> Self:
         if self.class_priority is not None and self.kind is not EndpointKind.GENERATIVE:
             raise ValueError("class_priority applies to generative endpoints only")
+        if self.vision and self.kind is not EndpointKind.GENERATIVE:
+            raise ValueError("vision applies to generative endpoints only")
         return self
 
 

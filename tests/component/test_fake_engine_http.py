@@ -29,7 +29,7 @@ from luftpause.fakes.engine.script import (
     plan_reply,
 )
 from luftpause.fakes.engine.server import ServerConfig, create_app
-from luftpause.fakes.engine.tokens import count_tokens, render_messages
+from luftpause.fakes.engine.tokens import IMAGE_TOKENS, count_tokens, render_messages
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _engine_helpers import running_engine, wait_until
@@ -130,6 +130,37 @@ async def test_plain_completion_usage_timing_and_cached_tokens() -> None:
         }
         again = (await client.post("/v1/chat/completions", json=body2)).json()
         assert again["usage"]["completion_tokens"] == 2
+
+
+async def test_image_parts_are_accepted_and_counted_as_image_tokens() -> None:
+    """H1: a chat message with image_url parts (a data URL, an https URL) is answered,
+    streamed or not, and each image counts IMAGE_TOKENS prompt tokens, not its size."""
+    image = "data:image/png;base64," + "iVBORw0KGgo=" * 10_000
+    with_images: list[ChatCompletionMessageParam] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is in"},
+                {"type": "image_url", "image_url": {"url": image, "detail": "high"}},
+                {"type": "image_url", "image_url": {"url": "https://img.test/b.webp"}},
+            ],
+        }
+    ]
+    without: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": [{"type": "text", "text": "what is in"}]}
+    ]
+    async with asgi_client() as client:
+        sdk = openai.AsyncOpenAI(base_url="http://engine/v1", api_key="x", http_client=client)
+        plain = await sdk.chat.completions.create(model=MODEL, messages=without, max_tokens=3)
+        seen = await sdk.chat.completions.create(model=MODEL, messages=with_images, max_tokens=3)
+        assert seen.choices[0].message.content
+        assert plain.usage is not None and seen.usage is not None
+        assert seen.usage.prompt_tokens - plain.usage.prompt_tokens == 2 * IMAGE_TOKENS
+        stream = await sdk.chat.completions.create(
+            model=MODEL, messages=with_images, max_tokens=3, stream=True
+        )
+        chunks = [c async for c in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
 async def test_natural_end_gives_stop() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import anthropic
 import httpx2
 import pytest
 
-from luftpause.dataplane.apis import StreamTranslator, Translated
+from luftpause.dataplane.apis import StreamTranslator, Translated, images
 from luftpause.dataplane.apis import messages as msgs
 from luftpause.dataplane.errors import BadRequest
 from luftpause.dataplane.relay import TurnOutcome
@@ -305,6 +306,123 @@ def test_system_messages_and_tool_results() -> None:
     assert parse(request(system=[])).chat["messages"][0]["role"] == "user"
 
 
+PNG = "iVBORw0KGgo="  # base64 of the PNG signature
+
+
+def png(data: str = PNG) -> anthropic.types.ImageBlockParam:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+
+def test_images_become_image_url_parts_in_order() -> None:
+    """B9: image blocks become image_url parts, a base64 source as a data URL, a URL
+    source as its URL, in their order among the texts (texts next to each other joined
+    as without images); messages without images stay strings; ``image_at`` names the
+    first image."""
+    messages: list[anthropic.types.MessageParam] = [
+        {"role": "user", "content": [{"type": "text", "text": "no image here"}]},
+        {"role": "assistant", "content": "ok"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "compare"},
+                {"type": "text", "text": "these:"},
+                png(),
+                {"type": "text", "text": "and"},
+                {
+                    "type": "image",
+                    "source": {"type": "url", "url": "https://img.test/b.webp"},
+                    "cache_control": {"type": "ephemeral"},
+                },
+            ],
+        },
+    ]
+    translated = parse(request(messages=messages))
+    assert translated.image_at == "messages[2].content[2]"
+    assert translated.chat["messages"] == [
+        {"role": "user", "content": "no image here"},
+        {"role": "assistant", "content": "ok"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "compare\n\nthese:"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+                {"type": "text", "text": "and"},
+                {"type": "image_url", "image_url": {"url": "https://img.test/b.webp"}},
+            ],
+        },
+    ]
+    only = parse(request(messages=[{"role": "user", "content": [png()]}]))
+    assert only.chat["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+            ],
+        }
+    ]
+    assert parse(request()).image_at is None
+
+
+def test_tool_result_images_follow_the_tool_messages() -> None:
+    """B9: a tool result's images go, in order, at the start of the user message after
+    the tool messages (a Chat Completions tool message carries text only); the tool
+    message keeps the result's text."""
+    messages: list[anthropic.types.MessageParam] = [
+        {"role": "user", "content": "look at the screenshots"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}},
+                {"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "a.png:"}, png("AAAA")],
+                },
+                {"type": "tool_result", "tool_use_id": "toolu_2", "content": [png("BBBB")]},
+            ],
+        },
+    ]
+    translated = parse(request(messages=messages))
+    assert translated.image_at == "messages[2].content[0].content[1]"
+    assert translated.chat["messages"][2:] == [
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "a.png:"},
+        {"role": "tool", "tool_call_id": "toolu_2", "content": ""},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}},
+            ],
+        },
+    ]
+    # the user's own blocks come after the results' images
+    messages[2]["content"] = [*messages[2]["content"], {"type": "text", "text": "which?"}]
+    last = parse(request(messages=messages)).chat["messages"][-1]
+    assert [part["type"] for part in last["content"]] == ["image_url", "image_url", "text"]
+
+
+def test_image_media_types_are_anthropics() -> None:
+    """B9: the media types taken are those of the SDK's base64 image source, each one
+    kept in the data URL; data URLs of them are taken as URL sources."""
+    hints = typing.get_type_hints(anthropic.types.Base64ImageSourceParam)
+    assert set(typing.get_args(hints["media_type"])) == set(images.MEDIA_TYPES)
+    for media_type in images.MEDIA_TYPES:
+        block = {
+            "type": "image",
+            "source": {"type": "base64", "media_type": media_type, "data": PNG},
+        }
+        content = parse(request(messages=[{"role": "user", "content": [block]}])).chat["messages"]
+        assert content[0]["content"][0]["image_url"]["url"] == f"data:{media_type};base64,{PNG}"
+        url = {"type": "image", "source": {"type": "url", "url": f"data:{media_type};base64,{PNG}"}}
+        assert parse(request(messages=[{"role": "user", "content": [url]}])).image_at is not None
+
+
 def test_tools_and_tool_choice() -> None:
     """B9: custom tools become functions; each tool_choice maps to its chat value."""
     tools = [
@@ -414,7 +532,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"top_k": 1.5}, r"'top_k'"),
     ({"stop_sequences": "END"}, r"'stop_sequences'"),
     ({"system": 3}, r"'system'"),
-    ({"system": [{"type": "image"}]}, r"system\[0\]: image blocks are not supported"),
+    ({"system": [{"type": "image"}]}, r"system\[0\]: only text blocks are allowed here"),
     ({"tools": {}}, r"'tools' must be an array"),
     ({"tools": [{"name": "f"}]}, r"'tools\[0\]\.input_schema'"),
     ({"tools": [{"input_schema": {}}]}, r"'tools\[0\]\.name'"),
@@ -461,7 +579,49 @@ BLOCKS: list[tuple[str, dict[str, Any], str]] = [
     (
         "user",
         {"type": "image", "source": {}},
-        r"messages\[0\]\.content\[1\]: image blocks are not supported",
+        r"'messages\[0\]\.content\[1\]\.source\.type' must be 'base64' or 'url'",
+    ),
+    (
+        "user",
+        {"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": "AA=="}},
+        r"'messages\[0\]\.content\[1\]\.source\.media_type' must be one of image/jpeg, "
+        r"image/png, image/gif, image/webp, got a string 'image/bmp'",
+    ),
+    (
+        "user",
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png"}},
+        r"'messages\[0\]\.content\[1\]\.source\.data' must be non-empty base64 data, got null",
+    ),
+    (
+        "user",
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "a b!"}},
+        r"'messages\[0\]\.content\[1\]\.source\.data' is not valid base64",
+    ),
+    (
+        "user",
+        {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}},
+        r"'messages\[0\]\.content\[1\]\.source\.url' must be an http, https or data URL, "
+        r"got 'file:///etc/passwd' \(scheme 'file'\)",
+    ),
+    (
+        "user",
+        {"type": "image", "source": {"type": "url", "url": "https:///no-host.png"}},
+        r"'messages\[0\]\.content\[1\]\.source\.url' must be an http or https URL with a host",
+    ),
+    (
+        "user",
+        {"type": "image", "source": {"type": "url", "url": "data:text/plain;base64,AA=="}},
+        r"\.source\.url' is a data URL of type 'text/plain'",
+    ),
+    (
+        "user",
+        {"type": "image", "source": {"type": "file", "file_id": "file_011"}},
+        r"'messages\[0\]\.content\[1\]\.source' is a file source: file IDs .* not supported",
+    ),
+    (
+        "assistant",
+        {"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}},
+        r"messages\[0\]\.content\[1\]: image blocks belong in user messages",
     ),
     ("user", {"type": "document", "source": {}}, r"messages\[0\]\.content\[1\]: document blocks"),
     (
@@ -495,7 +655,12 @@ BLOCKS: list[tuple[str, dict[str, Any], str]] = [
     (
         "user",
         {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]},
-        r"messages\[0\]\.content\[1\]\.content\[0\]: image blocks are not supported",
+        r"'messages\[0\]\.content\[1\]\.content\[0\]\.source\.type' must be",
+    ),
+    (
+        "user",
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "document"}]},
+        r"messages\[0\]\.content\[1\]\.content\[0\]: document blocks are not supported",
     ),
     (
         "assistant",
@@ -856,6 +1021,31 @@ def test_sdk_create_parses_the_translated_reply() -> None:
     assert message.content[1].input == {"file_path": "/tmp/a"}  # type: ignore[union-attr]
     assert message.stop_reason == "tool_use"
     assert message.usage.cache_read_input_tokens == 384 and message.usage.input_tokens == 116
+
+
+def test_sdk_image_request_translates() -> None:
+    """B9: what the official SDK sends for an image (``ImageBlockParam``) translates to
+    an image_url part."""
+    seen: list[msgs.MessagesRequest] = []
+
+    def reply(req: msgs.MessagesRequest) -> httpx2.Response:
+        return httpx2.Response(200, json=req.reply(copy.deepcopy(COMPLETION)))
+
+    client = sdk_client(serving(reply, seen))
+    client.messages.create(
+        model="claude-x",
+        max_tokens=64,
+        messages=[
+            {
+                "role": "user",
+                "content": [png(), {"type": "text", "text": "What is this?"}],
+            }
+        ],
+    )
+    assert seen[0].chat["messages"][0]["content"] == [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+        {"type": "text", "text": "What is this?"},
+    ]
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from openai.types.responses import ResponseInputContentParam, ResponseInputItemParam
 
 from luftpause.dataplane.apis import responses
 from luftpause.dataplane.apis.responses import ResponsesRequest, error_body, parse
@@ -229,6 +230,129 @@ def test_calls_merge_and_outputs_follow() -> None:
     assert json.loads(custom["arguments"]) == {"input": 'a "b"\n'}
 
 
+PNG_URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+def test_input_images_become_image_url_parts_in_order() -> None:
+    """B9: input_image parts of a user message become image_url parts in their order
+    among the texts (texts next to each other joined with a newline, as without images),
+    with their detail (OpenAI's ``original`` as ``high``); ``image_at`` names the first."""
+    content: list[ResponseInputContentParam] = [
+        {"type": "input_text", "text": "compare"},
+        {"type": "input_text", "text": "these:"},
+        {"type": "input_image", "image_url": PNG_URL, "detail": "low"},
+        {"type": "input_text", "text": "and"},
+        {"type": "input_image", "image_url": "https://img.test/b.jpg", "detail": "original"},
+        {"type": "input_image", "image_url": "http://img.test/c.gif"},  # type: ignore[list-item]  # no detail: none sent
+    ]
+    items: list[ResponseInputItemParam] = [
+        {"type": "message", "role": "developer", "content": "be brief"},
+        {"type": "message", "role": "user", "content": content},
+    ]
+    request = req(input=items)
+    assert request.image_at == "input[1].content[2]"
+    assert request.chat["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "compare\nthese:"},
+                {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "low"}},
+                {"type": "text", "text": "and"},
+                {
+                    "type": "image_url",
+                    "image_url": {"url": "https://img.test/b.jpg", "detail": "high"},
+                },
+                {"type": "image_url", "image_url": {"url": "http://img.test/c.gif"}},
+            ],
+        },
+    ]
+    assert req().image_at is None
+
+
+def test_tool_output_images_follow_the_tool_messages() -> None:
+    """B9: images in function call outputs go, in order, into a user message right after
+    the run of tool messages (a Chat Completions tool message carries text only), before
+    whatever comes next."""
+    items: list[ResponseInputItemParam] = [
+        {"type": "message", "role": "user", "content": "screenshots please"},
+        {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "shot", "arguments": "{}"},
+        {
+            "type": "function_call_output",
+            "call_id": "c1",
+            "output": [
+                {"type": "input_text", "text": "first"},
+                {"type": "input_image", "image_url": PNG_URL, "detail": "auto"},
+            ],
+        },
+        {
+            "type": "function_call_output",
+            "call_id": "c2",
+            "output": [{"type": "input_image", "image_url": "https://img.test/2.png"}],
+        },
+        {"type": "function_call", "call_id": "c3", "name": "shot", "arguments": "{}"},
+        {
+            "type": "function_call_output",
+            "call_id": "c3",
+            "output": [{"type": "input_image", "image_url": "https://img.test/3.png"}],
+        },
+    ]
+    tools = [{"type": "function", "name": "shot", "parameters": {"type": "object"}}]
+    request = req(input=items, tools=tools)
+    assert request.image_at == "input[3].output[1]"
+    messages = request.chat["messages"]
+    assert [m["role"] for m in messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]
+    assert messages[2]["content"] == "first" and messages[3]["content"] == ""
+    assert messages[4]["content"] == [
+        {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "auto"}},
+        {"type": "image_url", "image_url": {"url": "https://img.test/2.png"}},
+    ]
+    assert messages[7]["content"] == [
+        {"type": "image_url", "image_url": {"url": "https://img.test/3.png"}}
+    ]
+
+
+def test_sdk_image_request_translates() -> None:
+    """B9: what the openai SDK sends for an image input translates to an image_url part."""
+    seen: list[ResponsesRequest] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(parse(request.content))
+        return httpx.Response(200, json=seen[-1].reply(completion({"content": "a cat"})))
+
+    sdk_client(handler).responses.create(
+        model="m",
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "what is it?"},
+                    {"type": "input_image", "image_url": PNG_URL, "detail": "high"},
+                ],
+            }
+        ],
+    )
+    assert seen[0].chat["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is it?"},
+                {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "high"}},
+            ],
+        }
+    ]
+
+
 def test_tools_and_tool_choice_translate() -> None:
     """B9: function tools (strict kept), custom tools (text and grammar formats) as functions
     with one string parameter, namespaces flattened (qualified only on a name clash), and
@@ -330,12 +454,88 @@ BAD_REQUESTS = [
                     "role": "user",
                     "content": [
                         {"type": "input_text", "text": "look"},
-                        {"type": "input_image", "image_url": "data:image/png;base64,AA=="},
+                        {"type": "input_image", "file_id": "file-abc", "detail": "auto"},
                     ],
                 }
             ]
         },
-        "'input[0].content[1]' is an input_image part",
+        "'input[0].content[1].file_id': file IDs are not supported through this proxy",
+    ),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "detail": "auto"}]}]},
+        "'input[0].content[0].image_url' must be a non-empty string, got null",
+    ),
+    (
+        {
+            "input": [
+                {"role": "user", "content": [{"type": "input_image", "image_url": "ftp://x/a"}]}
+            ]
+        },
+        "'input[0].content[0].image_url' must be an http, https or data URL, got 'ftp://x/a'",
+    ),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "a.png"}]}]},
+        "'input[0].content[0].image_url' must be an http, https or data URL, got 'a.png'",
+    ),
+    (
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [{"type": "input_image", "image_url": "data:image/png,rawbytes"}],
+                }
+            ]
+        },
+        "'input[0].content[0].image_url' is a data URL that is not base64",
+    ),
+    (
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "image_url": "data:image/tiff;base64,AA=="}
+                    ],
+                }
+            ]
+        },
+        "'input[0].content[0].image_url' is a data URL of type 'image/tiff'",
+    ),
+    (
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [{"type": "input_image", "image_url": "data:image/png;base64,A"}],
+                }
+            ]
+        },
+        "'input[0].content[0].image_url' is not valid base64 data",
+    ),
+    (
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "image_url": "https://x.test/a", "detail": "max"}
+                    ],
+                }
+            ]
+        },
+        "'input[0].content[0].detail' must be one of auto, low, high, original, got a string 'max'",
+    ),
+    (
+        {
+            "input": [
+                {
+                    "role": "developer",
+                    "content": [{"type": "input_image", "image_url": "https://x.test/a"}],
+                }
+            ]
+        },
+        "'input[0].content[0]' is an input_image part: images are translated in user messages "
+        "and tool outputs only",
     ),
     (
         {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
@@ -355,7 +555,7 @@ BAD_REQUESTS = [
                 }
             ]
         },
-        "'input[0].output[0]' is an input_image part",
+        "'input[0].output[0].image_url' must be an http, https or data URL, got 'x'",
     ),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "'input[0].call_id'"),
     (

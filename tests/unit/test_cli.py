@@ -92,6 +92,23 @@ def test_check_summarises_a_usable_config_and_starts_nothing(
     assert "--check" in run("runtime", "--help").stdout
 
 
+def test_check_shows_an_endpoint_that_takes_images(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X3, B9: `--check` says which endpoints have vision = true."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # cli.main rewrites it
+    config = tmp_path / "stack.toml"
+    config.write_text(
+        '[[endpoints]]\nname = "eyes"\nurl = "http://127.0.0.1:1"\nmodels = ["vlm"]\n'
+        "vision = true\n"
+        '[[endpoints]]\nname = "blind"\nurl = "http://127.0.0.1:2"\nmodels = ["llm"]\n'
+    )
+    assert cli.main(["dataplane", "--config", str(config), "--check"], environ={}) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("vision (takes images)" in line for line in lines) == 1
+    assert any("models vlm;" in line and "vision (takes images)" in line for line in lines)
+
+
 def test_check_reports_every_missing_variable_and_bad_flag() -> None:
     """X3: a config that names unset variables, a missing API key or a bad flag is
     reported in full on stderr, exit 2, no traceback."""

@@ -117,6 +117,16 @@ kind = "generator"
             "generative endpoints only",
         ),
         (
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nkind="single_pass"\nvision=true',
+            "endpoints[0]",
+            "vision applies to generative endpoints only",
+        ),
+        (
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nvision="maybe"',
+            "endpoints[0].vision",
+            "valid boolean",
+        ),
+        (
             '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nnative_apis=["grpc"]',
             "endpoints[0].native_apis[0]",
             "'messages' or 'responses'",
@@ -329,16 +339,19 @@ def test_the_environment_defaults_to_the_process_environment(
 
 def test_harness_settings(tmp_path: Path) -> None:
     """B9, B4: model aliases keep their order (the first that matches wins), session
-    header names are matched without regard to case, native APIs are per endpoint."""
+    header names are matched without regard to case, native APIs and vision are per
+    endpoint (vision off unless set)."""
     config, _ = load_config(
         write(
             tmp_path,
             '[dataplane]\nsession_headers=["X-Session-Affinity"]\n'
             '[dataplane.model_aliases]\n"claude-haiku-*"="small"\n"claude-*"="big"\n'
             '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["big", "small"]\n'
-            'native_apis=["messages"]',
+            'native_apis=["messages"]\nvision=true\n'
+            '[[endpoints]]\nname="b"\nurl="http://y"\nmodels=["big"]',
         )
     )
+    assert [e.vision for e in config.endpoints] == [True, False]
     assert list(config.dataplane.model_aliases.items()) == [
         ("claude-haiku-*", "small"),
         ("claude-*", "big"),

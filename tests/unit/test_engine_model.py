@@ -107,6 +107,28 @@ def test_rendered_conversation_extends_previous_prompt() -> None:
     assert b.startswith(a.removesuffix("<|start_header_id|>assistant<|end_header_id|>\n\n"))
 
 
+def test_an_image_counts_its_image_tokens_whatever_its_size() -> None:
+    """H1: an image_url part stands in the prompt as IMAGE_TOKENS tokens naming its URL:
+    a large data URL costs what a small one does, two images differ, the same image
+    renders the same (so a conversation's prefix still extends)."""
+
+    def prompt(*urls: str) -> str:
+        parts = [{"type": "text", "text": "look"}]
+        parts += [{"type": "image_url", "image_url": {"url": u, "detail": "low"}} for u in urls]
+        return render_messages([{"role": "user", "content": parts}])
+
+    text_only = count_tokens(prompt())
+    small = prompt("data:image/png;base64,AAAA")
+    large = prompt("data:image/png;base64," + "A" * 400_000)
+    assert count_tokens(small) - text_only == tokens.IMAGE_TOKENS
+    assert count_tokens(large) == count_tokens(small)
+    assert small != large
+    assert small == prompt("data:image/png;base64,AAAA")
+    assert count_tokens(prompt("https://a.test/1.png", "https://a.test/2.png")) - text_only == (
+        2 * tokens.IMAGE_TOKENS
+    )
+
+
 # ------------------------------------------------------------ prefix cache
 
 

@@ -5,7 +5,8 @@ Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/decide``,
 
 A chat turn: authenticate (D9) → parse and validate every field the proxy reads
 or rewrites (``request.py``) → resolve run, class, caller (D2, D3) → unknown
-model is a 404 before queueing (S6) → Admit through the scheduler, waiting with
+model is a 404 before queueing (S6), images for a model not every endpoint of
+which sets ``vision = true`` a 400 (B9) → Admit through the scheduler, waiting with
 no deadline, abandoning if the client leaves (D4) → from here a ``Turn`` owns
 the turn's lifetime (``turn.py``): it is ended exactly once, by this module or
 by the stream relay → forward to the admitted replica with that replica's own
@@ -153,6 +154,36 @@ class Dataplane:
         ]
         native = [e for e in serving if api in e.native_apis]
         return bool(native) and (len(native) == len(serving) or not everywhere)
+
+    def vision_refusal(self, api: str, model: str, asked: str) -> str | None:
+        """Why a translated turn with images for ``model`` cannot go on; None when it can.
+
+        The scheduler places a turn on any healthy endpoint serving its model and knows
+        nothing of images, so images go on only when every endpoint serving the model
+        takes them: it sets ``vision = true``, or serves ``api`` itself (the client's
+        request passes through untranslated). A fleet where only some do is refused
+        too: a turn placed on one that does not would fail there, or worse, be answered
+        by a model that never saw the image."""
+        serving = [
+            e
+            for e in self.endpoints.values()
+            if e.kind is EndpointKind.GENERATIVE and model in e.models
+        ]
+        blind = [e.name for e in serving if not e.vision and api not in e.native_apis]
+        if not blind:
+            return None
+        named = f"model {shown(model)}" + (f" (asked as {shown(asked)})" if asked != model else "")
+        listed = ", ".join(blind[:5]) + (f" and {len(blind) - 5} more" if len(blind) > 5 else "")
+        if len(blind) == len(serving):
+            return (
+                f"{named} is not served by a vision endpoint; set vision = true on its "
+                f"endpoint ({listed}) to forward images"
+            )
+        return (
+            f"{named} is served by endpoints with and without vision = true (without: "
+            f"{listed}); a turn may be placed on any of them, so images are forwarded only "
+            "when every endpoint serving the model sets vision = true"
+        )
 
     def served_model(self, asked: str) -> str:
         """The model that serves a turn asking for ``asked``: itself if a generative
@@ -675,6 +706,10 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
             raise BadRequest(str(exc)) from None
         incoming.run_id = run_id
         model = dp.served_model(asked)
+        if api is not None and translated is not None and translated.image_at is not None:
+            refusal = dp.vision_refusal(api.name, model, asked)
+            if refusal is not None:
+                raise BadRequest(f"{translated.image_at}: {refusal}")
         if chat is not None:
             chat = chat.for_model(model)
         native_body = raw

@@ -29,6 +29,9 @@ A ``Translated`` request gives:
 * ``model`` and ``stream``, as the client asked;
 * ``chat`` — the Chat Completions body for the engine (its ``model`` is the
   client's; the dataplane puts the served model in, and asks a stream for usage);
+* ``image_at`` — where the request's first image is (``messages[0].content[1]``), or
+  None: images (``image_url`` parts in ``chat``) go only to endpoints with
+  ``vision = true``, which the dataplane checks before admission (``images.py``);
 * ``reply(completion: dict) -> dict`` — a non-streamed ``chat.completion`` as the
   API's reply;
 * ``stream_translator() -> StreamTranslator`` — a translator for one streamed reply.
@@ -74,6 +77,9 @@ class Translated(Protocol):
     @property
     def chat(self) -> dict[str, Any]: ...
 
+    @property
+    def image_at(self) -> str | None: ...
+
     def reply(self, completion: dict[str, Any]) -> dict[str, Any]: ...
 
     def stream_translator(self) -> StreamTranslator: ...
@@ -89,6 +95,7 @@ class Untranslated:
     stream: bool
     chat: dict[str, Any]  # only what identity reads: no conversation
     reason: str
+    image_at: str | None = None  # passed through: the endpoint reads any images itself
 
     def reply(self, completion: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"no translation: {self.reason}")

@@ -24,6 +24,13 @@ Translated:
 * ``text`` → text; ``tool_use`` → ``tool_calls`` (arguments: the input as JSON);
   ``tool_result`` → a ``tool`` message (before the rest of its user message), its
   text blocks joined; ``is_error: true`` → the text prefixed with ``Error: ``.
+* ``image`` blocks (in user messages and tool results; ``images.py``) → ``image_url``
+  parts: a ``base64`` source as a ``data:`` URL of its media type (JPEG, PNG, GIF or
+  WebP), a ``url`` source as its URL (http, https or data). A user message with an
+  image becomes a list of parts in the blocks' order (texts next to each other joined
+  as without images). The dataplane forwards them only where every endpoint serving
+  the model sets ``vision = true`` (``MessagesRequest.image_at`` says where the first
+  image is), else it answers 400 naming that setting.
 * custom tools → functions (``strict`` kept; ``input_examples`` appended to the
   description as JSON lines); ``tool_choice`` auto/any/tool/none →
   "auto"/"required"/the function/"none"; ``disable_parallel_tool_use`` →
@@ -57,6 +64,10 @@ Degraded (accepted; the reply differs from what Anthropic's API would give):
   a running deployment.
 * The text of an assistant message is one string, before its tool calls (the order of
   text and tool_use blocks within one message is not kept).
+* Images in a ``tool_result`` travel at the start of the user message that follows the
+  tool messages, in order, not inside the tool message (Chat Completions tool messages
+  carry text only: OpenAI's schema and SGLang's take no image parts there). An
+  image's ``cache_control`` and ``transformations`` are ignored.
 
 Refused with a 400 naming the field or the block's position (never a silently
 different request):
@@ -65,9 +76,11 @@ different request):
   editor, computer use, code execution, tool search, memory, …): the engine cannot
   run them, and a model answering in their place would make results up (Claude
   Code's WebSearch tool then tells the model the search failed);
-* ``image``, ``document``, ``search_result`` blocks (also inside tool results), server
+* ``document`` and ``search_result`` blocks (also inside tool results), server
   tool blocks (``server_tool_use``, ``*_tool_result``), ``container_upload``, MCP
-  blocks, and any block type not known here;
+  blocks, and any block type not known here; ``image`` blocks in system text or
+  assistant messages, with a ``file`` source (Files API IDs) or a media type, data or
+  URL scheme named above as not taken;
 * ``mcp_servers`` and ``container`` (features Anthropic's servers run);
 * ``max_tokens`` below 1 (Anthropic's cache pre-warming with 0 has no equivalent),
   a ``tool_reference`` to a tool not in ``tools``, a ``tool_choice`` without tools or
@@ -129,6 +142,7 @@ from anthropic.types.shared import (
 )
 from pydantic import BaseModel
 
+from luftpause.dataplane.apis.images import checked_url, content_parts, data_url, image_part
 from luftpause.dataplane.errors import BadRequest, shown
 from luftpause.dataplane.request import kind_of as _kind
 from luftpause.dataplane.request import parse_object
@@ -184,7 +198,6 @@ _UNKNOWN_LOGGED_MAX = 64
 
 # Content block types that exist in the Messages API but cannot be translated.
 _UNSUPPORTED_BLOCKS = {
-    "image",
     "document",
     "search_result",
     "server_tool_use",
@@ -214,6 +227,7 @@ class MessagesRequest:
     stream: bool
     chat: dict[str, Any]
     stop_sequences: tuple[str, ...] = ()
+    image_at: str | None = None  # where the first image block is, if there is one
 
     def reply(self, completion: dict[str, Any]) -> dict[str, Any]:
         """A non-streamed ``chat.completion`` as a Messages ``Message``."""
@@ -331,7 +345,13 @@ def parse(raw: bytes) -> MessagesRequest:
         orjson.dumps(chat)
     except (orjson.JSONEncodeError, RecursionError) as exc:
         raise BadRequest(f"request body cannot be passed on: {exc}") from None
-    return MessagesRequest(model=model, stream=bool(stream), chat=chat, stop_sequences=stops)
+    return MessagesRequest(
+        model=model,
+        stream=bool(stream),
+        chat=chat,
+        stop_sequences=stops,
+        image_at=translator.image_at,
+    )
 
 
 @dataclass
@@ -340,6 +360,7 @@ class _Translator:
 
     loaded: dict[str, str] = field(default_factory=dict)  # tool name -> where it was loaded
     offered: set[str] = field(default_factory=set)  # the names in ``tools``, deferred or not
+    image_at: str | None = None  # the position of the first image block
 
     def system(self, system: Any) -> list[dict[str, Any]]:
         if system is None:
@@ -381,22 +402,51 @@ class _Translator:
         if isinstance(content, str):
             return [{"role": "user", "content": content}]
         results: list[dict[str, Any]] = []
-        texts: list[str] = []
+        # The user message's parts, in order: the tool results' images first (a tool
+        # message carries text only), then the message's own text and images.
+        images: list[dict[str, Any]] = []
+        parts: list[str | dict[str, Any]] = []
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
             kind = _block_type(block, at)
             if kind == "text":
-                texts.append(self.text_block(block, at))
+                parts.append(self.text_block(block, at))
+            elif kind == "image":
+                parts.append(self.image(block, at))
             elif kind == "tool_result":
-                results.append(self.tool_result(block, at))
+                results.append(self.tool_result(block, at, images))
             elif kind in ("tool_use", *_THINKING_BLOCKS):
                 raise BadRequest(f"{at}: {kind} blocks belong in assistant messages")
             else:
                 raise _unsupported(kind, at)
-        if texts or not results:
+        texts = [part for part in parts if isinstance(part, str)]
+        if images or len(texts) < len(parts):
+            results.append({"role": "user", "content": content_parts([*images, *parts], "\n\n")})
+        elif texts or not results:
             # tool messages first: they answer the assistant message right before this one
             results.append({"role": "user", "content": "\n\n".join(texts)})
         return results
+
+    def image(self, block: dict[str, Any], at: str) -> dict[str, Any]:
+        """An ``image`` block as a Chat Completions ``image_url`` part."""
+        source = block.get("source")
+        if not isinstance(source, dict):
+            raise BadRequest(f"'{at}.source' must be an object, got {_kind(source)}")
+        kind = source.get("type")
+        if kind == "base64":
+            url = data_url(source.get("media_type"), source.get("data"), f"{at}.source")
+        elif kind == "url":
+            url = checked_url(source.get("url"), f"{at}.source.url")
+        elif kind == "file":
+            raise BadRequest(
+                f"'{at}.source' is a file source: file IDs (Anthropic's Files API) are not "
+                "supported through this proxy; send the image as base64 data or a URL"
+            )
+        else:
+            raise BadRequest(f"'{at}.source.type' must be 'base64' or 'url', got {_kind(kind)}")
+        if self.image_at is None:
+            self.image_at = at
+        return dict(image_part(url))
 
     def assistant(self, where: str, content: str | list[Any]) -> dict[str, Any]:
         if isinstance(content, str):
@@ -412,8 +462,8 @@ class _Translator:
                 calls.append(_tool_call(block, at))
             elif kind in _THINKING_BLOCKS:
                 continue  # the engine cannot take thinking back (documented)
-            elif kind == "tool_result":
-                raise BadRequest(f"{at}: tool_result blocks belong in user messages")
+            elif kind in ("tool_result", "image"):
+                raise BadRequest(f"{at}: {kind} blocks belong in user messages")
             else:
                 raise _unsupported(kind, at)
         out: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts)}
@@ -421,7 +471,10 @@ class _Translator:
             out["tool_calls"] = calls
         return out
 
-    def tool_result(self, block: dict[str, Any], at: str) -> dict[str, Any]:
+    def tool_result(
+        self, block: dict[str, Any], at: str, images: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The ``tool`` message of a ``tool_result``; its images are added to ``images``."""
         call_id = block.get("tool_use_id")
         if not isinstance(call_id, str) or not call_id:
             raise BadRequest(f"'{at}.tool_use_id' must be a non-empty string, got {_kind(call_id)}")
@@ -438,6 +491,8 @@ class _Translator:
                 kind = _block_type(part, inner)
                 if kind == "text":
                     parts.append(self.text_block(part, inner))
+                elif kind == "image":
+                    images.append(self.image(part, inner))
                 elif kind == "tool_reference":
                     name = part.get("tool_name")
                     if not isinstance(name, str) or not name:

@@ -109,6 +109,7 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningC
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 from luftpause.dataplane.apis import StreamTranslator, Translated
+from luftpause.dataplane.apis.images import checked_detail, checked_url, content_parts, image_part
 from luftpause.dataplane.errors import BadRequest, openai_error, shown
 from luftpause.dataplane.relay import TurnOutcome
 from luftpause.dataplane.request import kind_of as _kind
@@ -156,6 +157,7 @@ class ResponsesRequest:
     chat: dict[str, Any]
     tools: dict[str, _Tool]  # chat function name -> the client's tool
     template: Response  # the request's echo fields (tools, tool_choice, ...), no output
+    image_at: str | None = None  # where the first input_image part is, if there is one
 
     def reply(self, completion: dict[str, Any]) -> dict[str, Any]:
         """A non-streamed ``chat.completion`` as a ``Response``."""
@@ -315,6 +317,7 @@ def parse(raw: bytes) -> ResponsesRequest:
     builder.name_tools()
     for i, item in enumerate(items):
         builder.add_item(item, f"input[{i}]")
+    builder.flush_images()
 
     chat: dict[str, Any] = {"model": model, "messages": builder.messages}
     if stream is not None:
@@ -361,6 +364,7 @@ def parse(raw: bytes) -> ResponsesRequest:
         chat=chat,
         tools=builder.by_chat_name,
         template=template,
+        image_at=builder.image_at,
     )
 
 
@@ -376,6 +380,10 @@ class _Builder:
         default_factory=dict
     )
     _chat_names: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    image_at: str | None = None  # the position of the first input_image part
+    # images of tool outputs, for a user message after the tool messages (a tool
+    # message carries text only)
+    _tool_images: list[dict[str, Any]] = field(default_factory=list)
 
     # -- tools
 
@@ -474,7 +482,9 @@ class _Builder:
             self._call(item, where, kind)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _required_str(item, "call_id", where)
-            content = _parts_text(item.get("output"), f"{where}.output")
+            parts = self._parts(item.get("output"), f"{where}.output", images=True)
+            content = "\n".join(part for part in parts if isinstance(part, str))
+            self._tool_images.extend(part for part in parts if not isinstance(part, str))
             self.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
         elif kind in ("reasoning", "additional_tools"):
             pass  # reasoning: cannot go back to the engine; additional_tools: read above
@@ -497,8 +507,44 @@ class _Builder:
             raise BadRequest(
                 f"'{where}.role' must be user, assistant, system or developer, got {_kind(role)}"
             )
-        text = _parts_text(item.get("content"), f"{where}.content")
-        self.messages.append({"role": "system" if role == "developer" else role, "content": text})
+        self.flush_images()
+        parts = self._parts(item.get("content"), f"{where}.content", images=role == "user")
+        texts = [part for part in parts if isinstance(part, str)]
+        content: str | list[dict[str, Any]] = "\n".join(texts)
+        if len(texts) < len(parts):
+            content = content_parts(parts, "\n")
+        self.messages.append(
+            {"role": "system" if role == "developer" else role, "content": content}
+        )
+
+    def flush_images(self) -> None:
+        """The tool outputs' images, as a user message after their tool messages."""
+        if self._tool_images:
+            self.messages.append({"role": "user", "content": self._tool_images})
+            self._tool_images = []
+
+    def _parts(self, content: Any, where: str, *, images: bool) -> list[str | dict[str, Any]]:
+        """A message's content or a tool output: a string, or its text parts (as
+        strings) and image parts (as Chat Completions parts), in order."""
+        if isinstance(content, str):
+            return [content]
+        if not isinstance(content, list):
+            raise BadRequest(f"'{where}' must be a string or a list of parts, got {_kind(content)}")
+        out: list[str | dict[str, Any]] = []
+        for i, part in enumerate(content):
+            at = f"{where}[{i}]"
+            if isinstance(part, dict) and part.get("type") == "input_image":
+                if not images:
+                    raise BadRequest(
+                        f"'{at}' is an input_image part: images are translated in user "
+                        "messages and tool outputs only"
+                    )
+                out.append(_input_image(part, at))
+                if self.image_at is None:
+                    self.image_at = at
+            else:
+                out.append(_part_text(part, at))
+        return out
 
     def _call(self, item: dict[str, Any], where: str, kind: str) -> None:
         call_id = _required_str(item, "call_id", where)
@@ -519,6 +565,7 @@ class _Builder:
             "type": "function",
             "function": {"name": self.chat_name(namespace, name), "arguments": arguments},
         }
+        self.flush_images()
         last = self.messages[-1] if self.messages else None
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)
@@ -570,13 +617,15 @@ def _custom(tool: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _parts_text(content: Any, where: str) -> str:
-    """A message's content or a tool output: a string, or text parts joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise BadRequest(f"'{where}' must be a string or a list of parts, got {_kind(content)}")
-    return "\n".join(_part_text(part, f"{where}[{i}]") for i, part in enumerate(content))
+def _input_image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``input_image`` part as a Chat Completions ``image_url`` part."""
+    if part.get("file_id") is not None:
+        raise BadRequest(
+            f"'{where}.file_id': file IDs are not supported through this proxy (it keeps "
+            "no files); send the image as 'image_url', a URL or a data URL"
+        )
+    url = checked_url(part.get("image_url"), f"{where}.image_url")
+    return dict(image_part(url, checked_detail(part.get("detail"), f"{where}.detail")))
 
 
 def _part_text(part: Any, where: str) -> str:
@@ -587,10 +636,10 @@ def _part_text(part: Any, where: str) -> str:
         return _required_str(part, "text", where, empty=True)
     if kind == "refusal":
         return _required_str(part, "refusal", where, empty=True)
-    if kind in ("input_image", "input_file", "input_audio"):
+    if kind in ("input_file", "input_audio"):
         raise BadRequest(
-            f"'{where}' is an {kind} part: only text is translated to Chat Completions "
-            "by this proxy"
+            f"'{where}' is an {kind} part: only text and images are translated to Chat "
+            "Completions by this proxy"
         )
     raise BadRequest(f"'{where}' is a part of type {_kind(kind)}, which the proxy cannot translate")
 

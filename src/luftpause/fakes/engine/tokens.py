@@ -11,6 +11,12 @@ Chat messages are rendered with a Llama-3-style template (header markers, one
 block per message, tools as JSON in the system block) so the prefix cache sees
 a conversation grow the way a real engine does: each turn's prompt extends the
 previous turn's prompt.
+
+An image (an ``image_url`` content part) is not looked at: it stands in the
+prompt as a marker of ``IMAGE_TOKENS`` tokens that names a hash of its URL, so
+it costs what a vision model's image tokens cost and two different images never
+share a cached prefix. (Counted as its JSON, a base64 image would weigh its
+size in bytes / 4: tens of thousands of tokens for a screenshot.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 CHARS_PER_TOKEN = 4
+#: tokens an image part counts for: a 336x336 image in LLaVA-1.5 (24 x 24 patches);
+#: vision models spend from about 64 to a few thousand, by model and image size
+IMAGE_TOKENS = 576
 
 # Filler words. Harnesses run a tool call's arguments (Codex and Claude Code run a shell
 # command), so no word may be a program that runs until stopped: a filler command must
@@ -111,10 +120,22 @@ def _content_text(content: Any) -> str:
         for part in content:
             if isinstance(part, Mapping) and isinstance(part.get("text"), str):
                 parts.append(str(part["text"]))
+            elif isinstance(part, Mapping) and part.get("type") == "image_url":
+                parts.append(_image_text(part.get("image_url")))
             else:
                 parts.append(json.dumps(part, sort_keys=True))
         return "".join(parts)
     return json.dumps(content, sort_keys=True)
+
+
+def _image_text(image_url: Any) -> str:
+    """The prompt text an image part stands as: ``IMAGE_TOKENS`` tokens long, naming
+    a hash of its URL (or of the whole part, when it has none)."""
+    url = image_url.get("url") if isinstance(image_url, Mapping) else None
+    if not isinstance(url, str):
+        url = json.dumps(image_url, sort_keys=True)
+    marker = f"<|image {stable_hash('image', url):016x}|>"
+    return marker.ljust(IMAGE_TOKENS * CHARS_PER_TOKEN, "_")
 
 
 def render_messages(
