@@ -336,6 +336,21 @@ async def test_routing_header_unknown_task_and_removed_methods(tmp_path: Path) -
             assert removed.error["code"] == -32601, method
 
 
+async def test_an_unknown_task_id_is_quoted_cut(tmp_path: Path) -> None:
+    """R12: a 10,000-character unknown ``taskId`` is -32602 whose message quotes it cut
+    after 64 characters with its length (it used to come back whole, also in ``data``)."""
+    async with serving(tmp_path) as h:
+        task_id = "t" * 10_000
+        for method in ("tasks/get", "tasks/cancel"):
+            unknown = await h.modern(method, {"taskId": task_id})
+            error = unknown.error
+            assert error["code"] == -32602, method
+            assert "(10000 characters)" in error["message"] and len(error["message"]) < 200
+            assert "data" not in error or "taskId" not in (error["data"] or {})
+        short = await h.modern("tasks/get", {"taskId": "no-such-task"})
+        assert short.error["data"] == {"taskId": "no-such-task"}
+
+
 # --------------------------------------------------------------------------- input
 
 

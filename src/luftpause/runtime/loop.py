@@ -75,6 +75,7 @@ from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.spawn_args import SpawnArgs
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
 from luftpause.runtime.watchers import Watchers
+from luftpause.shown import shown, shown_list
 
 log = logging.getLogger("luftpause.runtime")
 
@@ -244,10 +245,10 @@ class Runtime:
         if req.parent is not None:
             parent = self.state.runs.get(req.parent)
             if parent is None:
-                raise RuntimeError_(f"unknown parent handle {req.parent!r}")
+                raise RuntimeError_(f"unknown parent handle {shown(req.parent)}")
         if req.service_class is not None and req.service_class not in SERVICE_CLASSES:
             raise RuntimeError_(
-                f"serviceClass must be 'interactive' or 'batch', got {req.service_class!r}"
+                f"serviceClass must be 'interactive' or 'batch', got {shown(req.service_class)}"
             )
         for label, names in (("tools", req.tools), ("approveTools", req.approve_tools)):
             if not names:
@@ -258,7 +259,7 @@ class Runtime:
             unknown = [n for n in names if n not in known]
             if unknown:
                 raise RuntimeError_(
-                    f"{label}: unknown tool(s) {', '.join(map(repr, unknown))}; available: "
+                    f"{label}: unknown tool(s) {shown_list(unknown)}; available: "
                     f"{', '.join(sorted(self.hub.tools)) or '(none: no tool server is connected)'}"
                 )
         model = req.model or await self.default_model()

@@ -173,6 +173,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from luftpause.runtime.journal import Journal, JournalError
+from luftpause.shown import SHOWN_CHARS, shown
 
 log = logging.getLogger("luftpause.runtime.mcp_tasks")
 
@@ -1140,10 +1141,12 @@ class TasksExtension(Extension):
             raise MCPError(INTERNAL_ERROR, "the task store is not open")
         record = self.store.get(task_id)
         if record is None:
+            # The id is the client's: quoted cut (``luftpause.shown``), and carried in
+            # ``data`` only when it is short enough to be one of ours.
             raise MCPError(
                 INVALID_PARAMS,
-                f"unknown task {task_id!r} (never created here, or expired)",
-                data={"taskId": task_id},
+                f"unknown task {shown(task_id)} (never created here, or expired)",
+                data={"taskId": task_id} if len(task_id) <= SHOWN_CHARS else None,
             )
         return record
 

@@ -40,6 +40,7 @@ from luftpause.runtime.protocol import (
     tool_result,
 )
 from luftpause.runtime.spawn_args import SpawnArgs, spawn_args_from, spawn_parameters
+from luftpause.shown import shown_list
 
 log = logging.getLogger("luftpause.runtime.tools")
 
@@ -93,9 +94,9 @@ class RuntimeTools:
 
     def lookup(self, handles: list[str]) -> list[Run]:
         runs = self.rt.state.runs
-        missing = [h for h in handles if h not in runs]
+        missing = [h for h in dict.fromkeys(handles) if h not in runs]
         if missing:
-            raise ToolError(f"unknown handle(s): {', '.join(map(repr, missing))}")
+            raise ToolError(f"unknown handle(s): {shown_list(missing)}")
         return [runs[h] for h in dict.fromkeys(handles)]
 
     def _clamped(self, timeout: float) -> tuple[float, str | None]:
