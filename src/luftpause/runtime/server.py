@@ -196,7 +196,7 @@ def build_app(
     )
 
     async def status_route(_: Request) -> JSONResponse:
-        return JSONResponse(status_tree(rt))
+        return JSONResponse(status_tree(rt, tasks.store))
 
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)
