@@ -89,6 +89,7 @@ HUGE = "h" * 10_000
         ("spawn", {"task": "x", "tools": [HUGE]}, "tools: unknown tool(s) 'hhh"),
         ("spawn", {"task": "x", "approveTools": [HUGE]}, "approveTools: unknown tool(s) 'hhh"),
         ("spawn", {"task": "x", "serviceClass": HUGE}, "argument 'serviceClass' must be one of"),
+        ("spawn", {"task": "x", "idempotencyKey": HUGE}, "must be at most 256 characters long"),
         (HUGE, {}, "Unknown tool: 'hhh"),
     ],
 )  # fmt: skip
