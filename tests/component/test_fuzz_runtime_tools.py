@@ -852,6 +852,62 @@ def test_fuzz_answers_to_approval_requests(harness: Harness, data: st.DataObject
     assert kind.startswith("input required"), kind
 
 
+KEYS = ["job-1", "job-2", "é🎉", "k" * 256, "k" * 257]
+KEYED: dict[str, str] = {}  # idempotency key -> the handle its first accepted spawn got
+
+
+@settings(FUZZ_SETTINGS, max_examples=40)
+@given(data=st.data())
+def test_fuzz_idempotency_keys(harness: Harness, data: st.DataObject) -> None:
+    """R2, R8: ``spawn``/``run`` with an ``idempotencyKey`` of any JSON type, huge, odd
+    Unicode, a lone surrogate, or one of a few keys reused with the same or other
+    arguments: each call is accepted or a tool error (never a non-JSON or internal error),
+    and every accepted call with a key gets the handle its key got first (one run)."""
+    era, caps, client = data.draw(_eras(), label="era")
+    name = data.draw(st.sampled_from(["spawn", "run"]), label="tool")
+    keys = st.sampled_from(KEYS) | strings | json_values | huge_strings
+    key = data.draw(keys.filter(lambda k: k not in PLACEHOLDERS), label="idempotencyKey")
+    task = data.draw(st.sampled_from(["a", "b", f"{SLOW} c"]), label="task")
+    args: dict[str, Any] = {"task": task, "idempotencyKey": key}
+    leave = data.draw(LEAVE_AFTER, label="client leaves after (s)")
+    kind = harness.example(era, {"name": name, "arguments": args}, caps, None, None, client, leave)
+    assert kind in ("accepted", "tool error", "client left", "parse error"), kind
+    if kind == "accepted" and isinstance(key, str):
+        handle = harness.handles[-1]
+        assert KEYED.setdefault(key, handle) == handle, (key[:80], handle)
+    if kind == "tool error":
+        text = _text(harness.last)
+        assert len(text) < 1000, text[:200]  # a huge key is quoted cut
+        if "idempotencyKey" not in text:  # the only other refusal here: the unknown task
+            assert "task" in text, text[:300]
+
+
+def test_one_key_spawned_from_both_eras_at_once_starts_one_run(harness: Harness) -> None:
+    """R2, R8: the same ``idempotencyKey`` sent by a legacy session and a modern client at
+    the same moment (each journal write slowed, so the first spawn is still under way)
+    gives both the same handle, and only one run starts."""
+    rt = harness.rt
+
+    async def go() -> list[str]:
+        before = set(rt.state.runs)
+        spawn = {"name": "spawn", "arguments": {"task": "once", "idempotencyKey": "both-eras"}}
+        with slow_journal(rt, 0.3):
+            replies = await asyncio.gather(
+                harness.request(LEGACY, "tools/call", spawn),
+                harness.request(MODERN, "tools/call", spawn),
+            )
+        await harness.settle()
+        handles = []
+        for reply in replies:
+            [message] = _messages(reply)
+            handles.append(message["result"]["structuredContent"]["handle"])
+        assert len(set(rt.state.runs) - before) == 1
+        return handles
+
+    first, second = harness.runner.run(go())
+    assert first == second
+
+
 # ----------------------------------------------------------------------------- regressions
 
 

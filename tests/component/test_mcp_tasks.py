@@ -336,6 +336,21 @@ async def test_routing_header_unknown_task_and_removed_methods(tmp_path: Path) -
             assert removed.error["code"] == -32601, method
 
 
+async def test_an_unknown_task_id_is_quoted_cut(tmp_path: Path) -> None:
+    """R12: a 10,000-character unknown ``taskId`` is -32602 whose message quotes it cut
+    after 64 characters with its length (it used to come back whole, also in ``data``)."""
+    async with serving(tmp_path) as h:
+        task_id = "t" * 10_000
+        for method in ("tasks/get", "tasks/cancel"):
+            unknown = await h.modern(method, {"taskId": task_id})
+            error = unknown.error
+            assert error["code"] == -32602, method
+            assert "(10000 characters)" in error["message"] and len(error["message"]) < 200
+            assert "data" not in error or "taskId" not in (error["data"] or {})
+        short = await h.modern("tasks/get", {"taskId": "no-such-task"})
+        assert short.error["data"] == {"taskId": "no-such-task"}
+
+
 # --------------------------------------------------------------------------- input
 
 
@@ -568,6 +583,8 @@ async def test_replay_tolerates_a_torn_tail(
     await store.open()
     assert "torn last line" in caplog.text
     assert "unreadable task record" in caplog.text
+    [problem] = store.problems  # what GET /status lists; the torn tail is not a problem
+    assert problem.line == 2 and problem.reason.startswith("not JSON (")
     assert store.get(first.task_id).status == "completed"  # type: ignore[union-attr]
     reopened = store.get(second.task_id)
     assert reopened is not None and reopened.status == "failed"
@@ -575,6 +592,34 @@ async def test_replay_tolerates_a_torn_tail(
     await store.close()
     records = [json.loads(line) for line in path.read_text().splitlines() if line != "{not json}"]
     assert [r["task"]["taskId"] for r in records][-2:] == [second.task_id, third.task_id]
+
+
+async def test_unreadable_lines_are_kept_as_problems(tmp_path: Path) -> None:
+    """R12, R9: each line replay skips is kept with its number and what was wrong (for
+    ``GET /status``)."""
+    store = TaskStore(tmp_path)
+    await store.open()
+    kept = await store.create("tool")
+    await store.close()
+    path = tmp_path / JOURNAL_NAME
+    with path.open("a") as f:
+        f.write("[1, 2]\n")
+        f.write('{"v": 2, "task": {}}\n')
+        f.write('{"v": 1, "task": {"taskId": "x", "tool": "t", "status": "odd"}}\n')
+        f.write('{"v": 1, "task": {"tool": "t"}}\n')
+        f.write("not json\n")
+    store = TaskStore(tmp_path)
+    await store.open()
+    assert store.get(kept.task_id) is not None
+    assert [str(p) for p in store.problems] == [
+        "line 2: not a version-1 task record (skipped; no task restored from it)",
+        "line 3: not a version-1 task record (skipped; no task restored from it)",
+        "line 4: unknown status 'odd' (skipped; no task restored from it)",
+        "line 5: missing field 'status' (skipped; no task restored from it)",
+        "line 6: not JSON (Expecting value: line 1 column 1 (char 0)) (skipped; no task "
+        "restored from it)",
+    ]
+    await store.close()
 
 
 async def test_open_task_fails_on_restart_store_level(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ which argument, what was expected, what was given; never pydantic's dump or a li
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -70,3 +71,38 @@ async def test_a_long_rejected_value_is_cut(tmp_path: Path) -> None:
         result = await client.call_tool("spawn", {"task": "x", "serviceClass": "z" * 500})
     text = result.content[0].text  # type: ignore[union-attr]
     assert result.is_error and len(text) < 200 and text.count("z") < 70
+
+
+HUGE = "h" * 10_000
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "message"),
+    [
+        ("await", {"handles": [HUGE]}, "unknown handle(s): 'hhh"),
+        ("await", {"handles": [f"{HUGE}{i}" for i in range(50)]}, "(and 45 more)"),
+        ("status", {"handle": HUGE}, "unknown handle(s): 'hhh"),
+        ("cancel", {"handle": HUGE}, "unknown handle(s): 'hhh"),
+        ("approve", {"handle": HUGE, "allow": True}, "unknown handle(s): 'hhh"),
+        ("spawn", {"task": "x", "parent": HUGE}, "unknown parent handle 'hhh"),
+        ("run", {"task": "x", "parent": HUGE}, "unknown parent handle 'hhh"),
+        ("spawn", {"task": "x", "tools": [HUGE]}, "tools: unknown tool(s) 'hhh"),
+        ("spawn", {"task": "x", "approveTools": [HUGE]}, "approveTools: unknown tool(s) 'hhh"),
+        ("spawn", {"task": "x", "serviceClass": HUGE}, "argument 'serviceClass' must be one of"),
+        ("spawn", {"task": "x", "idempotencyKey": HUGE}, "must be at most 256 characters long"),
+        (HUGE, {}, "Unknown tool: 'hhh"),
+    ],
+)  # fmt: skip
+async def test_values_quoted_back_are_cut(
+    tmp_path: Path, tool: str, arguments: dict[str, Any], message: str
+) -> None:
+    """R1-R3, R9, R11: a tool error quotes a caller's value (a 10,000-character handle,
+    parent, tool name, key) cut after 64 characters with its length, as the dataplane
+    does; a long list of them shows the first five. They used to come back whole."""
+    async with connected(tmp_path) as client:
+        result = await client.call_tool(tool, arguments)
+    assert result.is_error
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert message in text, text[:500]
+    assert re.search(r"… \(1000[01] characters\)", text), text[:500]
+    assert len(text) < 800, len(text)

@@ -124,3 +124,41 @@ async def test_an_unreadable_record_fails_its_run_and_the_rest_recover(
     problems = status_tree(rt2)["journal"]["problems"]
     assert len(problems) == 1 and "line" in problems[0] and "run-broken" in problems[0]
     await rt2.shutdown()
+
+
+async def test_status_lists_the_problems_of_both_journals(tmp_path: Path) -> None:
+    """R8, R9, R12: ``GET /status`` lists the unreadable lines of ``tasks.jsonl`` beside
+    those of ``runs.jsonl``, in the same shape: the file, then ``line N: what (effect)``."""
+    import httpx
+    from starlette.applications import Starlette
+
+    from luftpause.runtime.server import build_app
+
+    (tmp_path / "runs.jsonl").write_text('{"t":"spawn","run":"run-broken"}\n')
+    (tmp_path / "tasks.jsonl").write_text('\n{"v": 1, "task": {"tool": "run"}}\n[]\n')
+    rt, lines = runtime(tmp_path, Hub())
+
+    async def on_start() -> None:
+        rt.recover(lines)
+
+    async def on_stop() -> None:
+        await rt.shutdown()
+
+    app = build_app(rt, host="127.0.0.1", token=None, on_start=on_start, on_stop=on_stop)
+    inner: Any = app
+    while not isinstance(inner, Starlette):  # below the auth and header middleware
+        inner = inner.app
+    async with inner.router.lifespan_context(inner):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            status = (await http.get("/status")).json()
+    assert status["journal"]["path"] == str(tmp_path / "runs.jsonl")
+    [journal_problem] = status["journal"]["problems"]
+    assert journal_problem.startswith("line 1: spawn record: missing field 'spec'")
+    assert status["tasks"] == {
+        "path": str(tmp_path / "tasks.jsonl"),
+        "problems": [
+            "line 2: missing field 'status' (skipped; no task restored from it)",
+            "line 3: not a version-1 task record (skipped; no task restored from it)",
+        ],
+    }

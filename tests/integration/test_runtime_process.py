@@ -765,6 +765,31 @@ async def test_sigkill_mid_run_then_restart(stack: Stack) -> None:
     assert all(run.done for run in once.runs.values())
 
 
+async def test_an_idempotency_key_survives_a_restart(stack: Stack) -> None:
+    """R2, R8: a spawn with an ``idempotencyKey``, the runtime SIGKILLed, then the same
+    spawn from a new client (the other protocol era): the same handle comes back marked
+    ``reused``, no second run starts (one spawn record carries the key), and other
+    arguments with the key are refused naming it."""
+    rt = stack.start_runtime("idem")
+    journal = stack.tmp / "state-idem" / "runs.jsonl"
+    args = {"task": "keyed [results=1]", "tools": ["lookup"], "idempotencyKey": "retry-me"}
+    async with connect(rt.urls["http"] + "/mcp", "legacy") as c:
+        first = data(await c.call_tool("spawn", args))
+    assert "reused" not in first
+    rt.stop(signal.SIGKILL)
+    rt2 = stack.services.start(*rt_args(stack, "idem"), name="runtime-idem-2")
+    async with connect(rt2.urls["http"] + "/mcp", "auto") as c:
+        again = data(await c.call_tool("spawn", args))
+        other = error_text(await c.call_tool("spawn", {**args, "task": "other"}))
+        out = await await_all(c, [first["handle"]])
+    rt2.stop()
+    assert again["handle"] == first["handle"] and again["reused"] is True
+    assert f"idempotencyKey 'retry-me' was already used by run {first['handle']}" in other
+    assert out["results"][0]["state"] == "Completed"
+    spawns = [r for r in _journal(journal) if r["t"] == "spawn"]
+    assert [(r["run"], r["idempotencyKey"]) for r in spawns] == [(first["handle"], "retry-me")]
+
+
 def _state_view(state: RuntimeState) -> dict[str, Any]:
     return {
         rid: (r.state, r.turns, r.results, r.approvals, r.own.to_json(), r.subtree.to_json())

@@ -248,3 +248,64 @@ def test_an_unreadable_line_fails_only_its_run() -> None:
     before = snapshot(state)
     replay(state, lines)
     assert snapshot(state) == before
+
+
+def _keyed(run: str, key: str, digest: str, task: str = "t") -> dict[str, Any]:
+    return {
+        "t": "spawn",
+        "run": run,
+        "spec": {**SPEC, "task": task},
+        "created": 100.0,
+        "idempotencyKey": key,
+        "requestDigest": digest,
+    }
+
+
+def test_replay_binds_each_idempotency_key_to_its_first_run() -> None:
+    """R2, R8: a spawn record's idempotency key (and the digest of its arguments) survive
+    encode and parse; replay binds the key to its run, a second spawn record with the
+    same key (a duplicate) leaves the first bound, and replaying twice changes nothing.
+    A spawn record without a key (an older journal) is valid and binds nothing."""
+    records = [*history(), _keyed("k1", "job-1", "d1"), _keyed("k2", "job-1", "d2", "x")]
+    record = parse(json.dumps(records[-2]).encode())
+    assert record.idempotency_key == "job-1" and record.request_digest == "d1"  # type: ignore[union-attr]
+    assert parse(encode(record)) == record
+    state = replayed(records)
+    assert state.idempotency_keys == {"job-1": "k1"}
+    first = state.run_for_key("job-1")
+    assert first is not None and first.id == "k1" and first.request_digest == "d1"
+    assert state.runs["a"].idempotency_key is None and state.run_for_key("nope") is None
+    again = replayed(records)
+    replay(again, lines_of(records))
+    assert again.idempotency_keys == state.idempotency_keys and snapshot(again) == snapshot(state)
+
+
+def test_a_key_of_an_unreadable_spawn_is_not_bound() -> None:
+    """R2, R8: an empty key is not a record (the line fails its run); a spawn line that
+    is unreadable binds no key, so a retry with it starts a run that can be resumed."""
+    bad_key = {**_keyed("k1", "", "d")}
+    broken = {"t": "spawn", "run": "k2", "idempotencyKey": "job-2"}  # no spec
+    state = RuntimeState()
+    report = replay(state, lines_of([bad_key, broken]))
+    assert [p.line for p in report.problems] == [1, 2]
+    assert "idempotencyKey" in report.problems[0].reason
+    assert state.idempotency_keys == {}
+    assert state.runs["k1"].state is RunState.FAILED and state.runs["k2"].state is RunState.FAILED
+
+
+def test_the_request_digest_ignores_the_key_and_fills_the_settings_defaults() -> None:
+    """R2: two spawns ask for the same thing when their arguments (but the key) are the
+    same once the settings' defaults are filled in; any other difference counts."""
+    from luftpause.runtime.spawn_args import SpawnArgs, request_digest
+
+    def digest(**kwargs: Any) -> str:
+        return request_digest(SpawnArgs(**kwargs), max_tool_calls=8, max_tokens=256)
+
+    base = digest(task="t", idempotency_key="a")
+    assert base == digest(task="t", idempotency_key="b", max_tokens=256, max_tool_calls=8)
+    assert base == digest(task="t", approve_tools=[])
+    assert base != digest(task="t", max_tokens=255)
+    assert base != digest(task="u")
+    assert base != digest(task="t", tools=[])
+    assert base != digest(task="t", model="m")
+    assert base != digest(task="t", parent="run-1")

@@ -22,7 +22,8 @@ message. ``response(run_id, shape)`` is the one place a turn failure becomes an
 HTTP answer: ``{"error": {"message": ..., "type": ..., "param": null, "code": ...}}``
 (D6, OpenAI's shape) or, on a route of another API, that API's error shape (B9),
 with ``x-luftpause-run-id``. Values a client sent are echoed
-through ``shown`` so a megabyte of model name is not sent back whole.
+through ``shown`` (``luftpause/shown.py``, shared with the runtime) so a megabyte
+of model name is not sent back whole.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse, Response
+
+from luftpause.shown import shown as shown  # re-exported: the dataplane quotes values with it
 
 RUN_HEADER = "x-luftpause-run-id"
 REPLICA_HEADER = "x-luftpause-replica"
@@ -77,16 +80,6 @@ def error_response(
     if run_id:
         hdrs[RUN_HEADER] = run_id
     return JSONResponse(shape(status, message, code), status_code=status, headers=hdrs)
-
-
-def shown(value: object, limit: int = 64) -> str:
-    """A client's value as it appears in an error message: quoted, and cut after
-    ``limit`` characters with the full length said."""
-    text = value if isinstance(value, str) else repr(value)
-    if len(text) <= limit:
-        return repr(text) if isinstance(value, str) else text
-    cut = text[:limit]
-    return f"{cut!r}… ({len(text)} characters)" if isinstance(value, str) else f"{cut}…"
 
 
 class TurnError(Exception):

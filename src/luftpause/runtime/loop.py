@@ -3,7 +3,10 @@
 Run lifecycle
 -------------
 ``spawn`` journals a ``spawn`` record (durable before the handle is returned)
-and starts one asyncio task running :meth:`Runtime.drive`. The loop:
+and starts one asyncio task running :meth:`Runtime.drive`. A spawn with an
+idempotency key that an earlier spawn used (journaled, or still under way: then
+it waits for that one's outcome) gets that spawn's run, and never starts
+another; with other arguments it is refused. The loop:
 
 1. checks the subtree budgets (a turn begins);
 2. sends a turn through the dataplane, offering the run's tools while it has
@@ -72,9 +75,10 @@ from luftpause.runtime.hygiene import recover_text_tool_calls
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient, Identity, TurnFailed
 from luftpause.runtime.metrics import RuntimeMetrics
-from luftpause.runtime.spawn_args import SpawnArgs
+from luftpause.runtime.spawn_args import SpawnArgs, request_digest
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
 from luftpause.runtime.watchers import Watchers
+from luftpause.shown import shown, shown_list
 
 log = logging.getLogger("luftpause.runtime")
 
@@ -97,6 +101,13 @@ def check_text(label: str, values: str | list[str] | None) -> None:
                 f"{label}: not valid Unicode (lone surrogate {value[exc.start]!r} at index "
                 f"{exc.start})"
             ) from None
+
+
+def _key_reused(key: str, first: str) -> str:
+    return (
+        f"idempotencyKey {shown(key)} was already used by {first} with other arguments: "
+        "retry with the same arguments, or use a new key for a new run"
+    )
 
 
 class BudgetTripped(Exception):
@@ -127,6 +138,9 @@ class Runtime:
     _timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopping: bool = False
+    # Spawns with an idempotency key that are still under way: key -> (the digest of
+    # their arguments, the task that spawns). A second spawn with the key waits on it.
+    _keyed: dict[str, tuple[str, asyncio.Task[Run]]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -236,18 +250,83 @@ class Runtime:
         return models[0]
 
     async def spawn(self, req: SpawnArgs, caller: str, traceparent: str | None = None) -> Run:
-        """Start a run. ``traceparent``: the trace context of the request that asked for
-        it; a child run's span is the child of its parent's instead."""
+        """Start a run (or, for a known idempotency key, find it); see :meth:`spawn_or_reuse`."""
+        run, _ = await self.spawn_or_reuse(req, caller, traceparent)
+        return run
+
+    async def spawn_or_reuse(
+        self, req: SpawnArgs, caller: str, traceparent: str | None = None
+    ) -> tuple[Run, bool]:
+        """Start a run; True with the run when its idempotency key named an existing one.
+
+        ``traceparent``: the trace context of the request that asked for it; a child
+        run's span is the child of its parent's instead.
+
+        A key is the runtime's, not a caller's: every client holding the runtime's token
+        is the same principal, and a caller's identity (its MCP session) does not
+        survive the crash or reconnect a retry follows. The same key returns the run it
+        started, journaled or replayed; while that spawn is still under way, the retry
+        waits for its outcome (its run, or its error) instead of starting another.
+        With other arguments (:func:`request_digest`) the key is refused.
+        """
+        key = req.idempotency_key
+        if key is None:
+            return await self._spawn(req, caller, traceparent), False
+        digest = request_digest(
+            req,
+            max_tool_calls=self.settings.default_max_tool_calls,
+            max_tokens=self.settings.default_max_tokens,
+        )
+        # No await between these checks and registering the spawn: two calls with one
+        # key cannot both get past them.
+        under_way = self._keyed.get(key)
+        if under_way is not None:
+            first_digest, spawning = under_way
+            if first_digest != digest:
+                raise RuntimeError_(_key_reused(key, "a spawn still under way"))
+            return await asyncio.shield(spawning), True
+        existing = self.state.run_for_key(key)
+        if existing is not None:
+            if existing.request_digest not in (None, digest):
+                raise RuntimeError_(_key_reused(key, f"run {existing.id}"))
+            return existing, True
+        # The whole spawn runs on its own: a caller that goes away does not take it
+        # down with it while a retry may be waiting on it.
+        spawning = self._background_task(
+            self._spawn(req, caller, traceparent, key=key, digest=digest), "spawn-keyed"
+        )
+        self._keyed[key] = (digest, spawning)
+        spawning.add_done_callback(functools.partial(self._spawned, key))
+        return await asyncio.shield(spawning), False
+
+    def _spawned(self, key: str, spawning: asyncio.Task[Run]) -> None:
+        if self._keyed.get(key, (None, None))[1] is spawning:
+            del self._keyed[key]
+        if spawning.cancelled():
+            return
+        exc = spawning.exception()  # retrieved here: its callers, if any are left, got it too
+        if exc is not None and not isinstance(exc, RuntimeError_):
+            log.error("spawn with idempotencyKey %s failed: %r", shown(key), exc)
+
+    async def _spawn(
+        self,
+        req: SpawnArgs,
+        caller: str,
+        traceparent: str | None,
+        *,
+        key: str | None = None,
+        digest: str | None = None,
+    ) -> Run:
         for label, text in (("task", req.task), ("model", req.model), ("system", req.system)):
             check_text(label, text)
         parent: Run | None = None
         if req.parent is not None:
             parent = self.state.runs.get(req.parent)
             if parent is None:
-                raise RuntimeError_(f"unknown parent handle {req.parent!r}")
+                raise RuntimeError_(f"unknown parent handle {shown(req.parent)}")
         if req.service_class is not None and req.service_class not in SERVICE_CLASSES:
             raise RuntimeError_(
-                f"serviceClass must be 'interactive' or 'batch', got {req.service_class!r}"
+                f"serviceClass must be 'interactive' or 'batch', got {shown(req.service_class)}"
             )
         for label, names in (("tools", req.tools), ("approveTools", req.approve_tools)):
             if not names:
@@ -258,7 +337,7 @@ class Runtime:
             unknown = [n for n in names if n not in known]
             if unknown:
                 raise RuntimeError_(
-                    f"{label}: unknown tool(s) {', '.join(map(repr, unknown))}; available: "
+                    f"{label}: unknown tool(s) {shown_list(unknown)}; available: "
                     f"{', '.join(sorted(self.hub.tools)) or '(none: no tool server is connected)'}"
                 )
         model = req.model or await self.default_model()
@@ -293,6 +372,8 @@ class Runtime:
             created=self.clock(),
             caller=caller,
             traceparent=self._parent_trace(parent, traceparent),
+            idempotency_key=key,
+            request_digest=digest,
         )
 
         async def commit() -> Run:

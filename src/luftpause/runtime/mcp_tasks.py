@@ -46,7 +46,8 @@ the task's new snapshot to ``tasks.jsonl`` in the state dir (one JSON record
 per line, written, flushed and fsynced before the caller goes on; replay keeps
 the last snapshot of each task). On start the store replays the file: a torn
 last line is cut off with a warning, an unreadable line elsewhere is skipped
-with a warning, expired tasks are dropped, and a task that was still open
+with a warning and kept in ``TaskStore.problems`` (``GET /status`` lists them
+beside the run journal's), expired tasks are dropped, and a task that was still open
 (``working``/``input_required``) is marked ``failed`` with the error "the
 server restarted while the task was open" - journaled like any transition.
 The file is compacted (rewritten with one line per live task) on start when it
@@ -173,6 +174,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from luftpause.runtime.journal import Journal, JournalError
+from luftpause.shown import SHOWN_CHARS, shown
 
 log = logging.getLogger("luftpause.runtime.mcp_tasks")
 
@@ -390,6 +392,17 @@ class TaskRecord:
 # --------------------------------------------------------------------------- store
 
 
+@dataclass(frozen=True)
+class TaskProblem:
+    """One line of ``tasks.jsonl`` that replay skipped."""
+
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason} (skipped; no task restored from it)"
+
+
 class TaskStore:
     """The tasks and their journal; the only code that changes a task.
 
@@ -419,6 +432,8 @@ class TaskStore:
         self._journal_name = journal_name
         self._journal: Journal | None = None
         self._tasks: dict[str, TaskRecord] = {}
+        self.problems: list[TaskProblem] = []
+        """The lines the last ``open`` skipped (``GET /status`` lists them)."""
 
     @property
     def path(self) -> Path:
@@ -437,11 +452,17 @@ class TaskStore:
         journal = Journal(self.state_dir, self._journal_name)
         lines = journal.open()
         tasks: dict[str, TaskRecord] = {}
+        self.problems = []
         for number, raw in lines:
             try:
-                record = TaskRecord.from_journal(json.loads(raw))
+                data = json.loads(raw)
             except ValueError as exc:
-                log.warning("%s:%d: skipping an unreadable task record: %s", self.path, number, exc)
+                self._skip(TaskProblem(number, f"not JSON ({exc})"))
+                continue
+            try:
+                record = TaskRecord.from_journal(data)
+            except ValueError as exc:
+                self._skip(TaskProblem(number, str(exc)))
                 continue
             tasks[record.task_id] = record
         now = self._clock()
@@ -461,6 +482,12 @@ class TaskStore:
                 self.path,
                 len(reopened),
             )
+
+    def _skip(self, problem: TaskProblem) -> None:
+        log.warning(
+            "%s:%d: skipping an unreadable task record: %s", self.path, problem.line, problem.reason
+        )
+        self.problems.append(problem)
 
     def _failed_on_restart(self, rec: TaskRecord, now: float) -> TaskRecord:
         return self._next(
@@ -1140,10 +1167,12 @@ class TasksExtension(Extension):
             raise MCPError(INTERNAL_ERROR, "the task store is not open")
         record = self.store.get(task_id)
         if record is None:
+            # The id is the client's: quoted cut (``luftpause.shown``), and carried in
+            # ``data`` only when it is short enough to be one of ours.
             raise MCPError(
                 INVALID_PARAMS,
-                f"unknown task {task_id!r} (never created here, or expired)",
-                data={"taskId": task_id},
+                f"unknown task {shown(task_id)} (never created here, or expired)",
+                data={"taskId": task_id} if len(task_id) <= SHOWN_CHARS else None,
             )
         return record
 

@@ -55,6 +55,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from luftpause.runtime.core import Run
 from luftpause.runtime.loop import Runtime, RuntimeError_
+from luftpause.shown import SHOWN_CHARS, shown
 
 log = logging.getLogger("luftpause.runtime.protocol")
 
@@ -315,12 +316,15 @@ def request_state_of(ctx: Context[Any, Any]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- argument errors
 
-_SHOWN = 64  # characters of a rejected value shown back
-
 
 def _shown(value: Any) -> str:
+    """A rejected value as JSON, cut as ``luftpause.shown`` cuts (64 characters, then the
+    full length)."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        cut = json.dumps(value[:SHOWN_CHARS], ensure_ascii=False)
+        return f"{cut}… ({len(value)} characters)"
     text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}…"
 
 
 def _expected(error: Any) -> str:
@@ -338,6 +342,8 @@ def _expected(error: Any) -> str:
     if kind == "string_too_short":
         n = ctx.get("min_length", 1)
         return "must not be empty" if n == 1 else f"must be at least {n} characters long"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters long"
     if kind in ("too_short", "too_long"):
         n = ctx.get("min_length", ctx.get("max_length"))
         return f"must have {'at least' if kind == 'too_short' else 'at most'} {n} item(s)"
@@ -354,6 +360,7 @@ def _expected(error: Any) -> str:
         "float_type": "must be a number",
         "finite_number": "must be a finite number",
         "string_type": "must be a string",
+        "string_unicode": "must be valid Unicode (it holds a lone surrogate)",
         "dict_type": "must be an object",
     }
     if kind in simple:
@@ -364,14 +371,20 @@ def _expected(error: Any) -> str:
 
 def describe_argument_errors(tool: str, exc: ValidationError) -> str:
     """A tool's rejected arguments, one sentence per problem: which argument, what was
-    expected, what was given (never pydantic's dump with its links)."""
+    expected, what was given (never pydantic's dump with its links); the first
+    ``_MOST_PROBLEMS``, then how many more."""
     problems = []
-    for error in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    for error in errors[:_MOST_PROBLEMS]:
         where = ".".join(str(part) for part in error["loc"]) or "arguments"
         if error["type"] == "missing":
-            problems.append(f"argument {where!r} is required")
+            problems.append(f"argument {shown(where)} is required")
         else:
             problems.append(
-                f"argument {where!r} {_expected(error)} (got {_shown(error.get('input'))})"
+                f"argument {shown(where)} {_expected(error)} (got {_shown(error.get('input'))})"
             )
-    return f"{tool}: " + "; ".join(problems)
+    more = len(errors) - len(problems)
+    return f"{tool}: " + "; ".join(problems) + (f" (and {more} more)" if more > 0 else "")
+
+
+_MOST_PROBLEMS = 10  # a thousand bad handles are not a thousand sentences

@@ -32,6 +32,7 @@ from luftpause.runtime.mcp_tasks import TasksExtension, TaskStore
 from luftpause.runtime.protocol import describe_argument_errors
 from luftpause.runtime.status import status_tree
 from luftpause.runtime.tools import INSTRUCTIONS, RuntimeTools
+from luftpause.shown import shown
 
 log = logging.getLogger("luftpause.runtime.server")
 
@@ -48,7 +49,8 @@ REQUEST_STATE_TTL_S = 3600.0  # how long a client may take to answer an approval
 
 class RuntimeMCPServer(MCPServer[Any]):
     """The SDK's server, with argument errors a person can read (which argument, what
-    was expected, what was given) instead of pydantic's dump."""
+    was expected, what was given) instead of pydantic's dump, and an unknown tool's
+    name cut as every value quoted back is (``luftpause.shown``)."""
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
@@ -59,6 +61,8 @@ class RuntimeMCPServer(MCPServer[Any]):
             cause = exc.__cause__
             if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
                 raise ToolError(describe_argument_errors(name, cause)) from cause
+            if cause is None and str(exc) == f"Unknown tool: {name}":  # the SDK's, name whole
+                raise ToolError(f"Unknown tool: {shown(name)}") from None
             raise
 
 
@@ -192,7 +196,7 @@ def build_app(
     )
 
     async def status_route(_: Request) -> JSONResponse:
-        return JSONResponse(status_tree(rt))
+        return JSONResponse(status_tree(rt, tasks.store))
 
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -5,11 +5,18 @@ SDK builds a tool's input schema from its function's signature, so
 :func:`spawn_parameters` turns the model's fields into signature parameters
 (camelCase names, constraints, descriptions, defaults from the runtime's
 settings): adding a spawn option is one field here.
+
+``idempotencyKey`` is not an option of the run but of the call: a client that
+retries a spawn whose answer it lost sends the same key and gets the same run
+(see ``Runtime.spawn``). :func:`request_digest` fingerprints the rest of the
+arguments, so the same key with other arguments is told apart.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,6 +92,17 @@ class SpawnArgs(BaseModel):
             "ones, which always do)."
         ),
     ] = None
+    idempotency_key: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=256,
+            description="A key of your choosing (1-256 characters) that makes a retry safe: "
+            "a spawn with a key already used returns that run's handle (also after a runtime "
+            "restart, or while the first spawn is still under way) instead of starting another "
+            "run; the same key with other arguments is an error.",
+        ),
+    ] = None
 
 
 # Fields whose default is a setting: the signature shows the configured value.
@@ -119,6 +137,21 @@ def spawn_args_from(arguments: dict[str, Any]) -> SpawnArgs:
     return SpawnArgs.model_validate(
         {k: v for k, v in arguments.items() if k in _ALIASES}, by_alias=True
     )
+
+
+def request_digest(args: SpawnArgs, *, max_tool_calls: int, max_tokens: int) -> str:
+    """A fingerprint of what a spawn asks for (every argument but its idempotency key),
+    with the settings' defaults filled in where the client left them out, so the
+    ``spawn`` tool (whose schema fills them) and ``run`` as a task (which does not)
+    agree."""
+    data = args.model_dump(by_alias=True, mode="json", exclude={"idempotency_key"})
+    if data["maxToolCalls"] is None:
+        data["maxToolCalls"] = max_tool_calls
+    if data["maxTokens"] is None:
+        data["maxTokens"] = max_tokens
+    data["approveTools"] = data["approveTools"] or []
+    text = json.dumps(data, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 _ALIASES = frozenset(info.alias or name for name, info in SpawnArgs.model_fields.items())

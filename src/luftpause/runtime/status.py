@@ -1,4 +1,5 @@
-"""``GET /status`` (R9): the run tree with each run's own work and its subtree totals."""
+"""``GET /status`` (R9): the run tree with each run's own work and its subtree totals, and
+the lines of ``runs.jsonl`` and ``tasks.jsonl`` that replay could not use."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from luftpause.runtime.core import Run
     from luftpause.runtime.loop import Runtime
+    from luftpause.runtime.mcp_tasks import TaskStore
 
 
 def _node(rt: Runtime, run: Run, now: float, depth: int) -> dict[str, Any]:
@@ -35,14 +37,16 @@ def _node(rt: Runtime, run: Run, now: float, depth: int) -> dict[str, Any]:
     return node
 
 
-def status_tree(rt: Runtime) -> dict[str, Any]:
+def status_tree(rt: Runtime, tasks: TaskStore | None = None) -> dict[str, Any]:
+    """The tree, with the problems replay found in ``runs.jsonl`` (``journal``) and, given
+    the MCP tasks store, in ``tasks.jsonl`` (``tasks``): each ``line N: what (effect)``."""
     now = rt.clock()
     runs = rt.state.runs
     roots = [r for r in runs.values() if r.parent is None or r.parent not in runs]
     counts: dict[str, int] = {}
     for r in runs.values():
         counts[r.state.value] = counts.get(r.state.value, 0) + 1
-    return {
+    out: dict[str, Any] = {
         "service": "runtime",
         "runs": len(runs),
         "byState": counts,
@@ -51,5 +55,8 @@ def status_tree(rt: Runtime) -> dict[str, Any]:
             "path": str(rt.journal.path),
             "problems": [str(p) for p in rt.replay_report.problems],
         },
-        "tree": [_node(rt, r, now, 0) for r in roots],
     }
+    if tasks is not None:
+        out["tasks"] = {"path": str(tasks.path), "problems": [str(p) for p in tasks.problems]}
+    out["tree"] = [_node(rt, r, now, 0) for r in roots]
+    return out

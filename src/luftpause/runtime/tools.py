@@ -40,6 +40,7 @@ from luftpause.runtime.protocol import (
     tool_result,
 )
 from luftpause.runtime.spawn_args import SpawnArgs, spawn_args_from, spawn_parameters
+from luftpause.shown import shown_list
 
 log = logging.getLogger("luftpause.runtime.tools")
 
@@ -59,7 +60,8 @@ SPAWN_DESCRIPTION = (
     "the background; collect it with `await`). The sub-agent loops: model turn, tool "
     "calls to the tools `tools` lists, until it answers or its tool budget is spent. "
     "Spawn several before awaiting to run them in parallel. Use `parent` to build a "
-    "tree, budget* to cap a whole subtree."
+    "tree, budget* to cap a whole subtree. Give an `idempotencyKey` to make a retry safe: "
+    "the same key returns the same run (`reused: true`) instead of starting another."
 )
 APPROVALS = (
     " A tool call that needs the user's approval is asked here when the client supports "
@@ -93,9 +95,9 @@ class RuntimeTools:
 
     def lookup(self, handles: list[str]) -> list[Run]:
         runs = self.rt.state.runs
-        missing = [h for h in handles if h not in runs]
+        missing = [h for h in dict.fromkeys(handles) if h not in runs]
         if missing:
-            raise ToolError(f"unknown handle(s): {', '.join(map(repr, missing))}")
+            raise ToolError(f"unknown handle(s): {shown_list(missing)}")
         return [runs[h] for h in dict.fromkeys(handles)]
 
     def _clamped(self, timeout: float) -> tuple[float, str | None]:
@@ -105,27 +107,29 @@ class RuntimeTools:
             return timeout, None
         return most, f"timeout {timeout:g} s clamped to the maximum of {most:g} s"
 
-    async def do_spawn(self, args: SpawnArgs, ctx: Context[Any, Any]) -> Run:
+    async def do_spawn(self, args: SpawnArgs, ctx: Context[Any, Any]) -> tuple[Run, bool]:
+        """The run (started, or found by its idempotency key: then True)."""
         meta: Mapping[str, Any] | None = ctx.request_context.meta
         traceparent = tracing.request_traceparent(meta, ctx.headers)
         try:
-            return await self.rt.spawn(args, caller_of(ctx), traceparent)
+            return await self.rt.spawn_or_reuse(args, caller_of(ctx), traceparent)
         except RuntimeError_ as exc:
             raise ToolError(str(exc)) from None
 
     # ------------------------------------------------------------------ tools
 
     async def spawn(self, ctx: Context[Any, Any], **arguments: Any) -> CallToolResult:
-        run = await self.do_spawn(spawn_args_from(arguments), ctx)
-        return tool_result(
-            {
-                "handle": run.id,
-                "state": run.state.value,
-                "model": run.spec.model,
-                "serviceClass": run.spec.service_class,
-                "parent": run.parent,
-            }
-        )
+        run, reused = await self.do_spawn(spawn_args_from(arguments), ctx)
+        payload: dict[str, Any] = {
+            "handle": run.id,
+            "state": run.state.value,
+            "model": run.spec.model,
+            "serviceClass": run.spec.service_class,
+            "parent": run.parent,
+        }
+        if reused:
+            payload["reused"] = True  # an earlier spawn with this idempotencyKey started it
+        return tool_result(payload)
 
     async def await_(
         self,
@@ -168,7 +172,7 @@ class RuntimeTools:
         if started is not None and started in rt.state.runs:
             the_run = rt.state.runs[started]  # a retry after an input-required round
         else:
-            the_run = await self.do_spawn(spawn_args_from(arguments), ctx)
+            the_run, _ = await self.do_spawn(spawn_args_from(arguments), ctx)
         deadline = float(state.get("deadline") or (time.time() + timeout))
         waiter = Waiter(rt, ctx, [the_run], "all", deadline, set(state.get("asked") or ()))
         await waiter.apply_responses(ctx.input_responses)

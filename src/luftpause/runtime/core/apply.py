@@ -11,7 +11,8 @@ idempotent.
 Rules, per record type:
 
 * ``spawn`` creates the run and links it under its parent (a parent the journal
-  lost leaves the run a root);
+  lost leaves the run a root), and binds its idempotency key, if it has one, to
+  it (a key already bound keeps its first run);
 * ``budget`` marks the owner's budget exceeded, even on a finished run (its
   subtree may still be running);
 * every other record changes an unfinished run only: a finished run is final,
@@ -102,8 +103,12 @@ def _spawn(state: RuntimeState, record: Spawn) -> Run:
         caller=record.caller,
         created=record.created,
         traceparent=record.traceparent,
+        idempotency_key=record.idempotency_key,
+        request_digest=record.request_digest,
     )
     state.runs[run.id] = run
+    if record.idempotency_key is not None:
+        state.idempotency_keys.setdefault(record.idempotency_key, run.id)
     if parent is not None and parent in state.runs:
         state.runs[parent].children.append(run.id)
     return run

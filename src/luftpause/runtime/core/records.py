@@ -8,8 +8,11 @@ keyed by the run and, where the step repeats, a sequence number:
 ============  ======================================================  ===============
 ``t``         fields                                                  key
 ============  ======================================================  ===============
-``spawn``     ``spec, parent, created, caller, traceparent``: the run   run
-              exists (``traceparent``: the trace its spans join)
+``spawn``     ``spec, parent, created, caller, traceparent,             run
+              idempotencyKey, requestDigest``: the run exists
+              (``traceparent``: the trace its spans join; the key and
+              the digest of the arguments it came with, when the
+              client gave a key: both absent in older journals)
 ``turn``      ``seq, message, usage``: model turn ``seq`` ended in      run, seq
               tool calls; ``message`` is the assistant message, its
               calls in structured form even when recovered from text
@@ -107,6 +110,10 @@ class Spawn(_Record):
     created: float = Field(allow_inf_nan=False)
     caller: str = ""
     traceparent: str | None = None  # W3C trace context the run's span continues (X1)
+    # The client's idempotency key and the digest of the arguments it came with: a
+    # spawn with the same key gets this run again, after a restart too (absent = none).
+    idempotency_key: str | None = Field(default=None, min_length=1)
+    request_digest: str | None = None
 
 
 class Turn(_Record):

@@ -154,6 +154,8 @@ class Run:
     ended: float | None = None
     budget_exceeded: str | None = None  # set on the run that owns the breached budget
     traceparent: str | None = None  # the trace context its spans continue (X1)
+    idempotency_key: str | None = None  # the client's key, when it gave one
+    request_digest: str | None = None  # digest of the arguments the key came with
 
     @property
     def done(self) -> bool:
@@ -189,10 +191,17 @@ class Run:
 
 @dataclass
 class RuntimeState:
-    """Every run, keyed by handle, and the keys of the records applied so far."""
+    """Every run, keyed by handle, the keys of the records applied so far, and the
+    run each idempotency key started (the first spawn record with the key wins)."""
 
     runs: dict[str, Run] = field(default_factory=dict)
     seen: set[tuple[str, ...]] = field(default_factory=set)
+    idempotency_keys: dict[str, str] = field(default_factory=dict)  # key -> run handle
+
+    def run_for_key(self, key: str) -> Run | None:
+        """The run a spawn with idempotency key ``key`` started, if any."""
+        run_id = self.idempotency_keys.get(key)
+        return self.runs.get(run_id) if run_id is not None else None
 
     # ------------------------------------------------------------------ approvals
 
