@@ -422,7 +422,7 @@ def create_app(dp: Dataplane) -> DataplaneApp:
             _authorize(dp, request.headers)
         except Unauthorized as exc:
             return exc.response(run_id)
-        dp.runs.forget(run_id)
+        dp.runs.end_run(run_id)  # turns still in flight end normally (and stay listed)
         await dp.link.run_ended(run_id)
         return JSONResponse(
             {"run_id": run_id, "ended": True}, headers={identity.RUN_HEADER: run_id}
