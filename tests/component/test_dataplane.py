@@ -439,7 +439,8 @@ async def test_run_end_lets_a_turn_in_flight_end_normally(stack: Stack) -> None:
 
 
 async def test_decide_goes_to_the_classifier(stack: Stack) -> None:
-    """D7, S13: /v1/decide forwards to a single-pass replica's /classify, outside run state."""
+    """D7, S13: /v1/decide forwards to a single-pass replica's /classify, outside run
+    state; its answer names the replica (``x-luftpause-replica``) as a chat answer does."""
     answer = {
         "object": "list",
         "data": [{"index": 0, "label": "urgent", "probs": [0.9, 0.1], "num_classes": 2}],
@@ -447,6 +448,8 @@ async def test_decide_goes_to_the_classifier(stack: Stack) -> None:
     stack.engine.reply = lambda r: httpx.Response(200, json=answer)
     resp = await stack.client.post("/v1/decide", json={"input": "the pager rang"})
     assert resp.status_code == 200 and resp.json() == answer
+    assert resp.headers["x-luftpause-replica"] == "classifier"
+    assert resp.headers["x-luftpause-run-id"].startswith("decide-")
     sent = stack.engine.seen[0]
     assert sent.path == "/classify"
     assert json.loads(sent.content)["model"] == "clf"

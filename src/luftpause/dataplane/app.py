@@ -1044,7 +1044,7 @@ async def _classify(
     response = await _engine_post(dp, incoming, turn, f"{base}/classify", payload, engine_headers)
     status = response.status
     content = await _read_whole(incoming, response, replica)
-    headers = {identity.RUN_HEADER: turn.record.run_id}
+    headers = _reply_headers(turn.record, admitted)
     for name in ("retry-after", "content-type"):
         if name in response.headers:
             headers[name] = response.headers[name]
