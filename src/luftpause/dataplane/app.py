@@ -10,7 +10,8 @@ no deadline, abandoning if the client leaves (D4) → from here a ``Turn`` owns
 the turn's lifetime (``turn.py``): it is ended exactly once, by this module or
 by the stream relay → forward to the admitted replica with that replica's own
 key → relay the reply unchanged → report started, first token, finished or
-failed (D5).
+failed (D5). A turn whose engine connection failed (so the engine never saw it)
+is admitted once more, elsewhere, as a new turn (``_serve_placing_again``).
 
 Failures are raised as ``errors.TurnError`` members, which carry their outcome
 and their HTTP answer (D6). Anything else a route raises is a bug of ours: it
@@ -789,8 +790,8 @@ async def _serve_placing_again(
         # gets the first turn's error, and the second turn is given back unsent.
         second.failed(
             error,
-            reason=f"placed again on {record.replica}, whose engine refused turn "
-            f"{record.turn_id} before; not sent",
+            reason=f"placed again on {record.replica}, whose connection failed for turn "
+            f"{record.turn_id} just before; not sent",
             replica_unreachable=False,
         )
         return error.response(record.run_id, incoming.shape)
