@@ -21,6 +21,7 @@ from _dataplane_stack import (
     TOOL_COMPLETION,
     Stack,
     chat,
+    nothing_in_flight,
     paused_by_a_tool_call,
     settle,
     stack_fixture,  # noqa: F401  (provides the stack fixture)
@@ -397,8 +398,49 @@ async def test_models_run_end_and_metrics(stack: Stack) -> None:
     assert "luftpause_dataplane_time_to_first_token_seconds" in text
 
 
+async def test_run_end_lets_a_turn_in_flight_end_normally(stack: Stack) -> None:
+    """D8, S11: ``DELETE /v1/runs/{id}`` while a turn of the run is in flight: the turn
+    stays in the run table, so a resync meanwhile (a restarted scheduler) still lists
+    it and the scheduler keeps it admitted; the turn then ends normally, the restarted
+    scheduler hears of the run's end, and both sides forget the run after that turn."""
+    gate = asyncio.Event()
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        await gate.wait()
+        yield json.dumps(COMPLETION).encode()
+
+    stack.engine.reply = lambda r: httpx.Response(
+        200, content=slow_body(), headers={"content-type": "application/json"}
+    )
+    turn = asyncio.ensure_future(
+        stack.client.post(
+            "/v1/chat/completions", json=chat(), headers={"x-luftpause-run-id": "ending"}
+        )
+    )
+    await settle(stack.host, lambda: bool(stack.engine.seen))
+    resp = await stack.client.delete("/v1/runs/ending")
+    assert resp.status_code == 200 and resp.json() == {"run_id": "ending", "ended": True}
+    assert [t.run_id for t in stack.dp.link.snapshot().in_flight] == ["ending"]
+
+    await stack.stop_scheduler()  # a resync while the turn runs
+    await settle(stack.host, lambda: not stack.dp.link.ready.is_set())
+    await stack.start_scheduler()
+    async with asyncio.timeout(5):
+        await stack.dp.link.ready.wait()
+    assert [t.run_id for t in stack.host.state.turns.values()] == ["ending"]
+    await settle(stack.host, lambda: stack.host.state.runs["ending"].ended)
+
+    gate.set()
+    answer = await asyncio.wait_for(turn, 5)
+    assert answer.status_code == 200 and answer.json()["choices"]
+    await settle(stack.host, lambda: "ending" not in stack.host.state.runs)
+    assert "ending" not in stack.dp.runs.runs
+    await nothing_in_flight(stack)
+
+
 async def test_decide_goes_to_the_classifier(stack: Stack) -> None:
-    """D7, S13: /v1/decide forwards to a single-pass replica's /classify, outside run state."""
+    """D7, S13: /v1/decide forwards to a single-pass replica's /classify, outside run
+    state; its answer names the replica (``x-luftpause-replica``) as a chat answer does."""
     answer = {
         "object": "list",
         "data": [{"index": 0, "label": "urgent", "probs": [0.9, 0.1], "num_classes": 2}],
@@ -406,6 +448,8 @@ async def test_decide_goes_to_the_classifier(stack: Stack) -> None:
     stack.engine.reply = lambda r: httpx.Response(200, json=answer)
     resp = await stack.client.post("/v1/decide", json={"input": "the pager rang"})
     assert resp.status_code == 200 and resp.json() == answer
+    assert resp.headers["x-luftpause-replica"] == "classifier"
+    assert resp.headers["x-luftpause-run-id"].startswith("decide-")
     sent = stack.engine.seen[0]
     assert sent.path == "/classify"
     assert json.loads(sent.content)["model"] == "clf"

@@ -12,26 +12,42 @@ import asyncio
 import errno
 import json
 import os
+import socket
+import struct
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 from _dataplane_stack import (
     COMPLETION,
+    MODEL,
+    Engine,
+    Seen,
     Stack,
     chat,
+    make_dataplane,
     nothing_in_flight,
     settle,
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
 
+from luftpause.config import Endpoint, EndpointKind, MetricsFlavour
 from luftpause.dataplane import app as app_module
 from luftpause.dataplane import relay
-from luftpause.dataplane.app import _engine_error
-from luftpause.dataplane.engine_http import ConnectFailed
-from luftpause.scheduler.core import ReplicaProbed
-from luftpause.scheduler.service.grpc_server import SchedulerServicer
+from luftpause.dataplane.app import _engine_error, create_app
+from luftpause.dataplane.engine_http import (
+    BadResponse,
+    ConnectFailed,
+    ConnectTimeout,
+    Disconnected,
+)
+from luftpause.scheduler.core import EndpointKind as CoreKind
+from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, initial_state
+from luftpause.scheduler.service.grpc_server import SchedulerServicer, start_grpc
+from luftpause.scheduler.service.host import Host
 
 CHAT = "/v1/chat/completions"
 
@@ -329,11 +345,30 @@ def test_only_errors_that_say_the_engine_is_unreachable_take_it_out(
     os_errno: int, unreachable: bool
 ) -> None:
     """D6: a refused or unroutable connection takes the replica out of placement; the
-    dataplane's own resource limits (open files, local ports) do not."""
+    dataplane's own resource limits (open files, local ports) do not. Either way no
+    connection was made, so the engine never saw the turn (it may be placed again)."""
     exc = ConnectFailed("127.0.0.1", 1, OSError(os_errno, os.strerror(os_errno)))
     error = _engine_error("engine-a", exc)
     assert error.replica_unreachable is unreachable
+    assert error.not_sent
     assert error.message.startswith("engine engine-a: connection failed")
+
+
+@pytest.mark.parametrize(
+    ("exc", "not_sent"),
+    [
+        (ConnectTimeout("no connection within 2 s"), True),
+        (Disconnected("the engine closed the connection"), False),
+        (BadResponse("not HTTP/1.1"), False),
+        (ConnectionResetError(errno.ECONNRESET, "reset"), False),
+    ],
+)
+def test_only_a_failed_connect_says_the_engine_never_saw_the_turn(
+    exc: Exception, not_sent: bool
+) -> None:
+    """D6: only a connection that was never made means no byte of the request reached
+    the engine; a reset or a broken reply may come after the engine read it."""
+    assert _engine_error("engine-a", exc).not_sent is not_sent
 
 
 @pytest.mark.parametrize(
@@ -380,3 +415,235 @@ async def test_every_error_on_a_turn_route_names_a_run(stack: Stack) -> None:
             route, content=body, headers={**headers, "x-luftpause-run-id": "mine"}
         )
         assert named.headers["x-luftpause-run-id"] == "mine"
+
+
+# ---------------------------------------------------------------- placing a turn again
+
+SSE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+    b'[{"index":0,"delta":{"role":"assistant","content":"hello"},"finish_reason":null}]}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+    b'[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}\n\n'
+    b"data: [DONE]\n\n"
+)
+CLASSIFIED = {"object": "list", "data": [{"index": 0, "label": "urgent", "probs": [1.0]}]}
+
+
+def answers_well(seen: Seen) -> httpx.Response:
+    """A good answer to whatever reaches an engine: a classification, a stream or a
+    completion."""
+    if seen.path == "/classify":
+        return httpx.Response(200, json=CLASSIFIED)
+    if json.loads(seen.content).get("stream"):
+        return httpx.Response(200, content=SSE, headers={"content-type": "text/event-stream"})
+    return httpx.Response(200, json=COMPLETION)
+
+
+@dataclass
+class Two:
+    """The dataplane stack with two engine servers, ``a`` serving the replicas
+    ``engine-a`` (generative) and ``clf-a`` (single pass), ``b`` serving ``engine-b``
+    and ``clf-b``. ``stack.engine`` is ``a``."""
+
+    stack: Stack
+    a: Engine
+    b: Engine
+
+    async def out(self, *replicas: str) -> None:
+        """Take ``replicas`` out of placement, as a failed probe does."""
+        for name in replicas:
+            await self.stack.host.apply(
+                lambda at, n=name: ReplicaProbed(at=at, replica=n, healthy=False)
+            )
+
+    async def back(self, *replicas: str) -> None:
+        for name in replicas:
+            await self.stack.host.apply(
+                lambda at, n=name: ReplicaProbed(at=at, replica=n, healthy=True)
+            )
+
+    def healthy(self, replica: str) -> bool:
+        return self.stack.host.state.replicas[replica].healthy
+
+
+@pytest.fixture(name="two")
+async def two_fixture() -> AsyncIterator[Two]:
+    a, b = Engine(reply=answers_well), Engine(reply=answers_well)
+    await a.start()
+    await b.start()
+    specs = (
+        ReplicaSpec("engine-a", CoreKind.GENERATIVE, frozenset({MODEL})),
+        ReplicaSpec("engine-b", CoreKind.GENERATIVE, frozenset({MODEL})),
+        ReplicaSpec("clf-a", CoreKind.SINGLE_PASS, frozenset({"clf"})),
+        ReplicaSpec("clf-b", CoreKind.SINGLE_PASS, frozenset({"clf"})),
+    )
+    urls = {"engine-a": a.url, "engine-b": b.url, "clf-a": a.url, "clf-b": b.url}
+    host = Host(initial_state(specs, Params(queue_probes=1), time.monotonic()), time.monotonic)
+    writer = asyncio.create_task(host.run())
+    server = await start_grpc(host, urls, "127.0.0.1:0")
+    address = f"127.0.0.1:{server.port}"
+    dp = make_dataplane(address, a.url, "dp-two")
+    dp.endpoints = {
+        name: Endpoint(
+            name=name,
+            url=url,
+            models=("clf",) if name.startswith("clf") else (MODEL,),
+            kind=EndpointKind.SINGLE_PASS if name.startswith("clf") else EndpointKind.GENERATIVE,
+            metrics=MetricsFlavour.NONE,
+        )
+        for name, url in urls.items()
+    }
+    maintain = asyncio.create_task(dp.link.maintain())
+    async with asyncio.timeout(5):
+        await dp.link.ready.wait()
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(dp)), base_url="http://dp")
+    two = Two(Stack(host, server, writer, dp, client, a, address), a, b)
+    await two.back(*urls)
+    yield two
+    maintain.cancel()
+    await client.aclose()
+    await dp.http.close()
+    await dp.link.close()
+    await two.stack.stop_scheduler()
+    await a.stop()
+    await b.stop()
+
+
+ROUTES = {
+    "chat": (CHAT, chat()),
+    "chat-stream": (CHAT, chat(stream=True)),
+    "messages": ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": [
+        {"role": "user", "content": "hi"}]}),
+    "messages-stream": ("/v1/messages", {"model": MODEL, "max_tokens": 8, "stream": True,
+        "messages": [{"role": "user", "content": "hi"}]}),
+    "responses": ("/v1/responses", {"model": MODEL, "input": "hi"}),
+    "responses-stream": ("/v1/responses", {"model": MODEL, "input": "hi", "stream": True}),
+    "decide": ("/v1/decide", {"input": "the pager rang"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+async def test_a_turn_whose_connection_was_refused_is_placed_again(two: Two, route: str) -> None:
+    """D6, S9, D7, B9: a turn whose engine refuses the connection never reached it: it
+    is reported failed with ``replica_unreachable`` (the replica leaves placement) and
+    admitted once more, as a new turn of the same run, class and caller; the client gets
+    the other replica's answer as if nothing happened, streamed or not, on every turn
+    route. Here the only other replica is out of placement at first, so the second
+    admission waits for it to come back."""
+    path, body = ROUTES[route]
+    generative = route != "decide"
+    dead, live = ("engine-a", "engine-b") if generative else ("clf-a", "clf-b")
+    await two.out(live)
+    await two.a.stop()
+    headers = {"x-luftpause-run-id": "r1", "x-luftpause-class": "interactive",
+               "x-luftpause-caller": "ann"}  # fmt: skip
+    pending = asyncio.ensure_future(two.stack.client.post(path, json=body, headers=headers))
+    # The first admission went to the dead replica (the only one in placement), which
+    # left placement at the refused connection; the second waits, held.
+    await settle(two.stack.host, lambda: not two.healthy(dead) and bool(two.stack.host.state.held))
+    (held,) = two.stack.host.state.held.values()
+    assert held.turn_id.endswith("-again") and held.caller == "ann"
+    assert held.run_id == "r1"
+    await two.back(live)
+    resp = await asyncio.wait_for(pending, 5)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-luftpause-replica"] == live
+    assert resp.headers["x-luftpause-run-id"] == "r1"
+    assert len(two.b.seen) == 1 and not two.a.seen
+    if body.get("stream"):
+        assert resp.headers["content-type"].startswith("text/event-stream")
+    assert not two.healthy(dead)  # out until a probe finds it healthy
+    await nothing_in_flight(two.stack)
+    assert outcomes(two.stack) == {"placed_again": 1, "finished": 1}
+
+
+@pytest.mark.parametrize("route", ["chat", "chat-stream", "decide"])
+async def test_a_turn_refused_twice_fails_as_before(two: Two, route: str) -> None:
+    """D6: when the connection of the turn placed again fails too, the client gets the
+    error as it would have without placing it again (a JSON 502 naming the replica),
+    and both replicas leave placement."""
+    path, body = ROUTES[route]
+    await two.a.stop()
+    await two.b.stop()
+    resp = await two.stack.client.post(path, json=body, headers={"x-luftpause-run-id": "r2"})
+    assert resp.status_code == 502
+    error = resp.json()["error"]
+    assert error["type"] == "server_error" and error["message"].startswith("engine ")
+    assert "connection failed" in error["message"]
+    assert resp.headers["x-luftpause-run-id"] == "r2"
+    names = ("engine-a", "engine-b") if route != "decide" else ("clf-a", "clf-b")
+    await settle(two.stack.host, lambda: not any(two.healthy(n) for n in names))
+    await nothing_in_flight(two.stack)
+    assert outcomes(two.stack) == {"placed_again": 1, "engine_unreachable": 1}
+
+
+async def test_a_turn_placed_again_on_the_same_replica_fails_as_before(
+    two: Two, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D6: a connect that failed for want of something here (no file descriptor left)
+    does not take the replica out, so the turn placed again may land on the same one:
+    then the client gets the first error, and the second turn is given back unsent."""
+
+    async def no_descriptors(*args: object, **kwargs: object) -> object:
+        raise ConnectFailed("127.0.0.1", 1, OSError(errno.EMFILE, os.strerror(errno.EMFILE)))
+
+    await two.out("engine-b")
+    monkeypatch.setattr(two.stack.dp.http, "post", no_descriptors)
+    resp = await two.stack.client.post(CHAT, json=chat(), headers={"x-luftpause-run-id": "r3"})
+    assert resp.status_code == 502
+    assert resp.json()["error"]["message"].startswith("engine engine-a: connection failed")
+    assert resp.headers["x-luftpause-replica"] == "engine-a"
+    assert two.healthy("engine-a")
+    await nothing_in_flight(two.stack)
+    assert outcomes(two.stack) == {"placed_again": 1, "engine_broke": 1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_connection_reset_after_the_request_was_written_is_not_placed_again(
+    two: Two, stream: bool
+) -> None:
+    """D6: an engine that read the request and then reset the connection may have run
+    the turn: it fails as before (a 502, the replica stays in rotation) and is not
+    sent anywhere else, though another replica is there to take it."""
+    got_request = asyncio.Event()
+    reset = asyncio.Event()
+    connections = 0
+
+    async def read_then_reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        got_request.set()
+        await reset.wait()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    server = await asyncio.start_server(read_then_reset, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    endpoints = two.stack.dp.endpoints
+    endpoints["engine-a"] = endpoints["engine-a"].model_copy(
+        update={"url": f"http://127.0.0.1:{port}"}
+    )
+    try:
+        await two.out("engine-b")
+        pending = asyncio.ensure_future(
+            two.stack.client.post(
+                CHAT, json=chat(stream=stream), headers={"x-luftpause-run-id": "r4"}
+            )
+        )
+        async with asyncio.timeout(5):
+            await got_request.wait()
+        await two.back("engine-b")  # a turn placed again would find room there
+        reset.set()
+        resp = await asyncio.wait_for(pending, 5)
+    finally:
+        server.close()
+    assert resp.status_code == 502
+    assert resp.headers["x-luftpause-replica"] == "engine-a"
+    assert not two.b.seen and connections == 1
+    assert two.healthy("engine-a")
+    await nothing_in_flight(two.stack)
+    assert outcomes(two.stack) == {"engine_broke": 1}

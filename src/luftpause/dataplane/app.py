@@ -11,7 +11,8 @@ no deadline, abandoning if the client leaves (D4) → from here a ``Turn`` owns
 the turn's lifetime (``turn.py``): it is ended exactly once, by this module or
 by the stream relay → forward to the admitted replica with that replica's own
 key → relay the reply unchanged → report started, first token, finished or
-failed (D5).
+failed (D5). A turn whose engine connection failed (so the engine never saw it)
+is admitted once more, elsewhere, as a new turn (``_serve_placing_again``).
 
 Failures are raised as ``errors.TurnError`` members, which carry their outcome
 and their HTTP answer (D6). Anything else a route raises is a bug of ours: it
@@ -56,6 +57,7 @@ from luftpause.dataplane import identity, tracing
 from luftpause.dataplane.apis import ClientApi, Translated, Untranslated, client_apis
 from luftpause.dataplane.engine_http import (
     ENGINE_ERRORS,
+    NOT_SENT,
     ConnectFailed,
     ConnectTimeout,
     EngineClient,
@@ -98,7 +100,7 @@ from luftpause.dataplane.request import (
 )
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
-from luftpause.dataplane.turn import Turn, serve
+from luftpause.dataplane.turn import PlaceAgain, Turn, serve
 from luftpause.telemetry import fastapi_telemetry
 from luftpause.tool_calls import ToolCallMemory
 
@@ -453,7 +455,7 @@ def create_app(dp: Dataplane) -> DataplaneApp:
             _authorize(dp, request.headers)
         except Unauthorized as exc:
             return exc.response(run_id)
-        dp.runs.forget(run_id)
+        dp.runs.end_run(run_id)  # turns still in flight end normally (and stay listed)
         await dp.link.run_ended(run_id)
         return JSONResponse(
             {"run_id": run_id, "ended": True}, headers={identity.RUN_HEADER: run_id}
@@ -604,7 +606,7 @@ async def _admit_untraced(
     # scheduler's own held_s starts again with each retry).
     held_s = time.monotonic() - t0
     dp.metrics.held_of(cls).observe(held_s)
-    incoming.scheduler_held_s = outcome.held_s
+    incoming.scheduler_held_s += outcome.held_s  # (a turn placed again asks twice)
     return Admitted(outcome.replica, outcome.url, held_s, outcome.run_id)
 
 
@@ -758,13 +760,95 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
         memory=dp.memory,
         span=span,
     )
-    if api is None:
-        assert chat is not None
-        work = _forward_chat(dp, incoming, chat, turn, admitted)
-    else:
+
+    def forward(turn: Turn, admitted: Admitted) -> Awaitable[Response]:
+        if api is None:
+            assert chat is not None
+            return _forward_chat(dp, incoming, chat, turn, admitted)
         assert translated is not None
-        work = _forward_api(dp, incoming, api, translated, native_body, turn, admitted)
-    return await serve(turn, work, incoming.shape)
+        return _forward_api(dp, incoming, api, translated, native_body, turn, admitted)
+
+    route = api.name if api is not None else "chat"
+    return await _serve_placing_again(dp, incoming, turn, admitted, forward, route)
+
+
+Forward = Callable[[Turn, Admitted], Awaitable[Response]]
+
+
+async def _serve_placing_again(
+    dp: Dataplane,
+    incoming: Incoming,
+    turn: Turn,
+    admitted: Admitted,
+    forward: Forward,
+    route: str,
+) -> Response:
+    """Serve ``turn`` (``forward`` sends it to its replica and passes the reply on).
+    If its engine never received the request (the connection failed) and another
+    replica serves its model, the turn ends as ``placed_again`` (reported failed, with
+    ``replica_unreachable`` when the engine cannot be reached, so the scheduler takes
+    the replica out of placement) and the scheduler is asked once more, for a new turn
+    of the same run, class, caller and model; the client sees only the second one.
+    If that lands on the same replica again, or its engine fails too, the client gets
+    the error as without placing again."""
+    record = turn.record
+    try:
+        return await serve(
+            turn,
+            forward(turn, admitted),
+            incoming.shape,
+            may_place_again=_another_replica(dp, record.model, record.replica),
+        )
+    except PlaceAgain as refused:
+        error = refused.error
+    cls = record.service_class
+    single_pass = route == "decide"
+    request = pb.AdmitRequest(
+        turn_id=f"{record.turn_id}-again",
+        run_id=record.run_id,
+        model=record.model,
+        service_class=_CLASS_PB[cls],
+        caller=record.caller,
+        kind=pb.ENDPOINT_KIND_SINGLE_PASS if single_pass else pb.ENDPOINT_KIND_GENERATIVE,
+    )
+    span = tracing.start_turn(
+        incoming.headers, route=route, model=record.model, service_class=cls, run_id=record.run_id
+    )
+    try:
+        again = await _admit(dp, incoming, request, cls, span)
+    except TurnError as exc:  # never admitted: nothing to end
+        dp.metrics.turns_of(cls, exc.outcome.value).inc()
+        return exc.response(record.run_id, incoming.shape)
+    second = turn.successor(request.turn_id, again.replica, span)
+    if again.replica == record.replica:
+        # The scheduler does not take the replica out (yet, or any more): the client
+        # gets the first turn's error, and the second turn is given back unsent.
+        second.failed(
+            error,
+            reason=f"placed again on {record.replica}, whose connection failed for turn "
+            f"{record.turn_id} just before; not sent",
+            replica_unreachable=False,
+        )
+        return error.response(record.run_id, incoming.shape)
+    log.info(
+        "turn %s of run %s placed again on %s as %s: %s",
+        record.turn_id,
+        record.run_id,
+        again.replica,
+        request.turn_id,
+        error.message[:200],
+    )
+    return await serve(second, forward(second, again), incoming.shape)
+
+
+def _another_replica(dp: Dataplane, model: str, replica: str) -> bool:
+    """Whether an endpoint other than ``replica`` serves ``model`` (of the same kind):
+    only then can a turn be placed again elsewhere."""
+    endpoint = dp.endpoints.get(replica)
+    return any(
+        e.name != replica and model in e.models and (endpoint is None or e.kind is endpoint.kind)
+        for e in dp.endpoints.values()
+    )
 
 
 async def _forward_chat(
@@ -1062,7 +1146,11 @@ async def _decide(dp: Dataplane, incoming: Incoming) -> Response:
         metrics=dp.metrics,
         span=span,
     )
-    return await serve(turn, _classify(dp, incoming, payload, turn, admitted))
+
+    def forward(turn: Turn, admitted: Admitted) -> Awaitable[Response]:
+        return _classify(dp, incoming, payload, turn, admitted)
+
+    return await _serve_placing_again(dp, incoming, turn, admitted, forward, "decide")
 
 
 async def _classify(
@@ -1079,7 +1167,7 @@ async def _classify(
     response = await _engine_post(dp, incoming, turn, f"{base}/classify", payload, engine_headers)
     status = response.status
     content = await _read_whole(incoming, response, replica)
-    headers = {identity.RUN_HEADER: turn.record.run_id}
+    headers = _reply_headers(turn.record, admitted)
     for name in ("retry-after", "content-type"):
         if name in response.headers:
             headers[name] = response.headers[name]
@@ -1093,12 +1181,13 @@ def _engine_error(replica: str, exc: BaseException) -> TurnError:
     """An engine request that raised: the engine cannot be reached (the replica leaves
     placement until its probe passes), or something else broke before the reply."""
     message = f"engine {replica}: {_describe(exc)}"
+    not_sent = isinstance(exc, NOT_SENT)  # the engine never saw it: it may be placed again
     # A connect that failed for want of something here (open files, local ports,
     # buffer space) is this machine's trouble, not the engine's: it must not take a
     # healthy replica out of placement.
     if isinstance(exc, ConnectTimeout) or (isinstance(exc, ConnectFailed) and exc.unreachable):
-        return EngineUnreachable(message, replica)
-    return EngineFailed(message, replica)
+        return EngineUnreachable(message, replica, not_sent=not_sent)
+    return EngineFailed(message, replica, not_sent=not_sent)
 
 
 def _describe(exc: BaseException) -> str:

@@ -23,6 +23,11 @@ straight into a list of body pieces, and connections are kept per engine and reu
   come after the engine began the work (a non-streamed reply sends nothing until it
   is done), so it is raised like any other failure, as one of ``ENGINE_ERRORS``:
   a turn is never sent to an engine twice for that.
+- ``ConnectFailed`` and ``ConnectTimeout`` (``NOT_SENT``) say that the engine never
+  received the request: no connection was made for it, so not a byte of it was
+  written. (One that follows a crossed close is the same: the engine had closed
+  that connection before the request reached it, which is why it may be sent once
+  more.) Every other failure may come after the engine read the request.
 
 Only ``http`` and ``https`` URLs; no proxies, redirects, cookies or decompression (the
 dataplane asks engines for ``accept-encoding: identity`` and passes bytes through).
@@ -83,6 +88,8 @@ class BadResponse(EngineHttpError):
 
 
 ENGINE_ERRORS = (EngineHttpError, OSError)
+# Failures after which the engine cannot have received the request (module docstring).
+NOT_SENT = (ConnectFailed, ConnectTimeout)
 
 # Connect errors that say the engine cannot be reached.
 _UNREACHABLE_ERRNOS = frozenset(

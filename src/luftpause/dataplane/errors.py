@@ -11,6 +11,8 @@
     ├── ClientLeft             499 (nobody sees) client_left / abandoned
     ├── EngineUnreachable      502               engine_unreachable  connect failed: the
     │                                                                replica leaves placement
+    │                                                                (placed_again when the
+    │                                                                turn was placed again)
     ├── EngineFailed           502 or a cut      engine_broke        failed after connecting
     │                          stream
     ├── EngineRejected         the engine's      engine_rejected     429/5xx passed on as is
@@ -18,8 +20,10 @@
                                                                      with its traceback
 
 Each member carries its ``outcome``; nothing recovers an outcome by reading a
-message. ``response(run_id, shape)`` is the one place a turn failure becomes an
-HTTP answer: ``{"error": {"message": ..., "type": ..., "param": null, "code": ...}}``
+message. An engine failure also says whether any byte of the request reached the
+engine (``not_sent``): a turn that failed before then may be placed again.
+``response(run_id, shape)`` is the one place a turn failure becomes an HTTP answer:
+``{"error": {"message": ..., "type": ..., "param": null, "code": ...}}``
 (D6, OpenAI's shape) or, on a route of another API, that API's error shape (B9),
 with ``x-luftpause-run-id``. Values a client sent are echoed
 through ``shown`` (``luftpause/shown.py``, shared with the runtime) so a megabyte
@@ -50,6 +54,8 @@ class Outcome(Enum):
     ABANDONED = "abandoned"  # client left while held
     CLIENT_LEFT = "client_left"  # client left after admission
     ENGINE_UNREACHABLE = "engine_unreachable"  # no connection to the engine
+    # no connection to the engine, and the request was admitted again as a new turn
+    PLACED_AGAIN = "placed_again"
     ENGINE_REJECTED = "engine_rejected"  # 429 / 5xx
     ENGINE_BROKE = "engine_broke"  # failed after connecting, e.g. mid-stream
     INTERNAL_ERROR = "internal_error"  # a bug of ours
@@ -91,10 +97,13 @@ class TurnError(Exception):
     #: set on a failure that says the replica cannot be reached (fail fast, D6)
     replica_unreachable: ClassVar[bool] = False
 
-    def __init__(self, message: str, replica: str | None = None) -> None:
+    def __init__(self, message: str, replica: str | None = None, *, not_sent: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.replica = replica
+        # No byte of the request was written to the engine (its connection failed): the
+        # engine never saw the turn, so it may be placed again.
+        self.not_sent = not_sent
 
     def response(self, run_id: str | None, shape: ErrorShape = openai_error) -> Response:
         headers = {REPLICA_HEADER: self.replica} if self.replica else None

@@ -2,7 +2,9 @@
 
 Per run: last replica, phase, class and caller; per admitted turn: its replica,
 model and whether the engine request started. This is exactly what a Resync
-carries. Idle runs are pruned after ``idle_prune_s``.
+carries. Idle runs are pruned after ``idle_prune_s``. A run ended by its client
+(``end_run``) while turns of it are in flight stays, marked ``over``, until the last
+of them ends: until then a resync must still list those turns (the engine runs them).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class RunRecord:
     replica: str | None = None
     phase: str = IDLE
     in_flight: dict[str, TurnRecord] = field(default_factory=dict)
+    over: bool = False  # ended by its client; forgotten when its last turn ends
 
 
 class RunTable:
@@ -51,6 +54,7 @@ class RunTable:
             run = self.runs[run_id] = RunRecord(run_id, service_class, caller, now)
         else:
             run.service_class, run.caller, run.last_active = service_class, caller, now
+            run.over = False  # a new turn after the run was ended: it lives on
         return run
 
     def admitted(self, turn: TurnRecord) -> None:
@@ -72,11 +76,29 @@ class RunTable:
         if run is None:
             return
         run.in_flight.pop(turn_id, None)
+        if run.over and not run.in_flight:
+            del self.runs[turn.run_id]
+            return
         run.last_active = self.clock()
         if run.in_flight:
             run.phase = GENERATING
         else:
             run.phase = PAUSED_ON_TOOL if paused_on_tool else IDLE
+
+    def end_run(self, run_id: str) -> None:
+        """The client ended the run: forgotten now, or, while turns of it are in flight,
+        once the last of them ends."""
+        run = self.runs.get(run_id)
+        if run is None:
+            return
+        if run.in_flight:
+            run.over = True
+        else:
+            del self.runs[run_id]
+
+    def over(self) -> list[str]:
+        """Runs ended by their client whose turns are still in flight."""
+        return [run_id for run_id, run in self.runs.items() if run.over]
 
     def forget(self, run_id: str) -> None:
         run = self.runs.pop(run_id, None)

@@ -182,7 +182,9 @@ class SchedulerLink:
         resynced = await self.stub.Resync(
             snapshot, timeout=10.0, wait_for_ready=False, metadata=self._auth
         )
-        for run_id in sorted(self._pending_run_ends):
+        # Runs ended while the link was down, and runs ended whose turns are still in
+        # flight (the snapshot lists them: a restarted scheduler must hear of the end).
+        for run_id in sorted(self._pending_run_ends | set(self.runs.over())):
             await self.stub.RunEnded(
                 pb.RunEndedRequest(run_id=run_id), timeout=10.0, metadata=self._auth
             )

@@ -9,6 +9,11 @@ themselves or hand it to the stream relay, whose ``finally`` ends it; the
 ``serve`` ends any turn still open when the work that carries it raises, with
 the outcome the exception carries (``errors.TurnError``) or ``internal_error``
 for anything else.
+
+A turn whose engine never received the request (its connection failed, ``not_sent``)
+may be placed again: where the route allows it, ``serve`` ends it as
+``placed_again`` and raises ``PlaceAgain``, and the route asks the scheduler to admit
+it once more as a new turn (``Turn.successor``).
 """
 
 from __future__ import annotations
@@ -117,27 +122,55 @@ class Turn:
             usage=(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens),
         )
 
-    def failed(self, error: TurnError) -> None:
-        """The turn failed after admission: its slot is freed and its run left idle (D5)."""
+    def successor(self, turn_id: str, replica: str, span: Span = INVALID_SPAN) -> Turn:
+        """The turn this one is placed again as (this one has ended): admitted as
+        ``turn_id`` to ``replica``, in the same run, class and caller, for the same model."""
+        record = self.record
+        return Turn(
+            TurnRecord(
+                turn_id, record.run_id, replica, record.model, record.service_class, record.caller
+            ),
+            link=self._link,
+            metrics=self._metrics,
+            runs=self._runs,
+            memory=self._memory,
+            span=span,
+        )
+
+    def failed(
+        self,
+        error: TurnError,
+        *,
+        outcome: Outcome | None = None,
+        reason: str | None = None,
+        replica_unreachable: bool | None = None,
+    ) -> None:
+        """The turn failed after admission: its slot is freed and its run left idle (D5).
+        ``outcome``, ``reason`` and ``replica_unreachable`` replace what ``error`` says
+        (its metric label, its report's reason and flag)."""
         if self.ended is not None:
             return
-        reason = error.message[:1000].encode("utf-8", "replace").decode("utf-8")
+        if outcome is None:
+            outcome = error.outcome
+        if replica_unreachable is None:
+            replica_unreachable = error.replica_unreachable
+        reason = (reason or error.message)[:1000].encode("utf-8", "replace").decode("utf-8")
         trace_id = self.span.get_span_context().trace_id
         log.info(
             "turn %s of run %s on %s ended %s: %s%s",
             self.record.turn_id,
             self.record.run_id,
             self.record.replica,
-            error.outcome.value,
+            outcome.value,
             reason[:200],
             f" (trace {trace_id:032x})" if trace_id else "",
         )
         try:
             self._report(
-                failed=pb.TurnFailed(reason=reason, replica_unreachable=error.replica_unreachable)
+                failed=pb.TurnFailed(reason=reason, replica_unreachable=replica_unreachable)
             )
         finally:  # the slot is ours to give back whatever the report did
-            self._end(error.outcome, paused_on_tool=False)
+            self._end(outcome, paused_on_tool=False)
 
     def _end(
         self,
@@ -169,17 +202,36 @@ class Turn:
         )
 
 
+class PlaceAgain(Exception):
+    """Raised by ``serve`` for a turn whose engine never received the request, where
+    the route may place it again: the turn has ended (reported failed, counted
+    ``placed_again``); ``error`` is what the client gets if it cannot be placed again."""
+
+    def __init__(self, error: TurnError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 async def serve(
-    turn: Turn, work: Awaitable[Response], shape: ErrorShape = openai_error
+    turn: Turn,
+    work: Awaitable[Response],
+    shape: ErrorShape = openai_error,
+    *,
+    may_place_again: bool = False,
 ) -> Response:
     """Await the work that carries ``turn`` to its end (it ends the turn itself or hands
     it to the stream relay). If it raises first, the turn ends here: a ``TurnError``
-    with the outcome it carries, and its answer goes to the client; cancellation (the
-    client left) as ``client_left``; anything else as ``internal_error``, re-raised for
-    the route to log and answer."""
+    with the outcome it carries, and its answer goes to the client (or, with
+    ``may_place_again``, one that says the engine never received the request ends it
+    as ``placed_again`` and raises ``PlaceAgain``); cancellation (the client left) as
+    ``client_left``; anything else as ``internal_error``, re-raised for the route to
+    log and answer."""
     try:
         return await work
     except TurnError as exc:
+        if may_place_again and exc.not_sent:
+            turn.failed(exc, outcome=Outcome.PLACED_AGAIN)
+            raise PlaceAgain(exc) from None
         turn.failed(exc)
         return exc.response(turn.record.run_id, shape)
     except BaseException as exc:
