@@ -148,8 +148,14 @@ def describe_parser_error(exc: BaseException | None, chunk: bytes) -> str:
             "the request target holds a character a URL may not hold (a control character, "
             "a space or a byte over 0x7f); percent-encode it"
         )
+    elif reason.startswith("Expected HTTP/"):
+        detail = (
+            "the request line is not 'METHOD target HTTP/1.1' (a space in the target? "
+            "percent-encode it)"
+        )
     elif isinstance(exc, httptools.HttpParserCallbackError):
-        detail = "the request could not be read (its target is not a URL this server reads)"
+        # In practice uvicorn's on_headers_complete failing to split the target (parse_url).
+        detail = "the request target is not a URL this server can read (its host or port)"
     elif reason:
         detail = f"the HTTP parser refused it: {reason}"
     return f"malformed HTTP request: {detail or 'the HTTP parser refused it'}"
@@ -183,15 +189,15 @@ class JsonErrorsProtocol(HttpToolsProtocol):
         malformed = Malformed(describe_parser_error(exc, self._chunk), target, headers)
         try:
             body, extra = type(self).answer(malformed)
+            content = json.dumps(body).encode()
+            lines = [_header_line(name, value) for name, value in extra.items()]
         except Exception:  # a fault in an answer must not cost the client its 400
             self.logger.exception("building the answer to a malformed request failed")
-            body, extra = plain_error(malformed)
-        content = json.dumps(body).encode()
+            content, lines = json.dumps(plain_error(malformed)[0]).encode(), []
         out = [STATUS_LINE[400]]
         for name, value in self.server_state.default_headers:
             out.extend([name, b": ", value, b"\r\n"])
-        for name_s, value_s in extra.items():
-            out.extend([name_s.encode("latin-1"), b": ", value_s.encode("latin-1"), b"\r\n"])
+        out.extend(lines)
         out.extend(
             [
                 b"content-type: application/json\r\n",
@@ -203,6 +209,13 @@ class JsonErrorsProtocol(HttpToolsProtocol):
         )
         self.transport.write(b"".join(out))
         self.transport.close()
+
+
+def _header_line(name: str, value: str) -> bytes:
+    line = f"{name}: {value}\r\n".encode("latin-1")
+    if _NOT_VALUE.search(line[:-2]):  # never a header split by a value the client sent
+        raise ValueError(f"header {name!r} holds a control character")
+    return line
 
 
 def json_errors_protocol(answer: MalformedAnswer = plain_error) -> type[JsonErrorsProtocol]:

@@ -105,6 +105,11 @@ async def test_a_control_character_in_a_header_value_is_a_json_400_naming_the_he
         (get(b"x: y", path=b"/\x01"), "the request target holds a character a URL may not hold"),
         (b"GET / HTTP/9.1\r\nHost: a\r\n\r\n", "the HTTP parser refused it: Invalid HTTP version"),
         (
+            b"GET /a b HTTP/1.1\r\nHost: a\r\n\r\n",
+            "the request line is not 'METHOD target HTTP/1.1'",
+        ),
+        (b"GET http://x:y:z/ HTTP/1.1\r\nHost: a\r\n\r\n", "the request target is not a URL"),
+        (
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
             "Duplicate Content-Length",
         ),
@@ -183,6 +188,29 @@ async def test_the_answer_is_the_services_own_and_sees_what_was_read() -> None:
     [request] = seen
     assert (request.target, request.path) == ("/v1/x?q=1", "/v1/x")
     assert request.header(b"x-named") == "n1" and request.header(b"x-bad") is None
+
+
+@pytest.mark.parametrize("fault", ["raises", "header with a line break"])
+async def test_an_answer_that_fails_still_gives_the_client_a_json_400(fault: str) -> None:
+    def answer(request: Malformed) -> tuple[dict[str, Any], dict[str, str]]:
+        if fault == "raises":
+            raise RuntimeError("a bug in the answer")
+        return {"never": "sent"}, {"x-run": "a\r\nx-injected: 1"}
+
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn_server(ok_app, malformed=answer)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    await wait_started(server, task)
+    try:
+        reply, closed = await exchange(bound_port(sock), get(b"x-bad: \x02"))
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(WAIT_S):
+            await task
+        sock.close()
+    assert (reply.status, reply.headers["content-type"], closed) == (400, "application/json", True)
+    assert "'x-bad'" in reply.json()["error"]["message"]
+    assert "x-run" not in reply.headers and "x-injected" not in reply.headers
 
 
 def test_the_message_without_a_parser_error_is_still_a_message() -> None:
