@@ -46,6 +46,7 @@ from typing import Any
 
 import uvicorn
 
+from luftpause.http_errors import MalformedAnswer, json_errors_protocol, plain_error
 from luftpause.telemetry import Instrumentation, Tracing, TracingConfigError, setup_tracing
 
 log = logging.getLogger("luftpause")
@@ -100,8 +101,12 @@ def write_ready_file(
     os.replace(tmp, target)
 
 
-def uvicorn_server(app: Any, *, log_level: str = "warning") -> uvicorn.Server:
-    """A uvicorn server that serves on sockets we bound; it does not install signal handlers."""
+def uvicorn_server(
+    app: Any, *, log_level: str = "warning", malformed: MalformedAnswer = plain_error
+) -> uvicorn.Server:
+    """A uvicorn server that serves on sockets we bound; it does not install signal handlers.
+    A request its HTTP parser refuses is answered with ``malformed``'s JSON (see
+    :mod:`luftpause.http_errors`), not uvicorn's plain-text 400."""
     config = uvicorn.Config(
         app,
         log_level=log_level,
@@ -109,7 +114,11 @@ def uvicorn_server(app: Any, *, log_level: str = "warning") -> uvicorn.Server:
         lifespan="on",
         timeout_graceful_shutdown=3,
         loop="none",
-        http="httptools",
+        http=json_errors_protocol(malformed),  # uvicorn's httptools protocol, JSON 400s
+        # No service speaks WebSocket: an Upgrade request is served as plain HTTP, so the
+        # app answers it (a WebSocket handshake would be refused by the websockets
+        # library in plain text, or with an empty 403, outside the app).
+        ws="none",
         # No X-Forwarded-* rewriting: nothing here reads the client's address or scheme.
         proxy_headers=False,
     )
@@ -219,12 +228,21 @@ class Service:
         return bind_socket(self.host if host is None else host, port, reuse_port)
 
     async def serve_asgi(
-        self, listener: str, sock: socket.socket, app: Any, *, log_level: str | None = None
+        self,
+        listener: str,
+        sock: socket.socket,
+        app: Any,
+        *,
+        log_level: str | None = None,
+        malformed: MalformedAnswer = plain_error,
     ) -> uvicorn.Server:
         """Serve ``app`` on ``sock`` (traced when ASGI tracing is on) and wait until it accepts,
-        its lifespan start-up included; its port goes into the ready file as ``listener``."""
+        its lifespan start-up included; its port goes into the ready file as ``listener``.
+        ``malformed`` builds the JSON 400 for a request the HTTP parser refuses."""
         server = uvicorn_server(
-            self.tracing.wrap_asgi(app), log_level=log_level or self._uvicorn_log_level
+            self.tracing.wrap_asgi(app),
+            log_level=log_level or self._uvicorn_log_level,
+            malformed=malformed,
         )
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"{listener} server")
         self._servers.append(server)

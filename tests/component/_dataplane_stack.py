@@ -23,7 +23,7 @@ from luftpause.config import (
     MetricsFlavour,
     Secrets,
 )
-from luftpause.dataplane.app import Dataplane, create_app
+from luftpause.dataplane.app import Dataplane, DataplaneApp, create_app
 from luftpause.dataplane.engine_http import EngineClient
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
@@ -170,6 +170,7 @@ class Stack:
     client: httpx.AsyncClient
     engine: Engine
     grpc_address: str
+    app: DataplaneApp | None = None  # what ``client`` talks to
 
     async def stop_scheduler(self) -> None:
         await self.server.stop(grace=0)
@@ -231,8 +232,9 @@ async def stack_fixture(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     maintain = asyncio.create_task(dp.link.maintain())
     async with asyncio.timeout(5):
         await dp.link.ready.wait()
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(dp)), base_url="http://dp")
-    s = Stack(host, server, writer, dp, client, engine, address)
+    app = create_app(dp)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://dp")
+    s = Stack(host, server, writer, dp, client, engine, address, app)
     yield s
     maintain.cancel()
     await client.aclose()

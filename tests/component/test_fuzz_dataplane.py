@@ -13,6 +13,14 @@ always answers well, so any 5xx is our own. For every example:
 * afterwards nothing is in flight or held: the scheduler, the dataplane's run
   table (what a resync re-sends) and its gauges are back to zero.
 
+The ASGI transport never reaches the HTTP parser, and uvicorn's parser refuses some
+header bytes before any ASGI code runs (its own answer was ``400 text/plain "Invalid
+HTTP request received."``). So the header fuzz also runs against the same dataplane
+served by the services' uvicorn (``serving.uvicorn_server``) on 127.0.0.1:0, with
+header lines written byte for byte over a socket: any byte but CR LF in a header
+value, and odd header names. There every answer that is not a 200 must be JSON in
+the shape above, with a run, and no non-JSON error body is allowed.
+
 ``LUFTPAUSE_FUZZ_EXAMPLES`` sets the examples per route (default 150);
 ``LUFTPAUSE_FUZZ_REPORT=path.json`` writes the answers counted by route and
 status (the figures in docs/reliability.md come from there).
@@ -20,10 +28,11 @@ status (the figures in docs/reliability.md come from there).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +40,17 @@ import httpx
 import pytest
 from _dataplane_stack import (
     COMPLETION,
+    MODEL,
     Seen,
     Stack,
     nothing_in_flight,
     stack_fixture,  # noqa: F401  (provides the stack fixture)
 )
+from _raw_http import Answer, exchange
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from luftpause.serving import bind_socket, bound_port, uvicorn_server, wait_started
 
 EXAMPLES = int(os.environ.get("LUFTPAUSE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(
@@ -182,6 +195,123 @@ async def test_fuzzed_decide_turns_never_5xx_and_leave_nothing_in_flight(
     """D6, D7, S13: any body or header on /v1/decide: no 5xx of ours, errors in the JSON
     shape, nothing in flight afterwards."""
     await check(stack, "/v1/decide", body, headers)
+
+
+# ------------------------------------------------------------ the same, on a real server
+
+
+@pytest.fixture
+async def served(stack: Stack) -> AsyncIterator[int]:
+    """The stack's dataplane app behind the services' uvicorn; its port. The stack
+    already runs the app's link, so the server runs no lifespan of its own."""
+    app = stack.app
+    assert app is not None
+
+    async def without_lifespan(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await app(scope, receive, send)
+
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn_server(without_lifespan, malformed=app.malformed)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    await wait_started(server, task)
+    yield bound_port(sock)
+    server.should_exit = True
+    async with asyncio.timeout(10):
+        await task
+    sock.close()
+
+
+def raw_post(route: str, body: bytes, header_lines: list[bytes]) -> bytes:
+    head = [
+        f"POST {route} HTTP/1.1".encode(),
+        b"Host: 127.0.0.1",
+        b"Content-Type: application/json",
+        f"Content-Length: {len(body)}".encode(),
+        b"Connection: close",
+        *header_lines,
+    ]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def error_of(answer: Answer) -> dict[str, Any]:
+    """The error of a non-200 answer, which must be JSON in the route's shape."""
+    assert answer.headers.get("content-type") == "application/json", (answer.status, answer.body)
+    error = json.loads(answer.body)["error"]
+    assert isinstance(error, dict) and isinstance(error["message"], str) and error["message"]
+    assert "Traceback" not in error["message"]
+    return error
+
+
+GOOD_CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        (b"x-luftpause-run-id: r\x01", "'x-luftpause-run-id'"),
+        (b"x-luftpause-class: inter\x7factive", "'x-luftpause-class'"),
+    ],
+)
+async def test_a_control_character_in_a_header_is_a_json_400_with_a_run(
+    stack: Stack, served: int, line: bytes, named: str
+) -> None:
+    """D6: uvicorn's parser refuses the request before the app sees it; the answer is
+    the dataplane's JSON 400 naming the header, with the run the request named before
+    the fault (or a new one), and the connection closes."""
+    lines = [b"x-luftpause-run-id: run-named", line] if b"class" in line else [line]
+    answer, closed = await exchange(served, raw_post("/v1/chat/completions", GOOD_CHAT, lines))
+    assert answer.status == 400 and closed
+    error = error_of(answer)
+    assert named in error["message"] and "control character" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    run = answer.headers["x-luftpause-run-id"]
+    if b"class" in line:
+        assert run == "run-named"  # read before the fault
+    else:
+        assert run.startswith("run-") and len(run) == len("run-") + 32  # a new run
+    assert not stack.engine.seen
+    await nothing_in_flight(stack)
+
+
+async def test_on_the_messages_route_the_400_is_in_anthropics_shape(served: int) -> None:
+    """B9: a route of another API gets that API's error shape, here too."""
+    answer, _ = await exchange(served, raw_post("/v1/messages", b"{}", [b"x-api-key: k\x01"]))
+    assert answer.status == 400 and answer.headers["content-type"] == "application/json"
+    body = json.loads(answer.body)
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "'x-api-key'" in body["error"]["message"]
+
+
+RAW_NAMES = st.sampled_from(
+    [b"x-luftpause-run-id", b"x-luftpause-class", b"x-luftpause-caller", b"authorization"]
+) | st.binary(min_size=1, max_size=12).filter(lambda b: b":" not in b and b"\r\n" not in b)
+# Any bytes but a line end (CR LF would start a new header line or end the head).
+RAW_VALUES = st.binary(max_size=60).filter(lambda b: b"\r\n" not in b and not b.endswith(b"\r"))
+RAW_HEADERS = st.lists(st.tuples(RAW_NAMES, RAW_VALUES), max_size=3)
+
+
+@FUZZ
+@given(body=st.sampled_from([GOOD_CHAT, b"{}", b"not json"]), headers=RAW_HEADERS)
+async def test_fuzzed_raw_headers_on_a_real_server_answer_json_and_leave_nothing_in_flight(
+    stack: Stack, served: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """D1, D6, S10: any header bytes, through the real HTTP parser: no 5xx of ours, no
+    error answer that is not JSON in the OpenAI shape, a run named on every error, and
+    nothing in flight afterwards."""
+    stack.engine.reply = engine_reply
+    lines = [name + b": " + value for name, value in headers]
+    answer, _ = await exchange(served, raw_post("/v1/chat/completions", body, lines))
+    ANSWERS[("raw /v1/chat/completions", answer.status)] += 1
+    assert answer.status < 500, answer.body[:500]
+    if answer.status != 200:
+        error_of(answer)
+        assert answer.headers["x-luftpause-run-id"]
+    await nothing_in_flight(stack)
 
 
 @pytest.fixture(scope="module", autouse=True)

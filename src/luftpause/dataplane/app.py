@@ -101,6 +101,7 @@ from luftpause.dataplane.request import (
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
 from luftpause.dataplane.turn import PlaceAgain, Turn, serve
+from luftpause.http_errors import Malformed
 from luftpause.telemetry import fastapi_telemetry
 from luftpause.tool_calls import ToolCallMemory
 
@@ -337,6 +338,20 @@ class DataplaneApp:
             shape = self.shapes.get(scope["path"], openai_error)
             answer = _not_allowed(scope["method"], scope["path"], "POST", run_id, shape)
             await answer(scope, receive, send)
+
+    def malformed(self, request: Malformed) -> tuple[dict[str, Any], dict[str, str]]:
+        """The 400 for a request uvicorn's HTTP parser refused (a control character in a
+        header value, ...): the error shape of the route it was sent to (OpenAI's unless
+        that route speaks another API), naming the run it named before the fault, or a new
+        run (D6)."""
+        path = request.path
+        shape = next(
+            (s for r, s in self.shapes.items() if path == r or path.startswith(r + "/")),
+            openai_error,
+        )
+        named = (request.header(identity.RUN_HEADER.encode()) or "").strip()
+        run_id = named if 0 < len(named) <= identity.MAX_RUN_ID else f"run-{uuid.uuid4().hex}"
+        return shape(400, request.problem, None), {identity.RUN_HEADER: run_id}
 
     async def _turn(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         incoming = Incoming(scope, receive)

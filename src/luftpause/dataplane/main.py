@@ -114,7 +114,8 @@ def main(args: argparse.Namespace) -> int:
             log.warning("LUFTPAUSE_TOKEN is not set: every request is accepted without auth")
         svc.on_stop(dp.http.close)
         svc.on_stop(dp.link.close)
-        await svc.serve_asgi("http", sock, create_app(dp))
+        app = create_app(dp)
+        await svc.serve_asgi("http", sock, app, malformed=app.malformed)
         svc.on_ready(
             lambda: log.info(
                 "dataplane listening on http://%s:%d/v1 (scheduler %s)",

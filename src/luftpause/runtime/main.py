@@ -31,7 +31,7 @@ from luftpause.config import RuntimeSettings, StackConfig, load_secrets
 from luftpause.runtime.journal import Journal, JournalError
 from luftpause.runtime.llm import DataplaneClient
 from luftpause.runtime.loop import Runtime
-from luftpause.runtime.server import MCP_PATH, build_app
+from luftpause.runtime.server import MCP_PATH, build_app, malformed_answer
 from luftpause.runtime.upstream import ToolHub
 from luftpause.serving import Bootstrap, Service, add_service_arguments, load_config_or_exit
 from luftpause.telemetry import Instrumentation
@@ -150,7 +150,7 @@ async def start(svc: Service, settings: RuntimeSettings, token: str | None) -> N
         on_stop=on_stop,
         request_state_key=request_state_key(Path(settings.state_dir)),
     )
-    await svc.serve_asgi("http", sock, app)
+    await svc.serve_asgi("http", sock, app, malformed=malformed_answer)
     svc.on_ready(
         lambda: log.info(
             "runtime listening on http://%s:%d%s (dataplane %s, state %s)",

@@ -2,12 +2,15 @@
 
 ``build_mcp`` puts the tool layer (``tools.py``) on the SDK's MCP server; how
 calls talk to their clients is the protocol layer (``protocol.py``). This
-module adds what HTTP needs around them: DNS-rebinding protection, the body
-limit as a JSON-RPC error, and bearer-token auth (X2).
+module adds what HTTP needs around them: DNS-rebinding protection, bearer-token
+auth (X2), and JSON for every error answer: the SDK's plain-text or empty refusals
+on ``/mcp`` (a bad ``Content-Type`` or ``Accept``, a body over the limit, a wrong
+method, a foreign ``Host`` or ``Origin``) become JSON-RPC errors with the same
+status, naming what was wrong and what is expected; an unknown route or a bug
+anywhere else is ``{"error": {"message": ...}}`` (``JsonErrorAnswers``).
 """
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.request_state import RequestStateSecurity
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from mcp_types import CallToolResult, InputRequiredResult
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,6 +30,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from luftpause.auth import BearerAuth
+from luftpause.http_errors import (
+    JsonErrorAnswers,
+    Malformed,
+    Refusal,
+    plain_error,
+    refusal_message,
+    shown_text,
+)
 from luftpause.runtime.http_headers import StripHeaderWhitespace
 from luftpause.runtime.loop import Runtime
 from luftpause.runtime.mcp_tasks import TasksExtension, TaskStore
@@ -120,55 +132,82 @@ def transport_security_for(host: str) -> TransportSecuritySettings:
 MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE  # the MCP SDK's own default, 4 MiB
 
 
-class JsonRpcBodyLimit:
-    """The MCP SDK refuses a request body over its limit (4 MiB) with a plain-text 413;
-    an MCP client reads JSON-RPC. This answers that same refusal as a JSON-RPC error
-    (``-32600``, id null: the request was never read), still with status 413."""
+ROUTES = "POST, GET and DELETE /mcp (MCP), GET /status, GET /health and GET /metrics"
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        replaced = False
+def _jsonrpc_error(status: int, message: str) -> dict[str, Any]:
+    """A JSON-RPC error for a request that was never read (id null), as the SDK words its
+    own HTTP-level refusals: -32600 for a refused request, -32603 for a fault of ours."""
+    code = -32603 if status >= 500 else -32600
+    return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
 
-        async def send_json(message: Any) -> None:
-            nonlocal replaced
-            if message["type"] == "http.response.start" and message["status"] == 413:
-                replaced = True
-                body = json.dumps(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": None,
-                        "error": {
-                            "code": -32600,
-                            "message": "request body too large: the limit is "
-                            f"{MAX_BODY_BYTES} bytes",
-                        },
-                    }
-                ).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 413,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-            elif not replaced:  # the SDK's own text body is dropped
-                await send(message)
 
-        await self.app(scope, receive, send_json)
+def _mcp_refusal(refusal: Refusal) -> str:
+    """What the MCP SDK refused on ``/mcp`` in plain text or with an empty body, and
+    what it expects. The SDK decides; this only words its answer (the request's own
+    headers say which of its rules it failed)."""
+    status, headers = refusal.status, refusal.headers
+    if status == 413:
+        return f"request body too large: the limit is {MAX_BODY_BYTES} bytes"
+    if status == 400 and refusal.method == "POST":
+        given = headers.get("content-type")
+        if given is None or not given.lower().startswith("application/json"):
+            got = shown_text(given) if given is not None else "none"
+            return (
+                "Invalid Content-Type header: a POST to /mcp must be sent as "
+                f"application/json, got {got}"
+            )
+    if status == 406:
+        # The SDK's own reading of Accept (wildcards included) says what it missed.
+        has_json, has_sse = check_accept_headers(Request({"type": "http", "headers": headers.raw}))
+        wanted = (("application/json", has_json), ("text/event-stream", has_sse))
+        missing = [media for media, ok in wanted if not ok]
+        accept = headers.get("accept")
+        got = shown_text(accept) if accept is not None else "none"
+        if missing:
+            return (
+                "Not Acceptable: Accept must include application/json and text/event-stream "
+                f"(or */*), got {got}, which lacks {' and '.join(missing)}"
+            )
+        return (
+            "Not Acceptable: this request is answered with an event stream: Accept must "
+            f"include text/event-stream, got {got}"
+        )
+    if status == 405:
+        allowed = refusal.response_headers.get("allow", "")
+        version = headers.get("mcp-protocol-version")
+        at = f" at MCP-Protocol-Version {shown_text(version)}" if version else ""
+        return f"Method Not Allowed: {refusal.method} on /mcp{at}; use {allowed or 'POST'}"
+    if status == 421:
+        host = headers.get("host")
+        return (
+            f"Invalid Host header: {shown_text(host) if host else 'none'} is not a name this "
+            "runtime answers to (DNS-rebinding protection: it answers to the address it "
+            "listens on and to loopback names)"
+        )
+    if status == 403:
+        return (
+            f"Invalid Origin header: {shown_text(headers.get('origin', ''))} is not an origin "
+            "this runtime answers to (DNS-rebinding protection: loopback origins and its own "
+            "address only)"
+        )
+    return refusal_message(refusal, "runtime", ROUTES)
+
+
+def refusal_body(refusal: Refusal) -> dict[str, Any]:
+    """The JSON for an error a layer under the runtime answered in plain text or with an
+    empty body: a JSON-RPC error on ``/mcp`` (an MCP client reads JSON-RPC), the
+    runtime's ``{"error": {"message": ...}}`` on its other routes."""
+    if refusal.path == MCP_PATH:
+        return _jsonrpc_error(refusal.status, _mcp_refusal(refusal))
+    return {"error": {"message": refusal_message(refusal, "runtime", ROUTES)}}
+
+
+def malformed_answer(request: Malformed) -> tuple[dict[str, Any], dict[str, str]]:
+    """The 400 for a request uvicorn's HTTP parser refused: JSON-RPC on ``/mcp``."""
+    if request.path == MCP_PATH:
+        return _jsonrpc_error(400, request.problem), {}
+    return plain_error(request)
 
 
 def _needs_token(path: str) -> bool:
@@ -219,8 +258,10 @@ def build_app(
             Route("/status", status_route, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Mount("/", app=JsonRpcBodyLimit(mcp_app)),
+            Mount("/", app=mcp_app),
         ],
         lifespan=lifespan,
     )
-    return StripHeaderWhitespace(BearerAuth(app, token, _needs_token))
+    return StripHeaderWhitespace(
+        BearerAuth(JsonErrorAnswers(app, refusal_body), token, _needs_token)
+    )

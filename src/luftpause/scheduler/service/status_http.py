@@ -4,7 +4,11 @@
 With a token (X2), ``/status`` and the page's data route ``/ui/runtime-status`` need
 ``Authorization: Bearer <token>``; the page itself and its assets are served to anyone
 (they hold no data: the page asks for the token and sends it), as are ``/health`` and
-``/metrics``."""
+``/metrics``.
+
+Errors are JSON, ``{"error": {"message": ...}}``: an unknown route lists the routes
+served, a wrong method names the allowed ones, a bug is a 500 (logged), where
+Starlette would answer in plain text (:class:`luftpause.http_errors.JsonErrorAnswers`)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from luftpause.auth import BearerAuth
+from luftpause.http_errors import ASGIApp, JsonErrorAnswers, Refusal, refusal_message
 from luftpause.scheduler.core.view import run_status, status
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.page import page_routes
@@ -30,7 +35,7 @@ def status_app(
     *,
     runtimes: Iterable[str] = (),  # runtime base URLs the page may show besides loopback ones
     token: str | None = None,
-) -> Starlette:
+) -> ASGIApp:
     async def get_status(request: Request) -> JSONResponse:
         body = status(host.state, clock())
         body["counters"] = dict(sorted(host.counters.items()))
@@ -54,7 +59,7 @@ def status_app(
         body, content_type = host.metrics.render()
         return Response(body, headers={"content-type": content_type})
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/status", get_status),
             Route("/status/runs/{run_id:path}", get_run),
@@ -64,6 +69,18 @@ def status_app(
         ],
         middleware=[Middleware(BearerAuth, token=token, guarded=_needs_token)],
     )
+    return JsonErrorAnswers(app, refusal_body)
+
+
+ROUTES = (
+    "GET /status, GET /status/runs/{run_id}, GET /health, GET /metrics and the status page "
+    "(GET /, /ui/status.js, /ui/status.css, /ui/runtime-status)"
+)
+
+
+def refusal_body(refusal: Refusal) -> dict[str, Any]:
+    """The scheduler's JSON for an error Starlette answers in plain text (404, 405, 500)."""
+    return {"error": {"message": refusal_message(refusal, "scheduler", ROUTES)}}
 
 
 def _needs_token(path: str) -> bool:
