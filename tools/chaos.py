@@ -25,7 +25,16 @@ again ``--down-s`` seconds later:
 * ``engine``: one fake engine, restarted after ``--engine-down-s`` seconds;
 * ``dataplane-new``: the dataplane, restarted with a different ``--dataplane-id``
   (last by default: turns it leaks in the scheduler would otherwise be carried
-  into the scenarios after it).
+  into the scenarios after it);
+* ``abandon`` (not a kill, and not in the default list): clients that leave mid-tool.
+  ``--abandon-runs`` one-turn runs (every seventh interactive), each sent alone with a
+  tool offered, ``tool_choice: "required"`` and ``x-fake-tool-results: 1``, under a new
+  run ID and never continued; then single small turns for ``--abandon-singles-s``
+  seconds. The scheduler's ``/status`` is polled throughout: the highest cap each
+  replica reached (caps follow the engine: they must stay at the ramp's
+  ``initial_cap``, 16), the most slots reserved for the abandoned interactive runs,
+  and how long after the last abandoned turn every reservation and pinned run was
+  gone (tool leases; this stack sets ``tool_lease_default_s`` to ``--abandon-lease-s``).
 
 Then the load stops: agents finish the run they are in (a turn has ``--hang-s``
 seconds), sub-agents are awaited for as long, and what is left is cancelled.
@@ -51,6 +60,10 @@ Columns of the table (stdout; JSON with every detail in ``--out``):
   (that is the documented recovery rule) and is not counted;
 * journal: ``runs.jsonl`` parses, every line a record, every ``tools`` record
   has its ``turn``; after a runtime kill also whether the tail was torn and cut.
+
+Sub-agents send an ``idempotencyKey`` with each spawn and retry a failed spawn under
+the same key, so a spawn journaled just before a runtime kill is answered with its run
+on the retry (the "duplicate spawns" column stays 0).
 
 Every process it started is stopped at the end (SIGTERM, then SIGKILL), also on
 Ctrl-C or an error. ``--report FILE`` writes or updates a marked section of a
@@ -92,7 +105,9 @@ HOST = "127.0.0.1"
 MODEL = "llama-3.2-1b"
 ENGINES = ("engine-a", "engine-b")
 SCENARIOS = ("control", "scheduler", "dataplane-same", "runtime", "engine", "dataplane-new")
+EXTRA_SCENARIOS = ("abandon",)  # run when named
 KILLS = {
+    "abandon": None,
     "control": None,
     "scheduler": "scheduler",
     "dataplane-same": "dataplane",
@@ -130,6 +145,9 @@ class Plan:
     context_chars: int
     max_tokens: int
     tool_calls: int
+    abandon_runs: int = 80
+    abandon_singles_s: float = 20.0
+    abandon_lease_s: float = 20.0
 
 
 DEFAULTS: dict[str, dict[str, float]] = {
@@ -160,6 +178,9 @@ def plan_from(args: argparse.Namespace) -> Plan:
         context_chars=args.context_chars,
         max_tokens=args.max_tokens,
         tool_calls=args.tool_calls,
+        abandon_runs=args.abandon_runs,
+        abandon_singles_s=args.abandon_singles_s,
+        abandon_lease_s=args.abandon_lease_s,
     )
 
 
@@ -251,6 +272,7 @@ class Stack:
         tools_url = f"{self.roles['tools-runtime'].url}/mcp"
         self.config.write_text(
             f'[scheduler]\nhost = "{HOST}"\nprobe_period_s = {probe_s:g}\n'
+            f"tool_lease_default_s = {self.plan.abandon_lease_s:g}\n"
             f'[dataplane]\nhost = "{HOST}"\n'
             f'[runtime]\nhost = "{HOST}"\nstate_dir = "{self.state_dir}"\n'
             f'default_model = "{MODEL}"\n'
@@ -516,6 +538,7 @@ class Result:
     journal_at_kill: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     load_avg: list[float] = field(default_factory=list)
+    abandon: dict[str, Any] = field(default_factory=dict)  # the abandon scenario's findings
 
     def sample_error(self, text: str) -> None:
         if len(self.error_samples) < 8:
@@ -678,11 +701,17 @@ class Flood:
         )
         options = spawn.SpawnOptions(tool_names=["lookup"], model=MODEL)
         number = 0
+        key: str | None = None
         while not self.stop.is_set():
-            key = f"{self.nonce}-{self.r.scenario}-sub{index}-{number}"
-            number += 1
+            if key is None:
+                key = f"{self.nonce}-{self.r.scenario}-sub{index}-{number}"
+                number += 1
+            # The key doubles as the spawn's idempotency key: a spawn whose answer was
+            # lost (the runtime died after journaling it) is retried under the same key
+            # and answered with the run it started.
+            args = {**spawn.spawn_args(group, key, options), "idempotencyKey": key}
             try:
-                out = await self.mcp("spawn", spawn.spawn_args(group, key, options), 10.0)
+                out = await self.mcp("spawn", args, 10.0)
                 handle = str(out["handle"])
             except asyncio.CancelledError:
                 raise
@@ -691,6 +720,7 @@ class Flood:
                 self.r.sample_error(f"spawn: {exc!r}")
                 await asyncio.sleep(ERROR_BACKOFF_S)
                 continue
+            key = None
             self.r.sub_started += 1
             self.r.sub_handles.append(handle)
             await self.await_run(handle)
@@ -788,6 +818,13 @@ class Chaos:
             r.carried_in = await sample_slots(http, self.stack)
             url = self.stack.roles["tools-runtime"].url
             self.begin_counts = (await http.get(f"{url}/counts")).json()
+        if name == "abandon":
+            await self.abandon(r)
+            await self.settle(r)
+            r.wall_s = round(time.monotonic() - t0, 1)
+            r.load_avg = [round(x, 2) for x in os.getloadavg()]
+            say(f"scenario {name}: {row_text(r)} ({r.wall_s:.0f} s); {abandon_text(r)}")
+            return r
         flood = Flood(self.stack, self.plan, r, self.nonce)
         kill = f", SIGKILL {r.killed} at {self.plan.kill_at_s:g} s" if r.killed else ""
         say(f"scenario {name}: flood {self.plan.flood_s:g} s{kill}")
@@ -807,6 +844,121 @@ class Chaos:
         r.load_avg = [round(x, 2) for x in os.getloadavg()]
         say(f"scenario {name}: {row_text(r)} ({r.wall_s:.0f} s)")
         return r
+
+    async def abandon(self, r: Result) -> None:
+        """Clients that leave mid-tool (see the module docstring): one-turn runs that end
+        in a tool call and never come back, then single small turns; the scheduler's
+        status polled throughout."""
+        plan = self.plan
+        dataplane = self.stack.roles["dataplane"].url
+        status_url = f"{self.stack.roles['scheduler'].url}/status"
+        a: dict[str, Any] = {"runs": plan.abandon_runs, "lease_s": plan.abandon_lease_s}
+        caps: dict[str, int | None] = {}
+        peak = {"reserved": 0, "pinned": 0, "held": 0}
+        last: dict[str, Any] = {}
+        done = asyncio.Event()
+
+        async def poll(http: httpx.AsyncClient) -> None:
+            while not done.is_set():
+                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                    s = (await http.get(status_url)).json()
+                    last.update(s)
+                    for rep in s["replicas"]:
+                        cap = rep.get("capacity")
+                        old = caps.get(rep["name"])
+                        if rep["name"] not in caps or (cap is not None and (old or 0) < cap):
+                            caps[rep["name"]] = cap
+                    peak["reserved"] = max(
+                        peak["reserved"],
+                        sum(int(x.get("reserved_for_interactive") or 0) for x in s["replicas"]),
+                    )
+                    peak["pinned"] = max(
+                        peak["pinned"], sum(int(x.get("runs_pinned") or 0) for x in s["replicas"])
+                    )
+                    peak["held"] = max(peak["held"], int(s.get("held_total") or 0))
+                await asyncio.sleep(0.25)
+
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look something up.",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+
+        async def turn(http: httpx.AsyncClient, run: str, cls: str, tools: bool) -> None:
+            body: dict[str, Any] = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"Find {run}."}],
+                "max_tokens": 16,
+            }
+            headers = {agents.RUN_HEADER: run, "x-luftpause-class": cls}
+            if tools:
+                body |= {"tools": [tool], "tool_choice": "required"}
+                headers["x-fake-tool-results"] = "1"
+            r.turns_sent += 1
+            try:
+                resp = await http.post(
+                    f"{dataplane}/v1/chat/completions", json=body, headers=headers
+                )
+            except httpx.HTTPError as exc:
+                r.turns_failed[type(exc).__name__] += 1
+                r.sample_error(f"abandon {run}: {exc!r}")
+                return
+            if resp.status_code != 200:
+                r.turns_failed[f"http_{resp.status_code}"] += 1
+                r.sample_error(f"abandon {run}: {resp.status_code} {resp.text[:200]}")
+                return
+            r.turns_ok += 1
+            if tools:
+                reply = resp.json()["choices"][0]
+                a["paused"] = a.get("paused", 0) + (reply.get("finish_reason") == "tool_calls")
+
+        say(
+            f"scenario abandon: {plan.abandon_runs} runs left mid-tool, then single turns "
+            f"for {plan.abandon_singles_s:g} s"
+        )
+        async with httpx.AsyncClient(timeout=plan.hang_s) as http:
+            poller = asyncio.create_task(poll(http))
+            try:
+                async with httpx.AsyncClient(timeout=5.0) as first:
+                    s0 = (await first.get(status_url)).json()
+                a["caps_before"] = {x["name"]: x.get("capacity") for x in s0["replicas"]}
+                for i in range(plan.abandon_runs):
+                    cls = "interactive" if i % 7 == 0 else "batch"
+                    await turn(http, f"{self.nonce}-abandon-{i}", cls, tools=True)
+                abandoned_at = time.monotonic()
+                a["reserved_after_abandon"] = peak["reserved"]
+                end = abandoned_at + plan.abandon_singles_s
+                n = 0
+                while time.monotonic() < end:
+                    n += 1
+                    await turn(http, f"{self.nonce}-single-{n}", "batch", tools=False)
+                    await asyncio.sleep(0.2)
+                a["singles"] = n
+                # tool leases: every reservation and pinned abandoned run goes (bounded)
+                bound = abandoned_at + plan.abandon_lease_s + 15.0
+                gone_s = None
+                while time.monotonic() < bound:
+                    reps = last.get("replicas", [])
+                    reserved = sum(int(x.get("reserved_for_interactive") or 0) for x in reps)
+                    pinned = sum(int(x.get("runs_pinned") or 0) for x in reps)
+                    if reps and reserved == 0 and pinned == 0:
+                        gone_s = round(time.monotonic() - abandoned_at, 1)
+                        break
+                    await asyncio.sleep(0.25)
+                a["released_after_s"] = gone_s
+            finally:
+                done.set()
+                await poller
+        a["caps_max"] = caps
+        a["reserved_max"] = peak["reserved"]
+        a["pinned_max"] = peak["pinned"]
+        a["held_max"] = peak["held"]
+        a["runs_lapsed"] = sum(int(x.get("runs_lapsed") or 0) for x in last.get("replicas", []))
+        a["caps_after"] = {x["name"]: x.get("capacity") for x in last.get("replicas", [])}
+        r.abandon = a
 
     async def wait_rounds_in_flight(self, r: Result, bound_s: float = 10.0) -> None:
         """Until at least two of this scenario's sub-agents have a complete tool round and
@@ -1160,6 +1312,8 @@ def report_section(meta: dict[str, Any], rows: list[list[str]], results: list[Re
                 f"{len(r.sub_orphans)} spawns journaled but never answered (the client "
                 "spawned again; the orphans ran to the end all the same)"
             )
+        if r.abandon:
+            bits.append(abandon_text(r))
         if bits:
             notes.append(f"- **{r.scenario}**: " + "; ".join(bits) + ".")
     if meta.get("log_problems"):
@@ -1171,6 +1325,25 @@ def report_section(meta: dict[str, Any], rows: list[list[str]], results: list[Re
     lines += notes
     lines += ["", f"Raw results: `{meta['out']}`.", "", END]
     return "\n".join(lines)
+
+
+def abandon_text(r: Result) -> str:
+    a = r.abandon
+    if not a:
+        return ""
+    released = a.get("released_after_s")
+    return (
+        f"{a['runs']} runs abandoned mid-tool ({a.get('paused', 0)} ended in a tool call), then "
+        f"{a.get('singles', 0)} single turns: caps {a.get('caps_before')} before, at most "
+        f"{a.get('caps_max')} throughout, {a.get('caps_after')} after; at most "
+        f"{a.get('reserved_max')} slots reserved and {a.get('pinned_max')} runs pinned, "
+        + (
+            f"all released {released:g} s after the last abandoned turn (lease "
+            f"{a['lease_s']:g} s; {a.get('runs_lapsed')} runs lapsed)"
+            if released is not None
+            else f"still held {a['lease_s'] + 15:g} s after the last abandoned turn"
+        )
+    )
 
 
 def write_report(path: Path, section: str) -> None:
@@ -1257,6 +1430,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     lo.add_argument("--max-tokens", type=int, default=64, help="reply limit (default: 64)")
     lo.add_argument("--tool-calls", type=int, default=2, help="tool calls per run (default: 2)")
+    ab = p.add_argument_group("the abandon scenario")
+    ab.add_argument("--abandon-runs", type=int, default=80, help="runs left mid-tool (default: 80)")
+    ab.add_argument(
+        "--abandon-singles-s",
+        type=float,
+        default=20.0,
+        help="seconds of single small turns after them (default: 20)",
+    )
+    ab.add_argument(
+        "--abandon-lease-s",
+        type=float,
+        default=20.0,
+        help="the stack's tool_lease_default_s, so that abandoned pauses lapse within the "
+        "scenario (default: 20)",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--out",
@@ -1304,15 +1492,20 @@ def main(argv: list[str] | None = None) -> int:
         description="SIGKILL luftpause services under load and measure what clients see, "
         "leaked scheduler slots, sub-agent recovery and the runtime's journal.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Scenarios: " + ", ".join(SCENARIOS) + ". See the module docstring "
+        epilog="Scenarios: "
+        + ", ".join(SCENARIOS)
+        + " (the default), and "
+        + ", ".join(EXTRA_SCENARIOS)
+        + ". See the module docstring "
         "(tools/chaos.py) for how every column is measured.",
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
     names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = [n for n in names if n not in SCENARIOS]
+    known = SCENARIOS + EXTRA_SCENARIOS
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        parser.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
+        parser.error(f"unknown scenario(s) {unknown}; choose from {', '.join(known)}")
     plan = plan_from(args)
     for name in names:
         down = plan.engine_down_s if name == "engine" else plan.down_s
