@@ -20,11 +20,13 @@ from hypothesis import strategies as st
 from luftpause.scheduler.core import (
     Admit,
     ClockTicked,
+    DataplaneResynced,
     EndpointKind,
     Params,
     ReplicaProbed,
     ReplicaSpec,
     RunPhase,
+    RunSnapshot,
     ServiceClass,
     TurnAbandoned,
     TurnFinished,
@@ -307,3 +309,76 @@ def test_an_abandoned_run_stops_holding_a_reservation_within_its_lease(
         elif now < lease:
             assert not run.lapsed and living >= 1, (now, run)
             assert (reserved == 1) == (cls is INT)
+
+
+def test_a_run_that_leaves_while_its_next_turn_is_held_still_lapses() -> None:
+    """Tool leases, S4: a run back from its tool whose next turn is held, and whose client
+    then leaves, is as away as a pause: it lapses one lease after it left (a check that
+    fell due while its turn was held does not count)."""
+    sim = Sim(gen("a"), params=replace(SPEC_RULES, tool_lease_default_s=30.0))
+    capped(sim, "a", 1)
+    pause(sim, "t1", "A", "browse", INT)
+    sim.t = 1.0
+    assert admits(sim.req("b1", "B", cls=INT)) == {"b1": "a"}  # an interactive turn fits
+    sim.t = 5.0
+    assert sim.req("t2", "A", cls=INT) == ()  # A is back, but a's one slot is B's
+    sim.tick(31.0)  # A's first lease check falls due while its turn is held: skipped
+    sim.t = 35.0
+    sim(TurnAbandoned(35.0, "t2"))  # A's client leaves
+    sim.finish("b1")
+    sim.tick(64.0)
+    assert not run_status(sim.state, "A", sim.t)["lapsed"]  # type: ignore[index]
+    sim.tick(66.0)
+    assert run_status(sim.state, "A", sim.t)["lapsed"]  # type: ignore[index]
+    assert sim.replica("a")["reserved_for_interactive"] == 0
+
+
+def test_parallel_turns_pause_on_every_tool_they_called() -> None:
+    """Tool leases: a run whose parallel turns end in calls to different tools pauses on
+    all of them, and its lease is that of the slowest."""
+    sim = Sim(gen("a"), params=replace(SPEC_RULES, tool_lease_min_s=1.0))
+    capped(sim, "a", 8)
+    pause(sim, "s1", "S", "slow_build")  # teach the estimates: slow_build 40 s, ls 1 s
+    sim.t = 40.0
+    assert admits(sim.req("s2", "S"))
+    sim.finish("s2")
+    pause(sim, "l1", "L", "ls")
+    sim.t = 41.0
+    assert admits(sim.req("l2", "L"))
+    sim.finish("l2")
+    assert admits(sim.req("p1", "P")) and admits(sim.req("p2", "P"))  # two turns at once
+    sim(TurnFinished(sim.t, "p1", paused_on_tool=True, tool_names=("slow_build",)))
+    sim(TurnFinished(sim.t, "p2", paused_on_tool=True, tool_names=("ls",)))
+    run = run_status(sim.state, "P", sim.t)
+    assert run is not None and run["paused_tools"] == ["ls", "slow_build"]
+    assert run["lease_s"] == sim.view()["tool_times"]["slow_build"]["lease_s"]
+
+
+def test_a_resync_keeps_the_pause_it_does_not_change() -> None:
+    """Tool leases, S11: a dataplane resyncing a run paused on a tool the scheduler knew
+    keeps the pause's start and tools, so the time the run comes back after is a sample
+    of its tool's whole time, not of the time since the resync."""
+    sim = Sim(gen("a"), params=SPEC_RULES)
+    capped(sim, "a", 8)
+    pause(sim, "t1", "R", "build")
+    sim.t = 60.0
+    sim(
+        DataplaneResynced(
+            60.0, "dp", runs=(RunSnapshot("R", RunPhase.PAUSED_ON_TOOL, "a", BAT, "c"),)
+        )
+    )
+    sim.t = 61.0
+    assert admits(sim.req("t2", "R"))
+    assert sim.view()["tool_times"]["build"]["mean_s"] == 61.0
+
+
+def test_one_return_far_past_its_lease_counts_as_a_few_leases() -> None:
+    """Tool leases: a return far later than the pause's lease (a person away) counts as
+    ``MAX_SAMPLE_LEASES`` leases at most, so one outlier does not make the tool's lease
+    outlast the run idle expiry."""
+    sim = Sim(gen("a"), params=SPEC_RULES)
+    capped(sim, "a", 8)
+    pause(sim, "t1", "R", "grep")  # never seen back: lease 120 s
+    sim.t = 3000.0
+    assert admits(sim.req("t2", "R"))
+    assert sim.view()["tool_times"]["grep"]["mean_s"] == 4 * 120.0

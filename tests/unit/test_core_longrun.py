@@ -99,13 +99,13 @@ SEED = 18
 # the default ramp; the ramp with the decode pace's batch limit (a 20-token reply here
 # takes 0.01 s to seconds, so a target of 0.1 s per token cuts and raises it often)
 DIGESTS = (
-    (None, None, "50f853a3168b4edb8882fcd7c3e1b8cc42b975bdaf716e03c6afe6f53ce56ea4"),
+    (None, None, "1b85684a202ef84d3ba487d8df0e0c6ff90e356e44fbadd94229d3c1ab4b9f81"),
     (
         PARAMS.initial_cap,
         None,
-        "03046cc655686f4c12b497f20c54a98597561428c4a4d77cecfb550438d1c320",
+        "ffe4535006c4d9e197a9dd1d6cd10e1219a36d29d3a8295fe5ff4b31c63ab53f",
     ),
-    (PARAMS.initial_cap, 0.1, "8466a22fb31122ba853a93403c45596096be7c1a13f7fac5d7c16be0bb0e4f0d"),
+    (PARAMS.initial_cap, 0.1, "a894b12e20e0b6a16feb512586cc20f0fe9290e1e20eddac87958274e54f56ac"),
 )
 
 

@@ -158,6 +158,7 @@ TOOL_MEAN_WEIGHT = 0.125
 TOOL_DEV_WEIGHT = 0.25
 MAX_TOOL_NAME = 64
 MAX_PAUSE_TOOLS = 8
+MAX_SAMPLE_LEASES = 4.0  # a return counts as at most this many times its pause's lease
 _KIND_LABEL = {EndpointKind.GENERATIVE: "Generative", EndpointKind.SINGLE_PASS: "SinglePass"}
 _MAX_ID = 256  # longest turn/run ID accepted from a peer
 
@@ -644,7 +645,12 @@ class _Tx:
         reservation (S4) if it is interactive."""
         changed = run
         if run.paused_tools:  # (empty: sampled already, when a turn of it was first held)
-            self._learn_tool_time(run.paused_tools, self.now - run.last_active)
+            # One return far later than its lease (a person away, a laptop asleep) would
+            # make the tool's lease huge for many returns after it: a sample counts for at
+            # most MAX_SAMPLE_LEASES times the lease the pause had.
+            away = self.now - run.last_active
+            cap = MAX_SAMPLE_LEASES * self._lease(run.paused_tools)
+            self._learn_tool_time(run.paused_tools, away if away < cap else cap)
             changed = _run_with(changed, paused_tools=())
         if run.lapsed:
             reserved_on = None
@@ -706,6 +712,17 @@ class _Tx:
             if run is not None:
                 self._put_run(run.run_id, _run_with(run, last_active=self.now))
                 self._schedule_run_expiry(held.run_id)
+                if (
+                    run.phase is RunPhase.PAUSED_ON_TOOL
+                    and run.in_flight == 0
+                    and not run.lapsed
+                    and run.run_id not in self.held_by_run
+                ):
+                    # Tool leases: it asked for its next turn and left before getting it,
+                    # so it is as away as a pause: its lease runs from now (a check due
+                    # while the turn was held was skipped).
+                    due = self.now + self._lease(run.paused_tools)
+                    self.run_deadlines = _bucket_add(self.run_deadlines, due, run.run_id)
             return
         turn = self.turns.get(ev.turn_id)
         if turn is not None and not turn.started:
@@ -922,10 +939,9 @@ class _Tx:
         if prompt_tokens > 0:
             last_prompt, last_prompt_on = prompt_tokens, turn.replica
         paused_tools: tuple[str, ...] = ()
-        if phase is RunPhase.PAUSED_ON_TOOL:
-            paused_tools = _tool_keys(tool_names)
-        elif in_flight > 0 and paused_on_tool:
-            paused_tools = _tool_keys(run.paused_tools + tool_names)  # (parallel turns)
+        if phase is RunPhase.PAUSED_ON_TOOL or (in_flight > 0 and paused_on_tool):
+            # (with parallel turns, the tools of those that ended before it count too)
+            paused_tools = _tool_keys(run.paused_tools + tool_names)
         self.runs = self.runs.set(
             run.run_id,
             new_run(
@@ -1362,8 +1378,9 @@ class _Tx:
             replica = snap.replica if generative else None
             phase = snap.phase if replica is not None else RunPhase.IDLE
             in_flight = per_run.get(snap.run_id, 0)
-            # Tool leases: the same pause as the scheduler knew keeps its tools and whether
-            # it lapsed; a resync is activity (S10), so a live pause's lease starts again.
+            # Tool leases: the same pause as the scheduler knew keeps its start, its tools
+            # and whether it lapsed (a resync is no turn, S10, and the time it comes back
+            # after is a sample of its tools); a pause new to it starts now.
             same_pause = (
                 old is not None
                 and phase is RunPhase.PAUSED_ON_TOOL
@@ -1389,7 +1406,7 @@ class _Tx:
                     replica=replica,
                     service_class=snap.service_class,
                     caller=snap.caller,
-                    last_active=self.now,
+                    last_active=old.last_active if same_pause and old is not None else self.now,
                     in_flight=in_flight,
                     reserved_on=reserved_on,
                     paused_tools=old.paused_tools if same_pause and old is not None else (),
@@ -1401,7 +1418,7 @@ class _Tx:
             self._schedule_run_expiry(snap.run_id)
             if phase is RunPhase.PAUSED_ON_TOOL and in_flight == 0 and not lapsed:
                 run = self.runs[snap.run_id]
-                due = run.last_active + self._lease(run.paused_tools)
+                due = max(self.now + 1.0, run.last_active + self._lease(run.paused_tools))
                 self.run_deadlines = _bucket_add(self.run_deadlines, due, snap.run_id)
         for t in ev.in_flight:
             if t.turn_id in self.turns or t.replica not in self.replicas:
