@@ -600,6 +600,28 @@ async def test_a_turn_placed_again_on_the_same_replica_fails_as_before(
     assert outcomes(two.stack) == {"placed_again": 1, "engine_broke": 1}
 
 
+async def test_a_turn_of_a_run_its_client_ended_meanwhile_is_not_placed_again(
+    two: Two, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D6, D8: a run ended by its client (``DELETE /v1/runs/{id}``) while its turn was
+    connecting is not brought back by placing that turn again: the client gets the
+    error, and the run is forgotten with its turn."""
+
+    async def ended_then_refused(*args: object, **kwargs: object) -> object:
+        two.stack.dp.runs.end_run("r5")  # the DELETE lands while the turn connects
+        raise ConnectFailed(
+            "127.0.0.1", 1, OSError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED))
+        )
+
+    monkeypatch.setattr(two.stack.dp.http, "post", ended_then_refused)
+    resp = await two.stack.client.post(CHAT, json=chat(), headers={"x-luftpause-run-id": "r5"})
+    assert resp.status_code == 502, resp.text
+    assert "r5" not in two.stack.dp.runs.runs
+    await nothing_in_flight(two.stack)
+    assert outcomes(two.stack) == {"engine_unreachable": 1}
+    assert not any(t.endswith("-again") for t in two.stack.host.state.held)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_connection_reset_after_the_request_was_written_is_not_placed_again(
     two: Two, stream: bool

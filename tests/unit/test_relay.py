@@ -92,11 +92,15 @@ def test_tool_names_are_read_distinct_cut_and_bounded() -> None:
     o = TurnOutcome()
     calls = [{"id": f"c{i}", "function": {"name": f"tool{i % 10}" + "x" * 80}} for i in range(12)]
     calls += [{"id": "d", "function": {"name": 7}}, {"id": "e", "function": None}]
+    calls += [{"id": "f", "function": {"name": "bad\udc80"}}]  # (past the 8: not kept)
     o.read_completion(
         {"choices": [{"finish_reason": "tool_calls", "message": {"tool_calls": calls}}]}
     )
     assert o.tool_names == [f"tool{i}" + "x" * 59 for i in range(8)]
-    assert len(o.tool_call_ids) == 14
+    assert len(o.tool_call_ids) == 15
+    lone = TurnOutcome()
+    lone.saw_tool("x\udc80")  # a lone surrogate cannot go into a report: replaced
+    assert lone.tool_names == ["x?"]
 
 
 def test_non_streamed_completion_is_read() -> None:

@@ -812,7 +812,11 @@ async def _serve_placing_again(
             turn,
             forward(turn, admitted),
             incoming.shape,
-            may_place_again=_another_replica(dp, record.model, record.replica),
+            # (asked when it fails: a run its client ended meanwhile is not revived)
+            may_place_again=lambda: (
+                _another_replica(dp, record.model, record.replica)
+                and not dp.runs.is_over(record.run_id)
+            ),
         )
     except PlaceAgain as refused:
         error = refused.error

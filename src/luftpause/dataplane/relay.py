@@ -64,7 +64,8 @@ class TurnOutcome:
         """A tool call named ``name``: the scheduler learns how long each tool keeps runs
         away (tool leases). Names are cut and counted as the report's limits allow."""
         if isinstance(name, str) and name:
-            name = name[:MAX_TOOL_NAME]
+            # (a name that is not valid UTF-8, a lone surrogate, cannot travel in a report)
+            name = name[:MAX_TOOL_NAME].encode("utf-8", "replace").decode("utf-8")
             if name not in self.tool_names and len(self.tool_names) < MAX_TOOL_NAMES:
                 self.tool_names.append(name)
 

@@ -96,6 +96,11 @@ class RunTable:
         else:
             del self.runs[run_id]
 
+    def is_over(self, run_id: str) -> bool:
+        """Whether the client ended the run while turns of it are in flight."""
+        run = self.runs.get(run_id)
+        return run is not None and run.over
+
     def over(self) -> list[str]:
         """Runs ended by their client whose turns are still in flight."""
         return [run_id for run_id, run in self.runs.items() if run.over]

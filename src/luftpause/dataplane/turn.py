@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from opentelemetry.trace import INVALID_SPAN, Span
 from starlette.responses import Response
@@ -217,19 +217,19 @@ async def serve(
     work: Awaitable[Response],
     shape: ErrorShape = openai_error,
     *,
-    may_place_again: bool = False,
+    may_place_again: Callable[[], bool] | None = None,
 ) -> Response:
     """Await the work that carries ``turn`` to its end (it ends the turn itself or hands
     it to the stream relay). If it raises first, the turn ends here: a ``TurnError``
     with the outcome it carries, and its answer goes to the client (or, with
-    ``may_place_again``, one that says the engine never received the request ends it
-    as ``placed_again`` and raises ``PlaceAgain``); cancellation (the client left) as
-    ``client_left``; anything else as ``internal_error``, re-raised for the route to
-    log and answer."""
+    ``may_place_again`` answering yes when asked then, one that says the engine never
+    received the request ends it as ``placed_again`` and raises ``PlaceAgain``);
+    cancellation (the client left) as ``client_left``; anything else as
+    ``internal_error``, re-raised for the route to log and answer."""
     try:
         return await work
     except TurnError as exc:
-        if may_place_again and exc.not_sent:
+        if exc.not_sent and may_place_again is not None and may_place_again():
             turn.failed(exc, outcome=Outcome.PLACED_AGAIN)
             raise PlaceAgain(exc) from None
         turn.failed(exc)
