@@ -178,7 +178,8 @@ class SchedulerSettings(_Frozen):
     link_port: Port = 5002
     # A Link connection whose hello has not arrived within this is closed; while this many
     # connections wait for theirs, a new one is closed at once (welcomed ones not counted).
-    link_hello_timeout_s: Seconds = 5.0
+    # (bounded: it is also grpc's handshake timeout in whole milliseconds, an int32)
+    link_hello_timeout_s: Annotated[float, Field(ge=0.01, le=3600)] = 5.0
     link_max_unauthenticated: Annotated[int, Field(ge=1)] = 64
     probe_period_s: Seconds = 2.0  # also the probe timeout (S9)
     clock_tick_s: Seconds = 1.0  # S10

@@ -156,7 +156,26 @@ kind = "generator"
             "runtime.class_headers",
             "printable ASCII",
         ),
-        ("[scheduler]\nlink_hello_timeout_s=0", "scheduler.link_hello_timeout_s", "greater than 0"),
+        (
+            "[scheduler]\nlink_hello_timeout_s=0",
+            "scheduler.link_hello_timeout_s",
+            "greater than or equal to 0.01",
+        ),
+        (
+            "[scheduler]\nlink_hello_timeout_s=1e9",
+            "scheduler.link_hello_timeout_s",
+            "less than or equal to 3600",
+        ),
+        (
+            "[scheduler]\ntool_lease_min_s=0",
+            "scheduler.tool_lease_min_s",
+            "greater than 0",
+        ),
+        (
+            "[scheduler]\ntool_lease_factor=0.5",
+            "scheduler.tool_lease_factor",
+            "greater than or equal to 1",
+        ),
         (
             "[scheduler]\nlink_max_unauthenticated=0",
             "scheduler.link_max_unauthenticated",
