@@ -330,7 +330,8 @@ def test_page_keeps_the_last_numbers_under_a_banner_when_status_fails(
     browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """S12: when ``/status`` stops answering, a banner says so (and that it retries) above
-    the last numbers, which stay on the page: never a blank page."""
+    the last numbers, which stay on the page: never a blank page. (Its numbers also
+    show a replica's lapsed runs beside its pinned ones, and its run limit.)"""
     doms = []
     for what in ("dom", "screenshot"):
         gone = _GoneAfterOneAnswer()
@@ -348,8 +349,13 @@ def test_page_keeps_the_last_numbers_under_a_banner_when_status_fails(
     assert text.startswith("scheduler status"), text
     assert "retrying every 2 s" in text and "numbers below are from" in text, text
     assert "stale" in dom.find_all(lambda n: n.tag == "body")[0].attrs.get("class", "")
-    replicas = [r.attrs["data-replica"] for r in _rows(dom, "replicas")]
+    rows = _rows(dom, "replicas")
+    replicas = [r.attrs["data-replica"] for r in rows]
     assert replicas == ["engine-a", "engine-b", "classifier"]
+    # tool leases: runs paused past their lease are shown beside the pinned ones
+    cells = [c for c in rows[0].children if isinstance(c, Node) and c.tag == "td"]
+    assert any(c.text() == "7 (+2 lapsed)" for c in cells), [c.text() for c in cells]
+    assert any("run limit 8" in c.attrs.get("title", "") for c in cells)
 
 
 def _flatten(nodes: list[Any]) -> Iterator[dict[str, Any]]:

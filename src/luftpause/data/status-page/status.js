@@ -185,7 +185,12 @@
         el("td", { class: "num", text: r.engine_running ?? "–" }),
         el("td", { class: "num", text: r.engine_waiting ?? "–" }),
         el("td", { class: "num", text: r.kv_usage == null ? "–" : `${Math.round(r.kv_usage * 100)}%` }),
-        el("td", { class: "num", text: r.runs_pinned ?? 0 }),
+        el("td", {
+          class: "num",
+          text: r.runs_lapsed ? `${r.runs_pinned ?? 0} (+${r.runs_lapsed} lapsed)` : r.runs_pinned ?? 0,
+          title: `run limit ${r.run_limit ?? "–"} (new batch runs wait while the runs here reach it); ` +
+            "lapsed: paused on a tool past its lease, not counted",
+        }),
         el("td", { class: "num", text: r.reserved_for_interactive ?? 0 }),
         el("td", { class: "num", text: r.probed_s_ago == null ? "never" : `${seconds(r.probed_s_ago)} ago` }),
       ),
