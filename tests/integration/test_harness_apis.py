@@ -388,8 +388,10 @@ async def test_native_endpoint_gets_the_turn_unchanged(stack: Stack, clients: Cl
     reply = await client.responses.create(model=NATIVE_MODEL, input="hello", max_output_tokens=8)
     assert reply.output_text
 
-    # What the proxy could not translate (an image) still reaches an engine serving the
-    # API itself, which decides (this fake one refuses images, in Anthropic's shape).
+    # An image for a model no endpoint serves with vision = true is passed through to an
+    # engine serving the API itself, which decides: this fake one translates it as vLLM
+    # does (into an image_url part) and answers. A bad image is the engine's to refuse,
+    # in Anthropic's shape.
     image = {"type": "image", "source": {"type": "url", "url": "https://example.invalid/x.png"}}
     async with httpx.AsyncClient(timeout=30) as c:
         passed = await c.post(
@@ -400,8 +402,20 @@ async def test_native_endpoint_gets_the_turn_unchanged(stack: Stack, clients: Cl
                 "messages": [{"role": "user", "content": [image]}],
             },
         )
-    assert passed.status_code == 400 and passed.headers["x-luftpause-replica"] == "engine-native"
-    assert passed.json()["type"] == "error" and "image" in passed.json()["error"]["message"]
+    assert passed.status_code == 200 and passed.headers["x-luftpause-replica"] == "engine-native"
+    assert passed.json()["type"] == "message", passed.text
+    bad = {"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": "AA=="}}
+    async with httpx.AsyncClient(timeout=30) as c:
+        refused = await c.post(
+            f"{dataplane_url(stack)}/v1/messages",
+            json={
+                "model": NATIVE_MODEL,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": [bad]}],
+            },
+        )
+    assert refused.status_code == 400 and refused.headers["x-luftpause-replica"] == "engine-native"
+    assert refused.json()["type"] == "error" and "media_type" in refused.json()["error"]["message"]
 
     async def idle() -> bool:
         status = await stack.status()
