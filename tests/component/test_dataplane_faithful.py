@@ -301,3 +301,18 @@ async def test_models_and_operational_routes_answer_with_a_run_id_and_json_error
     monkeypatch.setattr(stack.dp.metrics, "render", broken)
     failed = await stack.client.get("/metrics")
     await _error(failed, 500, None)
+
+
+async def test_vllm_xargs_reaches_the_engine_unchanged(stack: Stack) -> None:
+    """D1: ``vllm_xargs`` (a program-scheduling router's ``agentic_context``, in the
+    string and the object form) is the engine's business: the proxy passes it on as the
+    client wrote it, when it adds members of its own too."""
+    stack.engine.reply = openai_like_reply(True)
+    for context in ('{"program_id":"run-1","expected_resume":false}', {"program_id": "run-2"}):
+        request = chat(stream=True, vllm_xargs={"agentic_context": context, "n": 1})
+        proxied = await stack.client.post("/v1/chat/completions", json=request)
+        assert proxied.status_code == 200
+        asked_engine = json.loads(stack.engine.seen[-1].content)
+        assert asked_engine["vllm_xargs"] == request["vllm_xargs"]
+        assert asked_engine["stream_options"] == {"include_usage": True}  # the proxy's own
+    await nothing_in_flight(stack)

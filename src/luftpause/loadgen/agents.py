@@ -12,6 +12,14 @@ that header: behind it the engine's own ``--tool-results`` applies.)
 
 The client never retries (``max_retries=0``): a failed turn fails its run, and
 the failure is counted by kind - errors are shown, never hidden.
+
+``program_context`` names each run to a router that schedules programs (vllm-router's
+``--enable-program-scheduling``): ``xargs`` sends ``vllm_xargs.agentic_context`` in
+every turn's body (``agentic_context``), ``headers`` Claude Code's session headers
+(the router needs ``"program_scheduling_enable_key": "auto"`` for those, and they
+cannot say a turn is the last). A run's last turn is the one after its N-th tool
+result (or its ``max_turns``-th turn): that is the turn the fake engine answers in
+text, so it says ``expected_resume: false``. A real model may answer sooner.
 """
 
 from __future__ import annotations
@@ -36,6 +44,13 @@ from luftpause.loadgen.stats import EndedTurn, RunRecord, TurnRecord
 HELD_HEADER = "x-luftpause-held-ms"
 REPLICA_HEADER = "x-luftpause-replica"
 RUN_HEADER = "x-luftpause-run-id"
+CLAUDE_SESSION_HEADER = "x-claude-code-session-id"
+CLAUDE_AGENT_HEADER = "x-claude-code-agent-id"
+CLAUDE_PARENT_AGENT_HEADER = "x-claude-code-parent-agent-id"
+PROGRAM_CONTEXTS = ("none", "xargs", "headers")
+#: ``agentic_context.priority`` by class. vllm-router resumes larger values first
+#: (``ProgramRequestHints.priority``, default 0), so batch keeps the default.
+PROGRAM_PRIORITY = {"interactive": 1, "batch": 0}
 
 
 class RunFailed(Exception):
@@ -56,6 +71,8 @@ class AgentOptions:
     # carries the run ID as SMG's sticky-session routing key ("": none).
     smg_priority: dict[str, str] = field(default_factory=dict)
     routing_key_header: str = ""
+    # how a run names itself to a program-scheduling router: "none", "xargs", "headers"
+    program_context: str = "none"
     turn_timeout_s: float = 600.0
     max_turns: int = 10
     nonce: str = "0"
@@ -250,9 +267,25 @@ async def stream_turn(
 SMG_PRIORITY_HEADER = "x-smg-priority"
 
 
-def run_headers(group: Group, run_key: str, n_tools: int, options: AgentOptions) -> dict[str, str]:
+@dataclass(frozen=True)
+class Lineage:
+    """Where a sub-agent the load generator plays sits: its top-level run and its parent."""
+
+    root: str
+    parent: str
+
+
+def run_headers(
+    group: Group,
+    run_key: str,
+    n_tools: int,
+    options: AgentOptions,
+    lineage: Lineage | None = None,
+) -> dict[str, str]:
     """The headers every turn of one run sends: the fake engine's tool count, luftpause's
-    class headers (unless off), and SMG's priority class and routing key where asked."""
+    class headers (unless off), SMG's priority class and routing key where asked, and
+    with ``program_context = "headers"`` Claude Code's session headers (the top-level
+    run is the session; a sub-agent is an agent of it, below its parent)."""
     headers = {"x-fake-tool-results": str(n_tools)}
     if options.class_headers:
         headers.update(
@@ -266,7 +299,46 @@ def run_headers(group: Group, run_key: str, n_tools: int, options: AgentOptions)
         headers[SMG_PRIORITY_HEADER] = options.smg_priority[group.cls]
     if options.routing_key_header:
         headers[options.routing_key_header] = run_key
+    if options.program_context == "headers":
+        if lineage is None:
+            headers[CLAUDE_SESSION_HEADER] = run_key
+        else:
+            headers[CLAUDE_SESSION_HEADER] = lineage.root
+            headers[CLAUDE_AGENT_HEADER] = run_key
+            if lineage.parent != lineage.root:  # the root is the session's lead agent
+                headers[CLAUDE_PARENT_AGENT_HEADER] = lineage.parent
     return headers
+
+
+def agentic_context(
+    group: Group, run_key: str, last: bool, parent: str | None = None
+) -> dict[str, Any]:
+    """``vllm_xargs.agentic_context`` for one turn of a run: the run is the program; a
+    sub-agent names its parent, which waits for it."""
+    context: dict[str, Any] = {
+        "program_id": run_key,
+        "priority": PROGRAM_PRIORITY.get(group.cls, 0),
+        "expected_resume": not last,
+    }
+    if parent is not None:
+        context.update({"parent_program_id": parent, "blocks_parent": True})
+    return context
+
+
+def turn_body(
+    group: Group, run_key: str, last: bool, options: AgentOptions, parent: str | None = None
+) -> dict[str, Any]:
+    """The members one turn adds to its body: the class ``priority`` where asked, and
+    with ``program_context = "xargs"`` the run's ``vllm_xargs``. The context is a JSON
+    string: vLLM's ``vllm_xargs`` takes only strings and numbers as values, and
+    vllm-router decodes a string context, so an engine behind it accepts the body."""
+    extra: dict[str, Any] = {}
+    if group.cls in options.priority:
+        extra["priority"] = options.priority[group.cls]
+    if options.program_context == "xargs":
+        context = agentic_context(group, run_key, last, parent)
+        extra["vllm_xargs"] = {"agentic_context": json.dumps(context, separators=(",", ":"))}
+    return extra
 
 
 async def run_once(
@@ -284,17 +356,18 @@ async def run_once(
     (:func:`~luftpause.loadgen.workload.plan_key`), written into its task, which the fake
     engine draws its replies from. Raises :class:`RunFailed`."""
     start = clock()
-    headers = run_headers(group, run_key, group.tool_calls.pick(run_number), options)
-    extra_body = (
-        {"priority": options.priority[group.cls]} if group.cls in options.priority else None
-    )
+    n_tools = group.tool_calls.pick(run_number)
+    headers = run_headers(group, run_key, n_tools, options)
     messages = content.messages(group.context_chars, run_key, plan)
     options.live[run_key] = str(client.base_url).rstrip("/")
     turns: list[TurnRecord] = []
     tool_s = 0.0
     tool_calls = 0
     try:
-        for _ in range(options.max_turns):
+        for turn in range(options.max_turns):
+            # the fake engine answers in text once the run holds n_tools tool results
+            last = tool_calls >= n_tools or turn == options.max_turns - 1
+            extra_body = turn_body(group, run_key, last, options) or None
             reply = await stream_turn(
                 client, messages, tools, headers, extra_body, group.max_tokens, options
             )

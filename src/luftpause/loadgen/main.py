@@ -17,7 +17,9 @@ is pinned to target *i* mod n.
 ``--priority interactive=10,batch=0`` adds ``priority`` to every body (engines
 with ``--priority-scheduling``); ``--smg-priority interactive=interactive,batch=bulk``
 sends the SGLang Model Gateway's ``x-smg-priority`` by class and
-``--routing-key-header x-smg-routing-key`` the run ID as its sticky-session key.
+``--routing-key-header x-smg-routing-key`` the run ID as its sticky-session key;
+``--program-context xargs|headers`` names each run as a program to vllm-router's
+program scheduling (``agents.turn_body``, ``agents.run_headers``).
 
 Runs shaped like real coding-agent traces (``--profile coding-agent``), and replay
 of a trace of your own (``--trace FILE``, JSONL, one run per line); see
@@ -302,6 +304,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="send the run ID in this header on every turn (a router's sticky-session key, "
         "e.g. x-smg-routing-key for SMG's --routing-key-headers)",
+    )
+    shape.add_argument(
+        "--program-context",
+        choices=agents.PROGRAM_CONTEXTS,
+        default="none",
+        help="name each run as a program to vllm-router's program scheduling: xargs sends "
+        "vllm_xargs.agentic_context (program_id = run ID, priority interactive=1 batch=0, "
+        "expected_resume false on the last turn, a sub-agent's parent); headers sends "
+        "Claude Code's session headers (default: none)",
     )
     shape.add_argument(
         "--time-scale",
@@ -644,6 +655,7 @@ async def run_load(
         priority=args.priority or {},
         smg_priority=args.smg_priority or {},
         routing_key_header=args.routing_key_header,
+        program_context=args.program_context,
         turn_timeout_s=args.turn_timeout_s,
         max_turns=args.max_turns,
         nonce=nonce,
@@ -813,6 +825,7 @@ async def run_load(
             "priority": options.priority,
             "smg_priority": options.smg_priority,
             "routing_key_header": options.routing_key_header,
+            "program_context": options.program_context,
             "groups_config": [
                 {
                     "name": g.name,

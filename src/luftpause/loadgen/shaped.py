@@ -50,12 +50,14 @@ from luftpause.fakes.engine.tokens import count_tokens, render_messages
 from luftpause.loadgen import content
 from luftpause.loadgen.agents import (
     AgentOptions,
+    Lineage,
     Reply,
     RunFailed,
     assistant_message,
     classify_error,
     run_headers,
     stream_turn,
+    turn_body,
 )
 from luftpause.loadgen.mix import Group
 from luftpause.loadgen.stats import EndedTurn, RunRecord
@@ -184,16 +186,19 @@ async def play(
     options: AgentOptions,
     clock: Callable[[], float],
     time_scale: float = 1.0,
+    lineage: Lineage | None = None,
 ) -> RunRecord:
-    """Play one plan, start to answer; raises :class:`RunFailed`.
+    """Play one plan, start to answer; raises :class:`RunFailed`. ``lineage``: where a
+    sub-agent sits (its parent names it to a program-scheduling router).
 
     The record is the run's and its sub-agents' together (as the runtime's run tree
     counts a subtree): ``turns`` and ``tool_calls`` are the run's own, ``turn_records``,
     tokens and ``subagents`` include its sub-agents'.
     """
     start = clock()
-    headers = run_headers(group, run_key, 0, options)  # x-fake-tool-results: set per turn
-    body = {"priority": options.priority[group.cls]} if group.cls in options.priority else {}
+    # x-fake-tool-results: set per turn
+    headers = run_headers(group, run_key, 0, options, lineage)
+    parent = lineage.parent if lineage is not None else None
     conv = Conversation(plan, run_key, TOOLS)
     record = RunRecord(group.name, group.cls, "agent", start, start, turns=0, tool_calls=0)
     options.live[run_key] = str(client.base_url).rstrip("/")
@@ -206,7 +211,7 @@ async def play(
                 conv.messages,
                 TOOLS,
                 {**headers, "x-fake-tool-results": str(results)},
-                {**body, **fields},
+                {**turn_body(group, run_key, k == last, options, parent), **fields},
                 max_tokens,
                 options,
             )
@@ -221,8 +226,16 @@ async def play(
             record.tool_calls += len(reply.tool_calls)
             t0 = time.perf_counter()
             if turn.subagents:
+                below = Lineage(lineage.root if lineage else run_key, run_key)
                 subs = await _subagents(
-                    client, turn.subagents, group, f"{run_key}.{k + 1}", options, clock, time_scale
+                    client,
+                    turn.subagents,
+                    group,
+                    f"{run_key}.{k + 1}",
+                    options,
+                    clock,
+                    time_scale,
+                    below,
                 )
                 for sub in subs:
                     record.turn_records.extend(sub.turn_records)
@@ -250,12 +263,15 @@ async def _subagents(
     options: AgentOptions,
     clock: Callable[[], float],
     time_scale: float,
+    lineage: Lineage,
 ) -> list[RunRecord]:
     """Sub-agents in parallel; the first that fails cancels the others and fails the parent."""
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = [
-                tg.create_task(play(client, p, group, f"{key}.{i}", options, clock, time_scale))
+                tg.create_task(
+                    play(client, p, group, f"{key}.{i}", options, clock, time_scale, lineage)
+                )
                 for i, p in enumerate(plans)
             ]
     except* RunFailed as failed:

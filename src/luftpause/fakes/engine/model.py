@@ -407,6 +407,35 @@ class BlockCache:
         return list(self._evictable)
 
 
+def resolve_max_new(p: EngineParams, prompt: int, max_new_tokens: int | None) -> int:
+    """The tokens a request of ``prompt`` tokens may generate (``max_new_tokens``, or the
+    rest of the context when None). Raises ``SubmitError`` if it can never run on ``p``."""
+    if prompt >= p.context_length:
+        raise SubmitError(
+            f"The input ({prompt} tokens) is longer than the model's context length "
+            f"({p.context_length} tokens)."
+        )
+    if max_new_tokens is None:
+        max_new = p.context_length - prompt
+    else:
+        max_new = max_new_tokens
+        if max_new < 1:
+            raise SubmitError("max_tokens must be at least 1")
+        if prompt + max_new > p.context_length:
+            raise SubmitError(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{p.context_length} tokens. You requested a total of {prompt + max_new} "
+                f"tokens: {prompt} tokens from the input messages and {max_new} tokens "
+                f"for the completion."
+            )
+    if prompt + min(max_new, CLIP_MAX_NEW_TOKENS) + 1 > p.kv_tokens:
+        raise SubmitError(
+            f"request needs {prompt + min(max_new, CLIP_MAX_NEW_TOKENS) + 1} KV tokens; "
+            f"the pool holds {p.kv_tokens}"
+        )
+    return max_new
+
+
 def block_chain(text: str, block_chars: int) -> tuple[int, ...]:
     """Keys of the full ``block_chars`` blocks of ``text``: key *i* is a hash of key
     *i − 1* and block *i*, so it stands for the whole prefix up to that block.
@@ -454,29 +483,7 @@ class EngineModel:
         if request.request_id in self._by_id:
             raise SubmitError(f"duplicate request id {request.request_id!r}")
         prompt = max(1, count_tokens(request.prompt_text))
-        if prompt >= p.context_length:
-            raise SubmitError(
-                f"The input ({prompt} tokens) is longer than the model's context length "
-                f"({p.context_length} tokens)."
-            )
-        if request.max_new_tokens is None:
-            max_new = p.context_length - prompt
-        else:
-            max_new = request.max_new_tokens
-            if max_new < 1:
-                raise SubmitError("max_tokens must be at least 1")
-            if prompt + max_new > p.context_length:
-                raise SubmitError(
-                    f"Requested token count exceeds the model's maximum context length of "
-                    f"{p.context_length} tokens. You requested a total of {prompt + max_new} "
-                    f"tokens: {prompt} tokens from the input messages and {max_new} tokens "
-                    f"for the completion."
-                )
-        if prompt + min(max_new, CLIP_MAX_NEW_TOKENS) + 1 > p.kv_tokens:
-            raise SubmitError(
-                f"request needs {prompt + min(max_new, CLIP_MAX_NEW_TOKENS) + 1} KV tokens; "
-                f"the pool holds {p.kv_tokens}"
-            )
+        max_new = resolve_max_new(p, prompt, request.max_new_tokens)
         r = _Req(
             req=request,
             seq=self._seq,

@@ -17,10 +17,21 @@ prompt as a marker of ``IMAGE_TOKENS`` tokens that names a hash of its URL, so
 it costs what a vision model's image tokens cost and two different images never
 share a cached prefix. (Counted as its JSON, a base64 image would weigh its
 size in bytes / 4: tens of thousands of tokens for a screenshot.)
+
+A token's **id** (``token_ids``, what ``POST /v1/chat/completions/render`` answers) is
+a stable hash of its four characters into a Llama-3-sized vocabulary: the same in
+every process, so equal prompts get equal ids on every engine, and prompts that share
+a prefix share the ids of that prefix's whole tokens - the ids a router matches
+prefixes on agree with the engine's own prefix cache (which keys blocks of
+``block_chars`` characters, a whole number of tokens). Different pieces may share an
+id (one chance in ``VOCAB_SIZE`` per pair), as they never do in a real tokenizer; a
+router that matches on ids then overrates a shared prefix by a token at most, where
+the prompts part.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +41,8 @@ CHARS_PER_TOKEN = 4
 #: tokens an image part counts for: a 336x336 image in LLaVA-1.5 (24 x 24 patches);
 #: vision models spend from about 64 to a few thousand, by model and image size
 IMAGE_TOKENS = 576
+#: token ids run from 0 to VOCAB_SIZE - 1 (Llama-3's vocabulary size)
+VOCAB_SIZE = 128256
 
 # Filler words. Harnesses run a tool call's arguments (Codex and Claude Code run a shell
 # command), so no word may be a program that runs until stopped: a filler command must
@@ -79,6 +92,16 @@ def count_tokens(text: str) -> int:
 def split_tokens(text: str) -> list[str]:
     """The four-character pieces ``count_tokens`` counts (the last may be shorter)."""
     return [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
+
+
+def token_ids(text: str) -> list[int]:
+    """The ids of the tokens ``count_tokens`` counts, one per ``split_tokens`` piece."""
+    return [_token_id(piece) for piece in split_tokens(text)]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _token_id(piece: str) -> int:
+    return stable_hash("token", piece) % VOCAB_SIZE
 
 
 def stable_hash(*parts: str) -> int:

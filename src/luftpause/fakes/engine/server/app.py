@@ -2,6 +2,8 @@
 
 * ``POST /v1/chat/completions`` (``chat.py``), ``POST /classify`` and ``/v1/classify``,
   for any model name unless ``strict_models`` (S6: then vLLM's 404);
+* ``POST /v1/chat/completions/render``: the prompt's token ids, in vLLM's shape
+  (``render.py``), for routers that match prefixes on ids;
 * ``POST /v1/messages`` and ``/v1/responses``, served through the chat route as vLLM
   serves them itself (``native.py``);
 * ``GET /health`` (and ``/health_generate``), ``/metrics`` (``metrics.py``), ``/v1/models``;
@@ -37,6 +39,7 @@ from luftpause.fakes.engine.server.driver import EngineDriver
 from luftpause.fakes.engine.server.faults import TransportMiddleware
 from luftpause.fakes.engine.server.metrics import EngineCollector
 from luftpause.fakes.engine.server.native import native
+from luftpause.fakes.engine.server.render import render_chat
 from luftpause.fakes.engine.server.settings import ServerConfig
 from luftpause.fakes.engine.server.wire import (
     ClassifyBody,
@@ -210,6 +213,10 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
     async def chat_completions(request: Request) -> Response:
         traces.saw(request.headers.get("traceparent"))
         return await chat(request, config, engine_driver)
+
+    @app.post("/v1/chat/completions/render")
+    async def chat_completions_render(request: Request) -> Response:
+        return await render_chat(request, config)
 
     async def as_chat(request: Request) -> Response:
         return await chat(request, config, engine_driver)

@@ -45,7 +45,11 @@ from luftpause.fakes.engine.server.wire import (
 from luftpause.fakes.engine.tokens import count_tokens, render_messages
 
 
-async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> Response:
+async def read_body(
+    request: Request, config: ServerConfig
+) -> tuple[ChatCompletionBody, dict[str, Any]] | Response:
+    """The checked chat body and the raw JSON object, or the 400 (404: a model not served
+    under ``strict_models``) that answers it; the render route checks the same way."""
     try:
         raw = await request.json()
     except ValueError:
@@ -58,6 +62,14 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
         return error(400, validation_message(exc))
     if config.strict_models and body.model not in config.models:
         return model_not_found(body.model)
+    return body, raw
+
+
+async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> Response:
+    checked = await read_body(request, config)
+    if isinstance(checked, Response):
+        return checked
+    body, _ = checked
     try:
         tool_results = header_int(request, "x-fake-tool-results")
         retry_after = header_int(request, "x-fake-retry-after")
