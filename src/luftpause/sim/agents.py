@@ -25,7 +25,7 @@ from typing import Any
 
 from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
 from luftpause.fakes.engine.script import ReplyKind, ScriptOptions, ToolCall, plan_reply
-from luftpause.fakes.engine.tokens import render_messages
+from luftpause.fakes.engine.tokens import count_tokens, render_messages
 from luftpause.fakes.mcp_tools import LOOKUP_DELAY_RANGE, FakeMcpSettings, filler_fact
 from luftpause.loadgen import content
 from luftpause.loadgen.mix import Group
@@ -234,6 +234,8 @@ class Agent:
             caller=self.group.caller,
             agent=self.index,
             routing_text=routing_text(run.messages),
+            expected_resume=plan.kind is ReplyKind.TOOL_CALL,
+            context_tokens=count_tokens(prompt),
         )
         asked_at = self.world.now
 

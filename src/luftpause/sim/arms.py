@@ -37,6 +37,13 @@ from luftpause.sim.placement import (
     router_placement,
     smg_placement,
 )
+from luftpause.sim.vllm_router import (
+    METRICS_INTERVAL_S,
+    PROGRAM_PRIORITY,
+    QUEUE_TIMEOUT_S,
+    ProgramScheduler,
+    Retained,
+)
 from luftpause.sim.world import World
 
 ARMS = ("luftpause", "router", "engine-prio", "smg")
@@ -45,7 +52,11 @@ ABLATED_ARMS = ("luftpause-no-pace",)
 # Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
 # and luftpause with a decode pace target of MS milliseconds per token
 # (``interactive_pace_s``).
-SIZED_ARMS = ("smg-cap", "smg-fifo", "luftpause-pace")
+SIZED_ARMS = ("smg-cap", "smg-fifo", "luftpause-pace", "vllm-router-cap")
+# vLLM's router (``vllm-router`` 0.1.17): program scheduling with its defaults, the same
+# with ``token_capacity_per_target`` the engine's KV pool (``vllm-router-capT``: T tokens),
+# and without program scheduling (its default ``cache_aware`` policy).
+VLLM_ROUTER_ARMS = ("vllm-router", "vllm-router-cap", "vllm-router-plain")
 # Body priorities of the engine-prio arm (as tools/bench/flood.py sends them).
 ENGINE_PRIORITY = {"interactive": 10, "batch": 0}
 # SGLang Model Gateway 1.13's priority scheduler as tools/bench/flood.py configures it:
@@ -74,6 +85,12 @@ class Ask:
     # what a gateway places the turn by: its conversation's text
     # (``placement.routing_text``), which extends the run's last turn's
     routing_text: str = ""
+    # What an agent framework knows of the turn and vLLM's router reads from
+    # ``vllm_xargs.agentic_context``: whether another turn of the run follows this one
+    # (False on the turn that answers), and the prompt's tokens (the router's estimate of
+    # the context, taken as exact).
+    expected_resume: bool = True
+    context_tokens: int = 0
 
 
 Admitted = Callable[[str, float], None]  # replica, seconds held
@@ -471,3 +488,78 @@ class SmgArm(_Unhosted):
                 replica = self.placement.place(ask.routing_text, self.replicas)
                 self._pins[ask.run_id] = replica
             head.admitted(replica, self.world.now - head.since)
+
+
+class VllmRouterArm(_Unhosted):
+    """vLLM's router (PyPI ``vllm-router`` 0.1.17) with ``--enable-program-scheduling``, as
+    ``vllm_router.py`` models it: each turn a request of program ``run_id`` with its
+    class's ``priority`` (interactive 10, batch 0: larger resumes first) and
+    ``expected_resume`` (False on a run's last turn); the engines' metrics read every
+    ``poll_s`` (``metrics_interval_seconds``), the periodic decisions run after each read.
+    ``token_capacity``: ``token_capacity_per_target`` (None: unset, the default).
+
+    Assumptions (``docs/simulator.md``): the requests carry no body ``priority`` for the
+    engine (the class goes to the router only); a request the router gives up after its
+    queue timeout is refused; the HTTP path completes every request with
+    ``terminate=false``, as the source's ``program_adapter.rs`` does."""
+
+    holds = True
+
+    def __init__(
+        self,
+        world: World,
+        replicas: Sequence[Replica],
+        token_capacity: int | None = None,
+        name: str = "vllm-router",
+        poll_s: float = METRICS_INTERVAL_S,
+        stats_window: int | None = None,
+    ) -> None:
+        if not poll_s > 0:
+            raise ValueError(f"vLLM router's metrics interval must be positive, not {poll_s}")
+        self.world = world
+        self.replicas = list(replicas)
+        self.name = name
+        self.poll_s = poll_s
+        kwargs = {} if stats_window is None else {"stats_window": stats_window}
+        self.scheduler = ProgramScheduler(
+            [r.name for r in self.replicas], self._dispatched, token_capacity, poll_s, **kwargs
+        )
+        self._asks: dict[str, tuple[Ask, Admitted, Retained]] = {}
+
+    def start(self) -> None:
+        self._poll()
+
+    def _poll(self) -> None:
+        now = self.world.now
+        for replica in self.replicas:
+            m = replica.metrics()
+            self.scheduler.observe(replica.name, m.token_usage, m.running_gauge, m.queue_gauge, now)
+        self.scheduler.tick(now)
+        self.world.after(self.poll_s, self._poll)
+
+    def _dispatched(self, request: Retained, target: str) -> None:
+        _, admitted, _ = self._asks[request.token]
+        admitted(target, self.world.now - request.arrived_at)
+
+    def request(self, ask: Ask, admitted: Admitted, refused: Refused) -> None:
+        now = self.world.now
+        retained = Retained(ask.turn_id, now, ask.context_tokens, PROGRAM_PRIORITY[ask.cls])
+        self._asks[ask.turn_id] = (ask, admitted, retained)
+
+        def timeout() -> None:
+            if self.scheduler.cancel(ask.run_id, retained, self.world.now):
+                self._asks.pop(ask.turn_id, None)
+                refused(f"retained in vLLM router's request pool for {QUEUE_TIMEOUT_S:g} s")
+
+        self.world.at(now + QUEUE_TIMEOUT_S, timeout)
+        self.scheduler.acquire(ask.run_id, retained, now, ask.expected_resume)
+
+    def priority(self, cls: str) -> int:
+        return 0
+
+    def finished(self, ask: Ask, end: TurnEnd) -> None:
+        self._asks.pop(ask.turn_id, None)
+        self.scheduler.complete(
+            ask.run_id, end.prompt_tokens, end.completion_tokens, end.cached_tokens,
+            self.world.now, success=end.finish_reason != "error", terminate=False,
+        )  # fmt: skip

@@ -46,11 +46,13 @@ from luftpause.sim.arms import (
     ABLATED_ARMS,
     ARMS,
     SIZED_ARMS,
+    VLLM_ROUTER_ARMS,
     Arm,
     EnginePriorityArm,
     LuftpauseArm,
     RouterArm,
     SmgArm,
+    VllmRouterArm,
 )
 from luftpause.sim.fleet import Replica
 from luftpause.sim.placement import SMG_LOAD_POLL_S, SMG_POLICIES, smg_placement
@@ -130,6 +132,15 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
             world, replicas, placement=smg_placement(config.smg_policy, config.seed),
             poll_s=config.smg_load_poll_s,
         )  # fmt: skip
+    if name == "vllm-router":
+        return VllmRouterArm(world, replicas)
+    if name == "vllm-router-plain":
+        # Assumption: vLLM's router's default ``--policy cache_aware`` is the SGLang
+        # router's (its source's lineage), with the same defaults (0.3, 64, 1.5).
+        return RouterArm(replicas, name=name)
+    if name == "vllm-router-cap" or (size is not None and size[0] == "vllm-router-cap"):
+        capacity = config.engine.kv_tokens if size is None else size[1]
+        return VllmRouterArm(world, replicas, token_capacity=capacity, name=name)
     if size is not None:
         return SmgArm(
             world, replicas, size[1], priority=size[0] == "smg-cap", name=name,
@@ -138,7 +149,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         )  # fmt: skip
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
-        "luftpause-paceMS, luftpause-no-pace"
+        "luftpause-paceMS, luftpause-no-pace, vllm-router, vllm-router-cap[T], "
+        "vllm-router-plain"
     )
 
 
@@ -403,8 +415,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"arms to run, in order (default: {','.join(ARMS)}); also smg-capC (SMG's "
         "priority scheduler with C slots over all replicas), smg-fifoC (its FIFO cap of C), "
         "luftpause-paceMS (luftpause limiting batch turns beside interactive runs to keep "
-        "replies at MS ms per token: interactive_pace_ms) and luftpause-no-pace (the decode "
-        "pace off)",
+        "replies at MS ms per token: interactive_pace_ms), luftpause-no-pace (the decode "
+        "pace off), vllm-router (vLLM's router with program scheduling, its defaults), "
+        "vllm-router-capT (the same with token_capacity_per_target T; vllm-router-cap: the "
+        "engine's KV pool) and vllm-router-plain (vLLM's router without it)",
     )
     sim.add_argument(
         "--replicas", type=positive_int, default=2, help="engine replicas (default: 2)"
@@ -569,13 +583,15 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def arms_from_args(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in (*ARMS, *ABLATED_ARMS) and sized_arm(a) is None]
+    known = (*ARMS, *ABLATED_ARMS, *VLLM_ROUTER_ARMS)
+    unknown = [a for a in arms if a not in known and sized_arm(a) is None]
     if unknown or not arms:
         raise MixError(
             f"unknown arm(s) {', '.join(unknown) or '(none given)'}; arms are "
             f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, "
-            "luftpause-paceMS for a decode pace target of MS ms per token, and "
-            "luftpause-no-pace"
+            "luftpause-paceMS for a decode pace target of MS ms per token, "
+            "luftpause-no-pace, vllm-router, vllm-router-cap / vllm-router-capT for a "
+            "token capacity of the engine's KV pool / T tokens, and vllm-router-plain"
         )
     small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]
     if small:

@@ -180,6 +180,8 @@ class ShapedAgent:
             caller=self.group.caller,
             agent=self.index,
             routing_text=play.text,  # the conversation's text, as a gateway routes on it
+            expected_resume=play.k + 1 < len(play.plan.turns),
+            context_tokens=turn.prompt_tokens,
         )
         asked_at = self.world.now
 
