@@ -200,7 +200,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class RouterProcess:
-    """A real router (PyPI ``sglang-router`` or SMG) in front of some engines (S7)."""
+    """A real router (PyPI ``sglang-router``, SMG or ``vllm-router``) in front of some
+    engines (S7)."""
 
     proc: subprocess.Popen[bytes]
     url: str
@@ -305,6 +306,35 @@ def launch_smg(
     )
 
 
+def launch_vllm_router(
+    worker_urls: Sequence[str],
+    policy: str,
+    stderr: Path,
+    model: str,
+    timeout: float = 60.0,
+    extra_args: Sequence[str] = (),
+) -> RouterProcess:
+    """Start vLLM's router (PyPI ``vllm-router``, ``python -m vllm_router.launch_router``)
+    on loopback and wait (bounded) until it lists every worker as healthy and a completion
+    passes through it.
+
+    ``extra_args`` are added to the command line (e.g. ``--enable-program-scheduling
+    --program-scheduling-config-json '{...}'``). Its Prometheus listener gets a free port
+    of its own (its default, 29000, would collide between routers)."""
+
+    def argv(port: int, metrics_port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "vllm_router.launch_router",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *worker_urls,
+            "--policy", policy,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            *extra_args,
+        ]  # fmt: skip
+
+    return _launch_router("vllm-router", argv, worker_urls, stderr, model, timeout)
+
+
 def _launch_router(
     name: str,
     argv: Callable[[int, int], list[str]],
@@ -356,7 +386,7 @@ def _launch_router(
 
 def missing_workers(router_url: str, worker_urls: Sequence[str]) -> list[str]:
     """The worker URLs that the router's ``GET /workers`` does not list as healthy (and,
-    where it says, ready). Both the SGLang router and SMG answer
+    where it says, ready). The SGLang router, SMG and vLLM's router all answer
     ``{"workers": [{"url": ..., "is_healthy": ..., ...}]}``. Raises ``httpx.HTTPError``
     or ``ValueError`` when the router cannot say yet."""
     r = httpx.get(f"{router_url}/workers", timeout=5)

@@ -1,11 +1,13 @@
-"""Side-by-side benchmarks of luftpause against the SGLang Model Gateway, the SGLang router
-and engine priority (H4).
+"""Side-by-side benchmarks of luftpause against the SGLang Model Gateway, the SGLang router,
+vLLM's router and engine priority (H4).
 
     python tools/bench/flood.py --quick      # time-scaled engines, fewer points: ~11 min
     python tools/bench/flood.py              # full: every load point, 2 repetitions (~4.5 h)
     python tools/bench/flood.py --benches own,light --reps 1 --time-scale 4
     python tools/bench/flood.py --benches own --reps 3 --time-scale 5 \\
         --smg-caps 8,16,24,32 --smg-fifo-caps 16,32 --plot docs/frontier.svg
+    python tools/bench/flood.py --quick --benches own --loads 24 --vllm-router \\
+        --arms luftpause,vllm-router,vllm-prog,vllm-prog-kv
 
 Every arm runs on the same two fake engines (``--priority-scheduling`` on, as in
 the original testbed), in one run, arms alternated and repeated:
@@ -20,13 +22,19 @@ the original testbed), in one run, arms alternated and repeated:
    the run ID and the same body priorities; with ``--smg-caps`` also ``smg-capC``
    (that scheduler given C slots) and with ``--smg-fifo-caps`` ``smg-fifoC`` (SMG's
    FIFO ``--max-concurrent-requests C``): SMG's frontier beside luftpause's point
-   (``--plot``). A load sweep over N.
+   (``--plot``); with ``--vllm-router`` also vLLM's router (PyPI ``vllm-router``) in
+   front of two more fake engines serving vLLM's metric names (``--metrics vllm``):
+   ``vllm-router`` plain, ``vllm-prog`` with its program scheduling (a run is a
+   program, named by the run ID in ``x-session-id``), ``vllm-prog-kv`` the same with
+   ``token_capacity_per_target`` set to the engines' KV pool; each arm's final
+   ``/scheduling/diagnostics`` is kept in the JSON. A load sweep over N.
 2. ``mcp``: the same mix as sub-agents through the runtime; arms: runtime →
    router, runtime → dataplane, and runtime → SMG (the runtime sending each turn as
    the own-loop ``smg`` arm's load generator does: ``runtime.class_headers``,
    ``run_id_headers`` and ``class_priority``); same sweep.
 3. ``light``: ~2,000-character contexts, 24 batch + 4 interactive, the own-loop
-   arms (SMG without the capacity sweeps): they should tie.
+   arms (SMG without the capacity sweeps; vLLM's router with ``--vllm-router``): they
+   should tie.
 4. ``routing``: 8 concurrent sub-agents (no saturation): luftpause affinity vs
    router ``cache_aware`` vs router ``round_robin``: runs/min and cached share.
 5. ``fanout``: 16 sub-agents spawned together vs one after another, through
@@ -39,6 +47,9 @@ the original testbed), in one run, arms alternated and repeated:
    the window: interactive turn p50/p95 and batch reply tokens per minute. Its engines
    need a long context (``--context-length 131072 --kv-tokens 1000000``), so it runs
    alone (``--benches coding``).
+
+``--arms NAME,...`` keeps only the named arms at every point (e.g. luftpause and the
+vLLM router arms).
 
 Statistics: with ``--reps N`` every cell is a mean ± the half-width of its 95 %
 confidence interval (Student's t); ratios between arms are per repetition. Each
@@ -66,11 +77,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import io
 import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -94,6 +107,7 @@ from luftpause.procs import (
     launch,
     launch_sglang_router,
     launch_smg,
+    launch_vllm_router,
     stop_all,
 )
 from luftpause.scheduler.core import Params
@@ -131,6 +145,22 @@ SMG_COMMON_FLAGS = (
     "--disable-worker-overload-protection",
 )  # fmt: skip
 
+# vLLM's router (PyPI vllm-router 0.1.17) arms. They run on two more fake engines, the same
+# as the others' but serving vLLM's metric names: its program scheduling reads
+# vllm:kv_cache_usage_perc and vllm:num_requests_running/_waiting from each engine's /metrics.
+VLLM_ENGINE_ARGS = ("--metrics", "vllm")
+VLLM_POLICY = "cache_aware"  # its default: where a request without a program goes
+# How the load generator names a run's program to the router: the run ID in a harness
+# session header, which the router takes as the program's identity only with
+# "program_scheduling_enable_key": "auto" (its default key is the body's
+# vllm_xargs.agentic_context, which the load generator does not send yet).
+# HOOK (program identity): once `luftpause loadgen` can send vllm_xargs.agentic_context,
+# pass its flag here instead of the header, and drop VLLM_ENABLE_KEY from
+# vllm_arms_config, so that `vllm-prog` runs the router's defaults untouched.
+VLLM_PROGRAM_HEADER = "x-session-id"
+VLLM_PROGRAM_FLAGS = ("--routing-key-header", VLLM_PROGRAM_HEADER)
+VLLM_ENABLE_KEY = {"program_scheduling_enable_key": "auto"}
+
 
 # ------------------------------------------------------------------ settings
 
@@ -164,6 +194,10 @@ class Plan:
     coding_loads: tuple[int, ...] = (8, 24)
     coding_window_s: float = 1800.0
     coding_warmup_s: float = 300.0
+    # Own-loop floods (own, light, coding): also the vLLM router arms.
+    vllm_router: bool = False
+    # Only these arms at every point (empty: all).
+    arms: tuple[str, ...] = ()
 
     def real(self, model_s: float) -> float:
         return model_s / self.time_scale
@@ -205,6 +239,7 @@ FULL = Plan(
     floor_runs=6,
 )
 BENCHES = ("own", "light", "mcp", "routing", "fanout", "coding")
+OWN_LOOP = frozenset({"own", "light", "coding"})  # the benches that run own_arms
 CODING_INTERACTIVE = 2  # interactive agents beside the coding flood's batch agents
 # The coding-agent profile's contexts reach ~100k tokens; only memory changes (a decode
 # step still reads every context token's KV at the calibrated bandwidth).
@@ -222,13 +257,16 @@ class Stack:
     services: list[ServiceProcess] = field(default_factory=list)
     routers: dict[str, RouterProcess] = field(default_factory=dict)
     engines: list[str] = field(default_factory=list)
+    vllm_engines: list[str] = field(default_factory=list)  # the vLLM router arms' engines
     tools_url: str = ""
     dataplane: str = ""
     # ablations: arm -> the dataplane of a second scheduler with one policy off
     # (luftpause-no-pk: prefix keeping; luftpause-no-pace: the decode pace)
     ablations: dict[str, str] = field(default_factory=dict)
     runtimes: dict[str, str] = field(default_factory=dict)  # arm -> /mcp URL
-    setups: dict[str, str] = field(default_factory=dict)  # SMG arm -> its configuration
+    setups: dict[str, str] = field(default_factory=dict)  # router arm -> its command line
+    # vLLM router arm -> its version, command line and program-scheduling configuration
+    router_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     # a luftpause dataplane's URL -> its scheduler's /status (sampled over its arms)
     statuses: dict[str, str] = field(default_factory=dict)
 
@@ -380,23 +418,82 @@ def smg_command(flags: list[str], capacity: list[int] | None, policy: str = "cac
     return text
 
 
+def kv_pool_tokens(server_infos: list[dict[str, Any]]) -> int:
+    """The KV pool of one engine in tokens, from the engines' ``/server_info`` answers
+    (``max_total_num_tokens``): the smallest, so that it holds for every engine."""
+    sizes = []
+    for info in server_infos:
+        size = info.get("max_total_num_tokens")
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise ValueError(f"/server_info gave no positive max_total_num_tokens: {size!r}")
+        sizes.append(size)
+    if not sizes:
+        raise ValueError("no engine to read a KV pool size from")
+    return min(sizes)
+
+
+def vllm_arms_config(kv_tokens: int) -> dict[str, dict[str, Any] | None]:
+    """Each vLLM router arm's program-scheduling configuration (None: off): plain; its
+    defaults (but for the key that takes the run ID's header as the program, see
+    ``VLLM_PROGRAM_FLAGS``); and the same with ``token_capacity_per_target``, the logical
+    KV capacity of one engine, set to the engines' pool (``kv_tokens``), which turns on
+    its token-based admission (else it guards by program count, 64 per engine)."""
+    return {
+        "vllm-router": None,
+        "vllm-prog": {**VLLM_ENABLE_KEY},
+        "vllm-prog-kv": {**VLLM_ENABLE_KEY, "token_capacity_per_target": kv_tokens},
+    }
+
+
+def vllm_router_flags(config: dict[str, Any] | None) -> list[str]:
+    """The ``vllm-router`` flags of one program-scheduling configuration (None: none)."""
+    if config is None:
+        return []
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return ["--enable-program-scheduling", "--program-scheduling-config-json", text]
+
+
+def vllm_router_command(flags: list[str], policy: str = VLLM_POLICY) -> str:
+    """The command line a vLLM router arm ran (ports and engine URLs by name)."""
+    return shlex.join(
+        [
+            "vllm-router", "--host", "127.0.0.1", "--port", "PORT",
+            "--worker-urls", "VLLM_ENGINE_A", "VLLM_ENGINE_B", "--policy", policy,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", "PORT2", *flags,
+        ]
+    )  # fmt: skip
+
+
+def package_version(name: str) -> str:
+    """The installed version of a distribution, or "not installed"."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def probe_period(plan: Plan) -> float:
     """The scheduler's probe period, scaled with the engines (2 s of model time)."""
     return max(0.05, 2.0 / plan.time_scale)
 
 
-def start_engines(s: Stack, extra: tuple[str, ...] = ()) -> None:
+def start_engines(s: Stack, extra: tuple[str, ...] = (), vllm: bool = False) -> None:
     """The two fake engines (priority scheduling on, as in every arm) and the fake tools;
-    ``extra``: more engine flags (the coding flood's long context)."""
+    ``extra``: more engine flags (the coding flood's long context); ``vllm``: also the
+    vLLM router arms' two engines, the same but with vLLM's metric names."""
     ts = f"{s.plan.time_scale:g}"
-    for name in ("engine-a", "engine-b"):
-        svc = s.start(
-            "fake-engine", "--name", name, "--port", "0", "--time-scale", ts,
-            "--priority-scheduling", "--chunk-tokens", str(s.plan.chunk_tokens),
-            "--tool-results", str(TOOL_CALLS), "--log-level", "WARNING", *extra,
-            name=name,
-        )  # fmt: skip
-        s.engines.append(svc.urls["http"])
+    pairs = [(("engine-a", "engine-b"), extra, s.engines)]
+    if vllm:
+        pairs.append((("vllm-engine-a", "vllm-engine-b"), extra + VLLM_ENGINE_ARGS, s.vllm_engines))
+    for names, flags, urls in pairs:
+        for name in names:
+            svc = s.start(
+                "fake-engine", "--name", name, "--port", "0", "--time-scale", ts,
+                "--priority-scheduling", "--chunk-tokens", str(s.plan.chunk_tokens),
+                "--tool-results", str(TOOL_CALLS), "--log-level", "WARNING", *flags,
+                name=name,
+            )  # fmt: skip
+            urls.append(svc.urls["http"])
     tools = s.start(
         "fake-mcp", "--port", "0", "--time-scale", ts, "--log-level", "WARNING", name="fake-mcp"
     )
@@ -408,7 +505,8 @@ def start_stack(
 ) -> Stack:
     """``ablate``: "prefix-keeping" and/or "pace", a luftpause arm each with it off."""
     s = Stack(tmp, plan)
-    start_engines(s, CODING_ENGINE_ARGS if "coding" in benches else ())
+    vllm = plan.vllm_router and bool(benches & OWN_LOOP)
+    start_engines(s, CODING_ENGINE_ARGS if "coding" in benches else (), vllm=vllm)
     probe_s = probe_period(plan)
     s.dataplane = _luftpause(s, _config(tmp / "stack.toml", s, probe_s), "")
     if "prefix-keeping" in ablate:
@@ -433,6 +531,8 @@ def start_stack(
             )  # fmt: skip
             shown = [yaml_path.name if f == str(yaml_path) else f for f in flags]
             s.setups[name] = smg_command(shown, capacity, plan.smg_policy)
+    if vllm:
+        start_vllm_routers(s)
     if "routing" in benches:
         s.routers["round_robin"] = launch_sglang_router(
             s.engines, "round_robin", tmp / "router-round_robin.log", MODEL
@@ -462,6 +562,30 @@ def start_stack(
     return s
 
 
+def start_vllm_routers(s: Stack) -> None:
+    """vLLM's router, once per arm of ``vllm_arms_config``, in front of the stack's vLLM
+    engines; their KV pool read from the engines themselves."""
+    with httpx.Client(timeout=5) as c:
+        kv = kv_pool_tokens([c.get(f"{url}/server_info").json() for url in s.vllm_engines])
+    version = package_version("vllm-router")
+    for name, config in vllm_arms_config(kv).items():
+        flags = vllm_router_flags(config)
+        s.routers[name] = launch_vllm_router(
+            s.vllm_engines, VLLM_POLICY, s.tmp / f"{name}.log", MODEL, extra_args=flags
+        )
+        s.setups[name] = vllm_router_command(flags)
+        s.router_info[name] = {
+            "router": "vllm-router",
+            "version": version,
+            "command": s.setups[name],
+            "policy": VLLM_POLICY,
+            "program_scheduling": config,
+            "engines": f"two fake engines with `{' '.join(VLLM_ENGINE_ARGS)}`",
+            "kv_pool_tokens": kv,
+            "loadgen_program_flags": list(VLLM_PROGRAM_FLAGS),
+        }
+
+
 def runtime_available() -> bool:
     return (ROOT / "src/luftpause/runtime/main.py").exists()
 
@@ -469,13 +593,14 @@ def runtime_available() -> bool:
 # ------------------------------------------------------------------ observation
 
 
-def wait_idle(stack: Stack, timeout_s: float = 120.0) -> None:
-    """Until both engines run and queue nothing (the previous arm's requests are gone)."""
+def wait_idle(stack: Stack, timeout_s: float = 120.0, engines: list[str] | None = None) -> None:
+    """Until both engines (``engines``: these, else the stack's) run and queue nothing
+    (the previous arm's requests are gone)."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=5) as c:
         while time.monotonic() < deadline:
             busy = 0
-            for url in stack.engines:
+            for url in engines or stack.engines:
                 load = c.get(f"{url}/get_load").json()
                 busy += sum(int(x.get("num_reqs", 0)) for x in load)
             if busy == 0:
@@ -651,6 +776,8 @@ class Arm:
     fan: bool = False
     dataplane: str = ""  # the luftpause dataplane it goes through, if any (held times)
     smg_metrics: str = ""  # an SMG with its priority scheduler: its metrics (held times)
+    engines: list[str] = field(default_factory=list)  # the engines it runs on (empty: the stack's)
+    diagnostics: str = ""  # a router's diagnostics, read when the arm ends (vLLM's router)
 
 
 STATUS_EVERY_S = 1.0  # how often a luftpause arm's scheduler /status is read
@@ -746,11 +873,12 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
         if arm.name.startswith("luftpause")
         else ""
     )
-    wait_idle(stack)
+    engines = arm.engines or stack.engines
+    wait_idle(stack, engines=engines)
     t0 = time.monotonic()
     with (
         StatusSampler(status_url) if status_url else contextlib.nullcontext() as sampler,
-        EngineWatch(stack.engines) as watch,
+        EngineWatch(engines) as watch,
         held_delta(
             held,
             (lambda: smg_wait_totals(arm.smg_metrics))
@@ -775,6 +903,10 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
     result["rep"] = rep
     if arm.name in stack.setups:
         result["setup"] = stack.setups[arm.name]
+    if arm.name in stack.router_info:
+        result["router"] = stack.router_info[arm.name]
+    if arm.diagnostics:
+        result["router_diagnostics"] = read_diagnostics(arm.diagnostics)
     if arm.smg_metrics:
         result["held_in_other"] = True  # the client saw SMG's wait as part of the turn
     print(
@@ -790,6 +922,16 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
         flush=True,
     )
     return result
+
+
+def read_diagnostics(url: str) -> Any:
+    """A router's diagnostics (its JSON answer), or what kept it from answering."""
+    try:
+        r = httpx.get(url, timeout=10)
+        r.raise_for_status()
+        return r.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"error": f"GET {url}: {exc!r}"}
 
 
 def own_flags(stack: Stack, bench: str, load: int, context: int) -> list[str]:
@@ -836,6 +978,23 @@ def own_arms(
         for name, r in stack.routers.items()
         if name == "smg" or (bench in ("own", "coding") and name.startswith("smg-"))
     ]
+    # vLLM router arms: no class headers or priorities (as the SGLang router arm), the run
+    # ID as the program's name (VLLM_PROGRAM_FLAGS), on their own engines.
+    vllm = [
+        Arm(
+            bench,
+            name,
+            load,
+            ["--target", r.url, "--no-class-headers", *VLLM_PROGRAM_FLAGS, *common],
+            engines=stack.vllm_engines,
+            # only a router with program scheduling serves it (404 without)
+            diagnostics=f"{r.url}/scheduling/diagnostics"
+            if stack.router_info[name].get("program_scheduling") is not None
+            else "",
+        )
+        for name, r in stack.routers.items()
+        if name in stack.router_info
+    ]
     return [
         Arm(bench, "router", load, ["--target", router, "--no-class-headers", *common]),
         Arm(bench, "luftpause", load, ["--target", stack.dataplane, *common]),
@@ -847,6 +1006,7 @@ def own_arms(
             ["--target", engines, "--no-class-headers", "--priority", PRIORITY, *common],
         ),
         *smg,
+        *vllm,
     ]
 
 
@@ -1307,6 +1467,7 @@ def ratio_text(values: list[float], change: bool = False) -> str:
     return f"{mean:.2f}×" + (f" ± {half:.2f}" if half is not None else "")
 
 
+NO_VERDICT = "no verdict (the luftpause or router arm did not run)"
 SATURATED_QUEUE_S = (
     2.0  # router arm: interactive engine-queue seconds per run that count as "seconds"
 )
@@ -1347,7 +1508,10 @@ def goals_own(
     if "smg" in by_arm:  # the headline peer: shown, not (yet) part of the verdict
         cells.append(ratio_text(paired_ratios(lp, by_arm["smg"], "interactive")))
         cells.append(ratio_text(paired_ratios(lp, by_arm["smg"], "batch"), change=True))
-    cells.append("met" if not verdicts else "**missed**: " + "; ".join(verdicts))
+    if not lp or not ro:  # --arms left one out: nothing to judge
+        cells.append(NO_VERDICT)
+    else:
+        cells.append("met" if not verdicts else "**missed**: " + "; ".join(verdicts))
 
     def parts(a: dict[str, Any]) -> str:
         return ", ".join(
@@ -1816,11 +1980,14 @@ def report(
     a saved run (the results are that run's; only the text around them is newer)."""
     sc = plan.time_scale
     setups: dict[str, str] = {}
+    routers: dict[str, dict[str, Any]] = {}
     for per_load in results.values():
         for by_arm in per_load.values():
             for name, runs in by_arm.items():
                 for r in runs:
-                    if r.get("setup"):
+                    if r.get("router"):
+                        routers.setdefault(name, dict(r["router"]))
+                    elif r.get("setup"):
                         setups.setdefault(name, str(r["setup"]))
     smg_lines = (
         [
@@ -1886,6 +2053,7 @@ def report(
         "is a second scheduler and dataplane with `keep_prefixes = false` on the same "
         "engines, and `luftpause-no-pace` (`--ablate-pace`) one with `interactive_pace_ms = 0`",
         *smg_lines,
+        *vllm_router_lines(routers),
         f"- repetitions: {plan.reps} per arm and load point; the arms' order at a point is a "
         "row of a Williams Latin square, the next row at the next repetition and the next "
         "point (no arm keeps its position from one repetition to the next; over as many "
@@ -1983,10 +2151,16 @@ def report(
                     if "smg" in by_arm and "luftpause" in by_arm
                     else ""
                 )
+                judged = "luftpause" in by_arm and "router" in by_arm
                 summary.append(
                     f"- {bench} {load}: "
-                    + ("met" if not verdicts else "missed (" + "; ".join(verdicts) + ")")
+                    + (
+                        ("met" if not verdicts else "missed (" + "; ".join(verdicts) + ")")
+                        if judged
+                        else NO_VERDICT
+                    )
                     + vs_smg
+                    + vs_vllm_text(by_arm)
                 )
             head = (
                 "| batch agents | interactive luftpause/router | batch luftpause vs router "
@@ -2078,6 +2252,65 @@ def report(
                 out += scheduler_lines(by_arm, load)
                 summary += [f"- coding {load}: {line}" for line in lines]
     return "\n".join([*header, "## Goals at a glance", "", *summary, "", *out]) + "\n"
+
+
+def vllm_router_lines(routers: dict[str, dict[str, Any]]) -> list[str]:
+    """The report's description of the vLLM router arms that ran (``routers``: arm ->
+    its ``router`` record): version, engines, how runs are named, every command line."""
+    if not routers:
+        return []
+    first = next(iter(routers.values()))
+    kv = next((r["kv_pool_tokens"] for r in routers.values() if r.get("kv_pool_tokens")), None)
+    flags = " ".join(first.get("loadgen_program_flags", []))
+    return [
+        f"- vLLM router arms (PyPI `vllm-router` {first.get('version', '?')}, vLLM's router) "
+        f"in front of two more fake engines, the same but `{' '.join(VLLM_ENGINE_ARGS)}` "
+        "(its program scheduling reads vLLM's gauges from each engine's `/metrics`): "
+        "`vllm-router` without program scheduling, `vllm-prog` with it (its defaults but "
+        "for `program_scheduling_enable_key: auto`, so that a harness session header names "
+        "a run's program), `vllm-prog-kv` the same with `token_capacity_per_target` "
+        + (f"{kv} (" if kv else "(")
+        + "the engines' KV pool, `max_total_num_tokens` of their `/server_info`). Like the "
+        "SGLang router arm, the load generator sends no class headers or priorities; it "
+        f"sends the run ID as the program's name (`{flags}`). The router's own times "
+        "(metrics poll 1 s, acting TTL at most 10 s, queue timeout 600 s) are real "
+        "seconds, not scaled with the engines. Each arm's final `GET "
+        "/scheduling/diagnostics` is in the JSON (`router_diagnostics`). Command lines:",
+        *(f"  - `{name}`: `{r['command']}`" for name, r in sorted(routers.items())),
+    ]
+
+
+def vs_vllm_text(by_arm: dict[str, list[dict[str, Any]]]) -> str:
+    """luftpause against each vLLM router arm at one point, per repetition (not part of
+    the verdict): interactive runs/min as a ratio, batch runs/min as a change."""
+    lp = by_arm.get("luftpause")
+    if not lp:
+        return ""
+    return "".join(
+        f"; against {name} (not part of the verdict): interactive "
+        + ratio_text(paired_ratios(lp, results, "interactive"))
+        + ", batch "
+        + ratio_text(paired_ratios(lp, results, "batch"), change=True)
+        for name, results in by_arm.items()
+        if any(r.get("router", {}).get("router") == "vllm-router" for r in results)
+    )
+
+
+def select_arms(
+    schedule: list[tuple[str, int, list[Arm]]], wanted: tuple[str, ...]
+) -> list[tuple[str, int, list[Arm]]]:
+    """Only the ``wanted`` arms at every point (empty: all), points left without an arm
+    dropped. Raises ValueError naming any wanted arm that is at no point."""
+    if not wanted:
+        return schedule
+    names = {a.name for _, _, arms in schedule for a in arms}
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise ValueError(
+            f"no arm named {', '.join(unknown)} in this run (arms: {', '.join(sorted(names))})"
+        )
+    kept = [(b, n, [a for a in arms if a.name in wanted]) for b, n, arms in schedule]
+    return [(b, n, arms) for b, n, arms in kept if arms]
 
 
 # ------------------------------------------------------------------ main
@@ -2187,6 +2420,19 @@ def main() -> int:
         "(default: none)",
     )
     parser.add_argument(
+        "--vllm-router",
+        action="store_true",
+        help="own-loop floods (own, light, coding): also vLLM's router (PyPI vllm-router) "
+        "in front of two more fake engines with vLLM's metric names: vllm-router (plain), "
+        "vllm-prog (program scheduling), vllm-prog-kv (program scheduling given the "
+        "engines' KV pool as token_capacity_per_target)",
+    )
+    parser.add_argument(
+        "--arms",
+        metavar="NAME,...",
+        help="run only these arms at every point, e.g. luftpause,vllm-prog (default: all)",
+    )
+    parser.add_argument(
         "--plot",
         type=Path,
         metavar="FILE.svg",
@@ -2248,6 +2494,12 @@ def main() -> int:
         overrides["coding_window_s"] = args.coding_window_s
     if args.coding_warmup_s is not None:
         overrides["coding_warmup_s"] = args.coding_warmup_s
+    if args.vllm_router:
+        overrides["vllm_router"] = True
+    if args.arms:
+        overrides["arms"] = tuple(
+            dict.fromkeys(a.strip() for a in args.arms.split(",") if a.strip())
+        )
     if overrides:
         from dataclasses import replace
 
@@ -2305,14 +2557,8 @@ def main() -> int:
             if on
         )
         stack = start_stack(plan, tmp, benches, ablate=ablate)
+        routers = dict(stack.router_info)
         try:
-            contexts = sorted(
-                {8000 for b in benches if b in ("own", "mcp", "routing")}
-                | ({2000} if "light" in benches else set())
-            )
-            for ctx in contexts:
-                f = floor(stack, ctx, out)
-                floors[ctx] = f["classes"]["interactive"]["run_s"]["p50"] * plan.time_scale
             schedule: list[tuple[str, int, list[Arm]]] = []
             if "own" in benches:
                 schedule += [("own", n, own_arms(stack, "own", n, 8000)) for n in plan.loads]
@@ -2329,6 +2575,17 @@ def main() -> int:
                     schedule.append(("fanout", plan.fanout_n, fanout_arms(stack)))
             if "coding" in benches:
                 schedule += [("coding", n, coding_arms(stack, n)) for n in plan.coding_loads]
+            try:
+                schedule = select_arms(schedule, plan.arms)
+            except ValueError as exc:
+                parser.error(str(exc))
+            contexts = sorted(
+                {8000 for b in benches if b in ("own", "mcp", "routing")}
+                | ({2000} if "light" in benches else set())
+            )
+            for ctx in contexts:
+                f = floor(stack, ctx, out)
+                floors[ctx] = f["classes"]["interactive"]["run_s"]["p50"] * plan.time_scale
             clock = ArmClock(plan.reps * sum(len(arms) for _, _, arms in schedule))
             for rep in range(plan.reps):
                 for index, (bench, load, arms) in enumerate(schedule):
@@ -2365,6 +2622,7 @@ def main() -> int:
             "minutes": minutes,
             "load_before": list(load_before),
             "code": code,
+            "routers": routers,  # vLLM router arms: version, command line, configuration
         }
         args.json.write_text(json.dumps(saved, indent=1))
     text = report(plan, command, results, floors, started, minutes, load_before, code=code)
