@@ -32,16 +32,19 @@ def test_kv_pool_is_the_smallest_engines() -> None:
 
 
 def test_vllm_arms_config_and_flags() -> None:
-    """Plain, program scheduling (with the key that takes a session header as the
-    program) and the same given the KV pool as each engine's token capacity."""
+    """Plain, program scheduling with its defaults (the load generator names programs in
+    the body, its default key) and the same given the KV pool as each engine's token
+    capacity."""
     arms = flood.vllm_arms_config(55_000)
     assert list(arms) == ["vllm-router", "vllm-prog", "vllm-prog-kv"]
     assert arms["vllm-router"] is None and flood.vllm_router_flags(None) == []
-    assert arms["vllm-prog"] == {"program_scheduling_enable_key": "auto"}
-    assert arms["vllm-prog-kv"] == {
-        "program_scheduling_enable_key": "auto",
-        "token_capacity_per_target": 55_000,
-    }
+    assert arms["vllm-prog"] == {}
+    assert flood.vllm_router_flags({}) == [
+        "--enable-program-scheduling",
+        "--program-scheduling-config-json",
+        "{}",
+    ]
+    assert arms["vllm-prog-kv"] == {"token_capacity_per_target": 55_000}
     flags = flood.vllm_router_flags(arms["vllm-prog-kv"])
     assert flags[0] == "--enable-program-scheduling"
     assert flags[1] == "--program-scheduling-config-json"
@@ -95,7 +98,7 @@ def test_own_loop_arms_gain_the_vllm_router_arms(tmp_path: Path) -> None:
         assert arm.diagnostics == (f"http://{arm.name}/scheduling/diagnostics" if programs else "")
         argv = arm.argv
         assert argv[argv.index("--target") + 1] == f"http://{arm.name}"
-        assert argv[argv.index("--routing-key-header") + 1] == "x-session-id"
+        assert argv[argv.index("--program-context") + 1] == "xargs"
         assert "--no-class-headers" in argv and "--priority" not in argv
 
 
@@ -122,12 +125,12 @@ def test_report_records_the_vllm_router_arms() -> None:
         "version": "0.1.17",
         "command": flood.vllm_router_command(flood.vllm_router_flags({"a": 1})),
         "kv_pool_tokens": 55_000,
-        "loadgen_program_flags": ["--routing-key-header", "x-session-id"],
+        "loadgen_program_flags": ["--program-context", "xargs"],
     }
     lines = flood.vllm_router_lines({"vllm-prog": record})
     assert "`vllm-router` 0.1.17" in lines[0] and "--metrics vllm" in lines[0]
     assert "`token_capacity_per_target` 55000 (" in lines[0]
-    assert "`--routing-key-header x-session-id`" in lines[0]
+    assert "`--program-context xargs`" in lines[0]
     assert lines[1] == f"  - `vllm-prog`: `{record['command']}`"
     assert flood.vllm_router_lines({}) == []
 

@@ -25,7 +25,8 @@ the original testbed), in one run, arms alternated and repeated:
    (``--plot``); with ``--vllm-router`` also vLLM's router (PyPI ``vllm-router``) in
    front of two more fake engines serving vLLM's metric names (``--metrics vllm``):
    ``vllm-router`` plain, ``vllm-prog`` with its program scheduling (a run is a
-   program, named by the run ID in ``x-session-id``), ``vllm-prog-kv`` the same with
+   program, named by the run ID in the body's ``vllm_xargs.agentic_context``, sent by
+   ``luftpause loadgen --program-context xargs``), ``vllm-prog-kv`` the same with
    ``token_capacity_per_target`` set to the engines' KV pool; each arm's final
    ``/scheduling/diagnostics`` is kept in the JSON. A load sweep over N.
 2. ``mcp``: the same mix as sub-agents through the runtime; arms: runtime →
@@ -150,16 +151,11 @@ SMG_COMMON_FLAGS = (
 # vllm:kv_cache_usage_perc and vllm:num_requests_running/_waiting from each engine's /metrics.
 VLLM_ENGINE_ARGS = ("--metrics", "vllm")
 VLLM_POLICY = "cache_aware"  # its default: where a request without a program goes
-# How the load generator names a run's program to the router: the run ID in a harness
-# session header, which the router takes as the program's identity only with
-# "program_scheduling_enable_key": "auto" (its default key is the body's
-# vllm_xargs.agentic_context, which the load generator does not send yet).
-# HOOK (program identity): once `luftpause loadgen` can send vllm_xargs.agentic_context,
-# pass its flag here instead of the header, and drop VLLM_ENABLE_KEY from
-# vllm_arms_config, so that `vllm-prog` runs the router's defaults untouched.
-VLLM_PROGRAM_HEADER = "x-session-id"
-VLLM_PROGRAM_FLAGS = ("--routing-key-header", VLLM_PROGRAM_HEADER)
-VLLM_ENABLE_KEY = {"program_scheduling_enable_key": "auto"}
+# How the load generator names a run's program to the router: the body's
+# vllm_xargs.agentic_context (the router's default key), with the run ID as program_id,
+# the class as priority and expected_resume false on the run's last turn, so that
+# `vllm-prog` runs the router's defaults untouched.
+VLLM_PROGRAM_FLAGS = ("--program-context", "xargs")
 
 
 # ------------------------------------------------------------------ settings
@@ -434,14 +430,14 @@ def kv_pool_tokens(server_infos: list[dict[str, Any]]) -> int:
 
 def vllm_arms_config(kv_tokens: int) -> dict[str, dict[str, Any] | None]:
     """Each vLLM router arm's program-scheduling configuration (None: off): plain; its
-    defaults (but for the key that takes the run ID's header as the program, see
+    defaults (the load generator names programs as its default key expects, see
     ``VLLM_PROGRAM_FLAGS``); and the same with ``token_capacity_per_target``, the logical
     KV capacity of one engine, set to the engines' pool (``kv_tokens``), which turns on
     its token-based admission (else it guards by program count, 64 per engine)."""
     return {
         "vllm-router": None,
-        "vllm-prog": {**VLLM_ENABLE_KEY},
-        "vllm-prog-kv": {**VLLM_ENABLE_KEY, "token_capacity_per_target": kv_tokens},
+        "vllm-prog": {},
+        "vllm-prog-kv": {"token_capacity_per_target": kv_tokens},
     }
 
 
@@ -2266,9 +2262,9 @@ def vllm_router_lines(routers: dict[str, dict[str, Any]]) -> list[str]:
         f"- vLLM router arms (PyPI `vllm-router` {first.get('version', '?')}, vLLM's router) "
         f"in front of two more fake engines, the same but `{' '.join(VLLM_ENGINE_ARGS)}` "
         "(its program scheduling reads vLLM's gauges from each engine's `/metrics`): "
-        "`vllm-router` without program scheduling, `vllm-prog` with it (its defaults but "
-        "for `program_scheduling_enable_key: auto`, so that a harness session header names "
-        "a run's program), `vllm-prog-kv` the same with `token_capacity_per_target` "
+        "`vllm-router` without program scheduling, `vllm-prog` with it (its defaults; the "
+        "load generator names each run's program in the body's "
+        "`vllm_xargs.agentic_context`), `vllm-prog-kv` the same with `token_capacity_per_target` "
         + (f"{kv} (" if kv else "(")
         + "the engines' KV pool, `max_total_num_tokens` of their `/server_info`). Like the "
         "SGLang router arm, the load generator sends no class headers or priorities; it "
