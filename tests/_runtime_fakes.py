@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
 from luftpause.config import RuntimeSettings
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient
 from luftpause.runtime.loop import Runtime
+from luftpause.runtime.mcp_tasks import TasksExtension, TaskStore
+from luftpause.runtime.server import build_mcp, transport_security_for
 from luftpause.runtime.upstream import ToolHub, ToolOutcome, UpstreamTool
 
 RM = UpstreamTool(
@@ -81,3 +86,29 @@ async def until(predicate: Any, what: str) -> None:
     async with asyncio.timeout(10):
         while not predicate():
             await asyncio.sleep(0.005)
+
+
+@asynccontextmanager
+async def served_runtime(
+    state: Path, hub: Hub, bound_s: float
+) -> AsyncIterator[tuple[httpx.AsyncClient, Runtime]]:
+    """The runtime's MCP server with the Tasks extension, as ``luftpause runtime`` serves
+    it, over ``httpx.ASGITransport`` (its journal in ``state`` recovered first): a client
+    for it and the runtime, shut down on the way out; all of it within ``bound_s``."""
+    rt, lines = runtime(state, hub)
+    tasks = TasksExtension(TaskStore(state))
+    mcp = build_mcp(rt, tasks=tasks, request_state_key=b"k" * 32)
+    app = mcp.streamable_http_app(
+        streamable_http_path="/mcp",
+        stateless_http=False,
+        transport_security=transport_security_for("127.0.0.1"),
+    )
+    with anyio.fail_after(bound_s):
+        async with tasks.running(), mcp.session_manager.run():
+            rt.recover(lines)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+                try:
+                    yield http, rt
+                finally:
+                    await rt.shutdown()

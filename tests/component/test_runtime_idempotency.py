@@ -17,15 +17,12 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 from _mcp_raw import WAIT_S, RawMcp
-from _runtime_fakes import Hub, runtime, until
+from _runtime_fakes import Hub, served_runtime, until
 
 from luftpause.runtime.loop import Runtime
-from luftpause.runtime.mcp_tasks import TasksExtension, TaskStore
-from luftpause.runtime.server import build_mcp, transport_security_for
 
 
 class Served(RawMcp):
@@ -56,23 +53,8 @@ class Served(RawMcp):
 
 @asynccontextmanager
 async def serving(state: Path) -> AsyncIterator[Served]:
-    rt, lines = runtime(state, Hub())
-    tasks = TasksExtension(TaskStore(state))
-    mcp = build_mcp(rt, tasks=tasks, request_state_key=b"k" * 32)
-    app = mcp.streamable_http_app(
-        streamable_http_path="/mcp",
-        stateless_http=False,
-        transport_security=transport_security_for("127.0.0.1"),
-    )
-    with anyio.fail_after(WAIT_S * 3):
-        async with tasks.running(), mcp.session_manager.run():
-            rt.recover(lines)
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
-                try:
-                    yield Served(http, rt)
-                finally:
-                    await rt.shutdown()
+    async with served_runtime(state, Hub(), WAIT_S * 3) as (http, rt):
+        yield Served(http, rt)
 
 
 def text_of(result: dict[str, Any]) -> str:

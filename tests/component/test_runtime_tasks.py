@@ -14,15 +14,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 from _mcp_raw import WAIT_S, RawMcp
-from _runtime_fakes import Hub, runtime, until
+from _runtime_fakes import Hub, served_runtime, until
 
 from luftpause.runtime.core import RunState
 from luftpause.runtime.loop import DECLINED, Runtime
-from luftpause.runtime.mcp_tasks import RESTART_ERROR, TasksExtension, TaskStore
-from luftpause.runtime.server import build_mcp, transport_security_for
+from luftpause.runtime.mcp_tasks import RESTART_ERROR
 
 
 class Served(RawMcp):
@@ -45,23 +43,8 @@ class Served(RawMcp):
 @asynccontextmanager
 async def serving(state: Path, hub: Hub | None = None) -> AsyncIterator[Served]:
     hub = hub or Hub()
-    rt, lines = runtime(state, hub)
-    tasks = TasksExtension(TaskStore(state))
-    mcp = build_mcp(rt, tasks=tasks, request_state_key=b"k" * 32)
-    app = mcp.streamable_http_app(
-        streamable_http_path="/mcp",
-        stateless_http=False,
-        transport_security=transport_security_for("127.0.0.1"),
-    )
-    with anyio.fail_after(WAIT_S * 3):
-        async with tasks.running(), mcp.session_manager.run():
-            rt.recover(lines)
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
-                try:
-                    yield Served(http, rt, hub)
-                finally:
-                    await rt.shutdown()
+    async with served_runtime(state, hub, WAIT_S * 3) as (http, rt):
+        yield Served(http, rt, hub)
 
 
 async def test_run_as_a_task_with_approvals_via_tasks_update(tmp_path: Path) -> None:
