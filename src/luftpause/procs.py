@@ -232,15 +232,29 @@ def launch_sglang_router(
     lists every worker as healthy and a completion passes through it."""
 
     def argv(port: int, metrics_port: int) -> list[str]:
-        return [
-            sys.executable, "-m", "sglang_router.launch_router",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *worker_urls,
-            "--policy", policy,
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-        ]  # fmt: skip
+        return _router_argv("sglang_router", worker_urls, policy, port, metrics_port)
 
     return _launch_router("sglang router", argv, worker_urls, stderr, model, timeout)
+
+
+def _router_argv(
+    module: str,
+    worker_urls: Sequence[str],
+    policy: str,
+    port: int,
+    metrics_port: int,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command line of the SGLang router or of vLLM's router (its fork: the same
+    flags), served by ``module``'s ``launch_router``, on loopback."""
+    return [
+        sys.executable, "-m", f"{module}.launch_router",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *worker_urls,
+        "--policy", policy,
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        *extra_args,
+    ]  # fmt: skip
 
 
 def launch_smg(
@@ -323,14 +337,7 @@ def launch_vllm_router(
     of its own (its default, 29000, would collide between routers)."""
 
     def argv(port: int, metrics_port: int) -> list[str]:
-        return [
-            sys.executable, "-m", "vllm_router.launch_router",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *worker_urls,
-            "--policy", policy,
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            *extra_args,
-        ]  # fmt: skip
+        return _router_argv("vllm_router", worker_urls, policy, port, metrics_port, extra_args)
 
     return _launch_router("vllm-router", argv, worker_urls, stderr, model, timeout)
 
