@@ -211,3 +211,21 @@ async def test_bad_bodies_get_the_chat_routes_answers() -> None:
         assert render.status_code == chat.status_code == 404
         assert render.json() == chat.json()
         assert render.json()["error"]["message"] == "The model `nope` does not exist."
+
+
+async def test_non_finite_sampling_values_are_a_400_not_a_500() -> None:
+    """H1: a body whose echoed sampling values hold NaN or Infinity (JSON parsers accept
+    them; an answer may not carry them) is refused with a 400 naming the field."""
+    user = [{"role": "user", "content": "hi"}]
+    async with asgi_client() as client:
+        for field, text in (
+            ("temperature", "NaN"),
+            ("seed", "1e999"),
+            ("stop", "[NaN]"),
+        ):
+            raw = f'{{"model": "{MODEL}", "messages": {json.dumps(user)}, "{field}": {text}}}'
+            render = await client.post(
+                RENDER, content=raw.encode(), headers={"content-type": "application/json"}
+            )
+            assert render.status_code == 400, (field, render.text)
+            assert f"'{field}'" in render.json()["error"]["message"]

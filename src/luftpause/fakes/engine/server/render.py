@@ -24,6 +24,7 @@ marker tokens, see ``tokens.py``), where vLLM would describe its placeholders.
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -68,6 +69,17 @@ def sampling_params(raw: dict[str, Any], max_tokens: int) -> dict[str, Any]:
     return params
 
 
+def _finite(value: Any) -> bool:
+    """Whether ``value`` (parsed JSON) holds no NaN or infinite number."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
 async def render_chat(request: Request, config: ServerConfig) -> Response:
     checked = await read_body(request, config)
     if isinstance(checked, Response):
@@ -82,12 +94,17 @@ async def render_chat(request: Request, config: ServerConfig) -> Response:
         return error(400, str(exc))
     stream = bool(body.stream)
     cache_salt = raw.get("cache_salt")
+    params = sampling_params(raw, max_tokens)
+    echoed = {**params, "stream_options": raw.get("stream_options") if stream else None}
+    for name, value in echoed.items():
+        if not _finite(value):  # (JSON allows no NaN or Infinity in an answer)
+            return error(400, f"'{name}' must hold finite numbers only")
     return JSONResponse(
         {
             "request_id": f"chatcmpl-{uuid.uuid4().hex}",
             "token_ids": ids,
             "features": None,
-            "sampling_params": sampling_params(raw, max_tokens),
+            "sampling_params": params,
             "model": body.model,
             "stream": stream,
             "stream_options": raw.get("stream_options") if stream else None,
