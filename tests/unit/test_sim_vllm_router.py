@@ -177,19 +177,19 @@ def test_a_program_stays_on_the_engine_its_id_hashes_to() -> None:
 def test_the_arm_names_parse() -> None:
     """``--arms`` takes the three vLLM router arms and a sized capacity; make_arm builds
     them (the bare cap: the engine's KV pool)."""
-    arms = arms_from_args("vllm-router,vllm-router-plain,vllm-router-cap,vllm-router-cap30000")
-    assert arms == ["vllm-router", "vllm-router-plain", "vllm-router-cap", "vllm-router-cap30000"]
-    assert sized_arm("vllm-router-cap30000") == ("vllm-router-cap", 30000)
+    arms = arms_from_args("vllm-prog,vllm-router,vllm-prog-kv,vllm-prog-kv30000")
+    assert arms == ["vllm-prog", "vllm-router", "vllm-prog-kv", "vllm-prog-kv30000"]
+    assert sized_arm("vllm-prog-kv30000") == ("vllm-prog-kv", 30000)
     with pytest.raises(MixError):
-        arms_from_args("vllm-router-capx")
+        arms_from_args("vllm-prog-kvx")
     config = SimConfig(groups=[])
     world = World()
     replicas = [StubReplica("e0")]
-    capped = make_arm("vllm-router-cap", world, replicas, config)  # type: ignore[arg-type]
+    capped = make_arm("vllm-prog-kv", world, replicas, config)  # type: ignore[arg-type]
     assert isinstance(capped, VllmRouterArm)
     assert capped.scheduler.token_capacity == config.engine.kv_tokens
-    sized = make_arm("vllm-router-cap30000", world, replicas, config)  # type: ignore[arg-type]
+    sized = make_arm("vllm-prog-kv30000", world, replicas, config)  # type: ignore[arg-type]
     assert isinstance(sized, VllmRouterArm) and sized.scheduler.token_capacity == 30000
-    default = make_arm("vllm-router", world, replicas, config)  # type: ignore[arg-type]
+    default = make_arm("vllm-prog", world, replicas, config)  # type: ignore[arg-type]
     assert isinstance(default, VllmRouterArm) and default.scheduler.token_capacity is None
-    assert make_arm("vllm-router-plain", world, replicas, config).name == "vllm-router-plain"  # type: ignore[arg-type]
+    assert make_arm("vllm-router", world, replicas, config).name == "vllm-router"  # type: ignore[arg-type]

@@ -870,7 +870,9 @@ def run_loadgen(stack: Stack, arm: Arm, rep: int, out: Path) -> dict[str, Any]:
         else ""
     )
     engines = arm.engines or stack.engines
-    wait_idle(stack, engines=engines)
+    # every engine the flood runs, not only this arm's: the previous arm may have run on
+    # the other pair, and its requests still share this machine's cores
+    wait_idle(stack, engines=[*stack.engines, *stack.vllm_engines])
     t0 = time.monotonic()
     with (
         StatusSampler(status_url) if status_url else contextlib.nullcontext() as sampler,

@@ -52,11 +52,12 @@ ABLATED_ARMS = ("luftpause-no-pace",)
 # Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
 # and luftpause with a decode pace target of MS milliseconds per token
 # (``interactive_pace_s``).
-SIZED_ARMS = ("smg-cap", "smg-fifo", "luftpause-pace", "vllm-router-cap")
-# vLLM's router (``vllm-router`` 0.1.17): program scheduling with its defaults, the same
-# with ``token_capacity_per_target`` the engine's KV pool (``vllm-router-capT``: T tokens),
-# and without program scheduling (its default ``cache_aware`` policy).
-VLLM_ROUTER_ARMS = ("vllm-router", "vllm-router-cap", "vllm-router-plain")
+SIZED_ARMS = ("smg-cap", "smg-fifo", "luftpause-pace", "vllm-prog-kv")
+# vLLM's router (``vllm-router`` 0.1.17), named as tools/bench/flood.py names its arms:
+# without program scheduling (its default ``cache_aware`` policy), program scheduling with
+# its defaults, and the same with ``token_capacity_per_target`` the engine's KV pool
+# (``vllm-prog-kvT``: T tokens).
+VLLM_ROUTER_ARMS = ("vllm-router", "vllm-prog", "vllm-prog-kv")
 # Body priorities of the engine-prio arm (as tools/bench/flood.py sends them).
 ENGINE_PRIORITY = {"interactive": 10, "batch": 0}
 # SGLang Model Gateway 1.13's priority scheduler as tools/bench/flood.py configures it:
@@ -493,7 +494,8 @@ class SmgArm(_Unhosted):
 class VllmRouterArm(_Unhosted):
     """vLLM's router (PyPI ``vllm-router`` 0.1.17) with ``--enable-program-scheduling``, as
     ``vllm_router.py`` models it: each turn a request of program ``run_id`` with its
-    class's ``priority`` (interactive 10, batch 0: larger resumes first) and
+    class's ``priority`` (interactive 1, batch 0, as ``luftpause loadgen --program-context
+    xargs`` sends them: larger resumes first) and
     ``expected_resume`` (False on a run's last turn); the engines' metrics read every
     ``poll_s`` (``metrics_interval_seconds``), the periodic decisions run after each read.
     ``token_capacity``: ``token_capacity_per_target`` (None: unset, the default).
@@ -510,7 +512,7 @@ class VllmRouterArm(_Unhosted):
         world: World,
         replicas: Sequence[Replica],
         token_capacity: int | None = None,
-        name: str = "vllm-router",
+        name: str = "vllm-prog",
         poll_s: float = METRICS_INTERVAL_S,
         stats_window: int | None = None,
     ) -> None:

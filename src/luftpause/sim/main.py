@@ -132,13 +132,13 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
             world, replicas, placement=smg_placement(config.smg_policy, config.seed),
             poll_s=config.smg_load_poll_s,
         )  # fmt: skip
-    if name == "vllm-router":
+    if name == "vllm-prog":
         return VllmRouterArm(world, replicas)
-    if name == "vllm-router-plain":
+    if name == "vllm-router":
         # Assumption: vLLM's router's default ``--policy cache_aware`` is the SGLang
         # router's (its source's lineage), with the same defaults (0.3, 64, 1.5).
         return RouterArm(replicas, name=name)
-    if name == "vllm-router-cap" or (size is not None and size[0] == "vllm-router-cap"):
+    if name == "vllm-prog-kv" or (size is not None and size[0] == "vllm-prog-kv"):
         capacity = config.engine.kv_tokens if size is None else size[1]
         return VllmRouterArm(world, replicas, token_capacity=capacity, name=name)
     if size is not None:
@@ -149,8 +149,7 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         )  # fmt: skip
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
-        "luftpause-paceMS, luftpause-no-pace, vllm-router, vllm-router-cap[T], "
-        "vllm-router-plain"
+        "luftpause-paceMS, luftpause-no-pace, vllm-router, vllm-prog, vllm-prog-kv[T]"
     )
 
 
@@ -416,9 +415,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "priority scheduler with C slots over all replicas), smg-fifoC (its FIFO cap of C), "
         "luftpause-paceMS (luftpause limiting batch turns beside interactive runs to keep "
         "replies at MS ms per token: interactive_pace_ms), luftpause-no-pace (the decode "
-        "pace off), vllm-router (vLLM's router with program scheduling, its defaults), "
-        "vllm-router-capT (the same with token_capacity_per_target T; vllm-router-cap: the "
-        "engine's KV pool) and vllm-router-plain (vLLM's router without it)",
+        "pace off), vllm-router (vLLM's router without program scheduling), vllm-prog "
+        "(with it, its defaults) and vllm-prog-kvT (the same with token_capacity_per_target "
+        "T; vllm-prog-kv: the engine's KV pool), as tools/bench/flood.py names its arms",
     )
     sim.add_argument(
         "--replicas", type=positive_int, default=2, help="engine replicas (default: 2)"
@@ -590,8 +589,8 @@ def arms_from_args(text: str) -> list[str]:
             f"unknown arm(s) {', '.join(unknown) or '(none given)'}; arms are "
             f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, "
             "luftpause-paceMS for a decode pace target of MS ms per token, "
-            "luftpause-no-pace, vllm-router, vllm-router-cap / vllm-router-capT for a "
-            "token capacity of the engine's KV pool / T tokens, and vllm-router-plain"
+            "luftpause-no-pace, vllm-router, vllm-prog, and vllm-prog-kv / vllm-prog-kvT "
+            "for a token capacity of the engine's KV pool / T tokens"
         )
     small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]
     if small:

@@ -1,5 +1,5 @@
 """vLLM's router (PyPI ``vllm-router`` 0.1.17) with program scheduling, as the simulator's
-``vllm-router`` and ``vllm-router-capT`` arms use it.
+``vllm-prog`` and ``vllm-prog-kvT`` arms use it.
 
 Modelled on the router's Rust source (``src/program_scheduling/``: ``scheduler_state.rs``
 for the defaults, ``scheduler_admission.rs`` for admission and resume order,
@@ -77,7 +77,8 @@ DECODE_THROUGHPUT_ALPHA = 0.15
 # scheduler_lifecycle.rs
 CACHE_CONTINUITY_HIT_RATIO = 0.9
 # A class's request ``priority`` in ``agentic_context``: larger resumes first.
-PROGRAM_PRIORITY = {"interactive": 10, "batch": 0}
+# the agentic_context priority per class, as luftpause loadgen --program-context sends it
+PROGRAM_PRIORITY = {"interactive": 1, "batch": 0}
 
 
 def cache_miss_impact_s(uncached_prompt_tokens: int) -> float:
