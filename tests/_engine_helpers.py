@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -40,3 +41,42 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+class RecordingEngine:
+    """An ASGI app (a fake engine) behind a recorder: each chat request's headers and
+    JSON body are kept in ``seen``, then the request goes on to ``app`` unchanged."""
+
+    CHAT = "/v1/chat/completions"
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [body for _, body in self.seen]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != self.CHAT:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        raw = b"".join(chunks)
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.seen.append((headers, json.loads(raw)))
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:  # after the body, what the transport says (a disconnect at the end)
+                return dict(await receive())
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        await self.app(scope, replay, send)

@@ -9,10 +9,9 @@ Requests are made with the official ``anthropic`` and ``openai`` SDKs.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -20,6 +19,7 @@ import httpx
 import httpx2
 import openai
 import pytest
+from _engine_helpers import RecordingEngine
 
 from luftpause.config import DataplaneSettings, Endpoint, MetricsFlavour, Secrets
 from luftpause.dataplane.app import Dataplane, create_app
@@ -43,48 +43,16 @@ SERVED = {"eyes": ("vlm", "both"), "blind": ("llm", "both")}
 
 
 @dataclass
-class Recorder:
-    """The fake engine, with the chat bodies that reached it recorded."""
-
-    app: Any
-    bodies: list[dict[str, Any]] = field(default_factory=list)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        raw = b"".join(chunks)
-        if scope["path"] == "/v1/chat/completions":
-            self.bodies.append(json.loads(raw))
-        sent = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-@dataclass
 class VisionStack:
     host: Host
-    engine: Recorder
+    engine: RecordingEngine
     anthropic: anthropic.AsyncAnthropic
     openai: openai.AsyncOpenAI
 
 
 @pytest.fixture(name="stack")
 async def stack_fixture() -> AsyncIterator[VisionStack]:
-    engine = Recorder(engine_app(ServerConfig(params=EngineParams(time_scale=200.0))))
+    engine = RecordingEngine(engine_app(ServerConfig(params=EngineParams(time_scale=200.0))))
     sock = bind_socket("127.0.0.1", 0)
     server = uvicorn_server(engine)
     serving = asyncio.create_task(server.serve(sockets=[sock]))

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx2
 import openai
+from _engine_helpers import RecordingEngine
 
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.fakes.engine.server import ServerConfig, create_app
@@ -30,36 +31,9 @@ TOOLS = [
 ]
 
 
-class Recorder:
+def recording_engine() -> RecordingEngine:
     """The fake engine, recording each chat request's headers and body."""
-
-    def __init__(self) -> None:
-        self.app = create_app(ServerConfig(params=EngineParams(time_scale=500.0)))
-        self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        raw = b"".join(chunks)
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        self.seen.append((headers, json.loads(raw)))
-        sent = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal sent
-            if sent:  # after the body, what the transport says (a disconnect at the end)
-                return dict(await receive())
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-
-        await self.app(scope, replay, send)
+    return RecordingEngine(create_app(ServerConfig(params=EngineParams(time_scale=500.0))))
 
 
 class NoTools:
@@ -67,7 +41,7 @@ class NoTools:
         return f"{name} done", False
 
 
-def client_for(recorder: Recorder) -> openai.AsyncOpenAI:
+def client_for(recorder: RecordingEngine) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url="http://engine/v1",
         api_key="k",
@@ -76,7 +50,7 @@ def client_for(recorder: Recorder) -> openai.AsyncOpenAI:
     )
 
 
-def contexts(recorder: Recorder) -> list[dict[str, Any]]:
+def contexts(recorder: RecordingEngine) -> list[dict[str, Any]]:
     out = []
     for _, body in recorder.seen:
         out.append(json.loads(body["vllm_xargs"]["agentic_context"]))
@@ -87,7 +61,7 @@ async def test_own_loop_run_sends_its_context_and_ends_with_expected_resume_fals
     """H3, H4: an own-loop run of 2 tool calls is 3 turns; every turn names the run as
     its program with the class priority, and only the answer turn says it will not
     resume. The engine answers every turn (the field does not trouble it)."""
-    recorder = Recorder()
+    recorder = recording_engine()
     group = Group("people", 1, "interactive", "people", tool_calls=ToolCalls(2, 2))
     options = AgentOptions(model=MODEL, program_context="xargs", class_headers=False)
     async with client_for(recorder) as client:
@@ -102,7 +76,7 @@ async def test_own_loop_run_sends_its_context_and_ends_with_expected_resume_fals
 async def test_headers_mode_sends_the_session_header_and_no_body_field() -> None:
     """H3, H4: with headers, every turn carries the run ID as Claude Code's session
     and the body has no vllm_xargs."""
-    recorder = Recorder()
+    recorder = recording_engine()
     group = Group("crowd", 1, "batch", "crowd", tool_calls=ToolCalls(1, 1))
     options = AgentOptions(model=MODEL, program_context="headers", class_headers=False)
     async with client_for(recorder) as client:
@@ -116,7 +90,7 @@ async def test_played_subagents_name_their_parent_and_last_turns() -> None:
     """H3, H4: a played run whose tool turn starts two sub-agents: each sub-agent's
     turns name it as a program blocking its parent, and each program's last turn (the
     parent's and every sub-agent's) says it will not resume."""
-    recorder = Recorder()
+    recorder = recording_engine()
     group = Group("crowd", 1, "batch", "crowd")
     child = RunPlan((TurnPlan(40, 16, tool_s=0.0), TurnPlan(80, 8)))
     plan = RunPlan((TurnPlan(60, 16, subagents=(child, child)), TurnPlan(200, 8)))
