@@ -41,6 +41,22 @@ Run lifetime (S10, D8): a held turn counts as activity, so a run waiting for a
 slot is not forgotten. ``RunEnded`` forgets a run at once unless turns of it are
 still admitted; then it is marked and forgotten after the last of them.
 
+Tool leases (``leases.py``): a run paused on a tool lives on its replica (the
+pinned count) and, if interactive, holds a reservation there. Each pause gets a
+lease from its tools' learned times; the clock tick checks it when it may have run
+out (its bucket in ``run_deadlines``, beside the run's idle expiry) and a pause
+that outlived it *lapses*: ``_pinned_to`` no longer counts the run and its
+reservation is released. The run keeps its replica as its last, so its next turn
+still waits in that pin lane; ``_back_from_tool`` (on that turn's request) learns
+the pause's length and restores the pinned count and the reservation.
+
+Prefix keeping's run limit (``ReplicaState.run_limit``): new batch runs start on a
+capped replica only while fewer runs than it live there. It is never below the
+cap; a lasting queue sets it to the cap; a quiet probe raises it while new batch
+runs wait for it (doubling on the ramp); a returning turn that found its prefix
+evicted lowers it by one and the cap to no more than it. It is the run limit, not
+the cap, that rises for runs waiting behind runs: those may be on tools or gone.
+
 The cap (S2): a queue seen on ``Params.queue_probes`` consecutive probes (default
 2: one probe period) sets ``cap = max(1, running)``; a passing queue, such as a
 burst of prompts being prefilled in chunks, does not. A probe with an empty queue
@@ -99,6 +115,7 @@ from __future__ import annotations
 
 from immutables import Map
 
+from luftpause.scheduler.core import leases
 from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject
 from luftpause.scheduler.core.events import (
     ClockTicked,
@@ -123,7 +140,6 @@ from luftpause.scheduler.core.state import (
     ReplicaState,
     RunState,
     State,
-    ToolTime,
     TurnState,
     free_lane,
     new_held,
@@ -136,7 +152,6 @@ from luftpause.scheduler.core.state import (
 from luftpause.scheduler.core.types import (
     DropReason,
     EndpointKind,
-    Params,
     RejectCode,
     RunPhase,
     ServiceClass,
@@ -151,14 +166,6 @@ PACE_WEIGHT = 0.25
 PACE_BACKOFF = 0.75
 PACE_HEADROOM = 0.8
 PACE_BEST_FACTOR = 1.5  # the target is at least this many times the replica's best pace
-# Tool leases: the weights of a new sample in a tool's smoothed duration and deviation
-# (those of TCP's round-trip estimate, RFC 6298), the longest tool name learned (longer
-# ones are cut), and the most tools one pause is learned for.
-TOOL_MEAN_WEIGHT = 0.125
-TOOL_DEV_WEIGHT = 0.25
-MAX_TOOL_NAME = 64
-MAX_PAUSE_TOOLS = 8
-MAX_SAMPLE_LEASES = 4.0  # a return counts as at most this many times its pause's lease
 _KIND_LABEL = {EndpointKind.GENERATIVE: "Generative", EndpointKind.SINGLE_PASS: "SinglePass"}
 _MAX_ID = 256  # longest turn/run ID accepted from a peer
 
@@ -645,12 +652,9 @@ class _Tx:
         reservation (S4) if it is interactive."""
         changed = run
         if run.paused_tools:  # (empty: sampled already, when a turn of it was first held)
-            # One return far later than its lease (a person away, a laptop asleep) would
-            # make the tool's lease huge for many returns after it: a sample counts for at
-            # most MAX_SAMPLE_LEASES times the lease the pause had.
-            away = self.now - run.last_active
-            cap = MAX_SAMPLE_LEASES * self._lease(run.paused_tools)
-            self._learn_tool_time(run.paused_tools, away if away < cap else cap)
+            self.tool_times = leases.learn(
+                self.params, self.tool_times, run.paused_tools, self.now - run.last_active
+            )
             changed = _run_with(changed, paused_tools=())
         if run.lapsed:
             reserved_on = None
@@ -667,30 +671,13 @@ class _Tx:
         self._put_run(run.run_id, changed)  # (counts it as living on its replica again)
         return changed
 
-    def _learn_tool_time(self, tools: tuple[str, ...], seconds: float) -> None:
-        """Fold one pause's length into each of its tools' estimates (the tools of one
-        pause ran together: each is taken to have taken the whole pause)."""
-        seconds = max(0.0, seconds)
-        times = self.tool_times
-        for name in tools:
-            est = times.get(name)
-            if est is None:
-                if len(times) >= self.params.tool_estimates_max:
-                    continue  # (a peer naming endless tools: the rest get the default)
-                est = ToolTime(seconds, seconds / 2, 1)
-            else:
-                err = seconds - est.mean_s
-                est = ToolTime(
-                    est.mean_s + TOOL_MEAN_WEIGHT * err,
-                    est.dev_s + TOOL_DEV_WEIGHT * (abs(err) - est.dev_s),
-                    est.samples + 1,
-                )
-            times = times.set(name, est)
-        self.tool_times = times
-
     def _lease(self, tools: tuple[str, ...]) -> float:
         """How long a pause on ``tools`` keeps its run living on its replica."""
-        return tool_lease(self.params, self.tool_times, tools)
+        return leases.tool_lease(self.params, self.tool_times, tools)
+
+    def _check_lease_at(self, run_id: str, due: float) -> None:
+        """The clock tick looks at ``run_id``'s pause again at ``due`` (``on_tick``)."""
+        self.run_deadlines = _bucket_add(self.run_deadlines, due, run_id)
 
     def _lapse(self, run: RunState) -> None:
         """The run's pause outlived its lease: it no longer lives on its replica (S3's
@@ -721,8 +708,7 @@ class _Tx:
                     # Tool leases: it asked for its next turn and left before getting it,
                     # so it is as away as a pause: its lease runs from now (a check due
                     # while the turn was held was skipped).
-                    due = self.now + self._lease(run.paused_tools)
-                    self.run_deadlines = _bucket_add(self.run_deadlines, due, run.run_id)
+                    self._check_lease_at(run.run_id, self.now + self._lease(run.paused_tools))
             return
         turn = self.turns.get(ev.turn_id)
         if turn is not None and not turn.started:
@@ -941,7 +927,7 @@ class _Tx:
         paused_tools: tuple[str, ...] = ()
         if phase is RunPhase.PAUSED_ON_TOOL or (in_flight > 0 and paused_on_tool):
             # (with parallel turns, the tools of those that ended before it count too)
-            paused_tools = _tool_keys(run.paused_tools + tool_names)
+            paused_tools = leases.tool_keys(run.paused_tools + tool_names)
         self.runs = self.runs.set(
             run.run_id,
             new_run(
@@ -966,8 +952,7 @@ class _Tx:
             self._move_run_held(run.run_id, None)  # S3: an idle run may move
         elif phase is RunPhase.PAUSED_ON_TOOL:
             # Tool lease: checked when it may have run out (on_tick).
-            due = self.now + self._lease(paused_tools)
-            self.run_deadlines = _bucket_add(self.run_deadlines, due, run.run_id)
+            self._check_lease_at(run.run_id, self.now + self._lease(paused_tools))
         self._schedule_run_expiry(run.run_id)
         return turn
 
@@ -1353,7 +1338,7 @@ class _Tx:
                     if due <= self.now:
                         self._lapse(run)
                     else:  # its tools' estimates grew since it paused
-                        self.run_deadlines = _bucket_add(self.run_deadlines, due, run_id)
+                        self._check_lease_at(run_id, due)
             self.run_deadlines = self.run_deadlines.delete(second)
         self.swept_until = until
 
@@ -1419,7 +1404,7 @@ class _Tx:
             if phase is RunPhase.PAUSED_ON_TOOL and in_flight == 0 and not lapsed:
                 run = self.runs[snap.run_id]
                 due = max(self.now + 1.0, run.last_active + self._lease(run.paused_tools))
-                self.run_deadlines = _bucket_add(self.run_deadlines, due, snap.run_id)
+                self._check_lease_at(snap.run_id, due)
         for t in ev.in_flight:
             if t.turn_id in self.turns or t.replica not in self.replicas:
                 continue
@@ -1520,29 +1505,6 @@ def _invalid(ev: TurnRequested) -> str | None:
     if not ev.model:
         return "model is required"
     return None
-
-
-def _tool_keys(names: tuple[str, ...]) -> tuple[str, ...]:
-    """A pause's tools as estimate keys: distinct, cut, at most ``MAX_PAUSE_TOOLS``, in
-    order; ("",) when it named none (its estimate is that of unnamed tools)."""
-    keys = sorted({name[:MAX_TOOL_NAME] for name in names})[:MAX_PAUSE_TOOLS]
-    return tuple(keys) if keys else ("",)
-
-
-def tool_lease(params: Params, times: Map[str, ToolTime], tools: tuple[str, ...]) -> float:
-    """The lease of a pause on ``tools`` (docs/scheduling.md): for its slowest tool,
-    ``tool_lease_factor`` x (smoothed duration + 4 x deviation), or the default for a tool
-    never seen back; at least ``tool_lease_min_s``."""
-    lease = params.tool_lease_min_s
-    for name in tools or ("",):
-        est = times.get(name)
-        if est is None:
-            t = params.tool_lease_default_s
-        else:
-            t = params.tool_lease_factor * (est.mean_s + 4.0 * est.dev_s)
-        if t > lease:
-            lease = t
-    return lease
 
 
 def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:

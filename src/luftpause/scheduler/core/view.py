@@ -5,19 +5,22 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from luftpause.scheduler.core.decide import tool_lease
+from luftpause.scheduler.core.leases import tool_lease
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.types import EndpointKind, RunPhase
 
 TOOLS_SHOWN = 32  # the tool estimates the status lists: those with the most samples
 
 
+def lapsed_by_replica(state: State) -> Counter[str]:
+    """Runs paused on a tool past their lease, by the replica they last ran on."""
+    return Counter(r.replica for r in state.runs.values() if r.lapsed and r.replica is not None)
+
+
 def status(state: State, now: float) -> dict[str, Any]:
     """Per replica in-flight and capacity; held turns by class and caller with the
     oldest wait; runs by phase and class."""
-    lapsed: Counter[str] = Counter(
-        r.replica for r in state.runs.values() if r.lapsed and r.replica is not None
-    )
+    lapsed = lapsed_by_replica(state)
     replicas = []
     for name in sorted(state.replicas):
         rep = state.replicas[name]

@@ -19,6 +19,7 @@ from luftpause.scheduler.core import (
     TurnSnapshot,
     TurnStarted,
 )
+from luftpause.scheduler.core.leases import MAX_PAUSE_TOOLS, MAX_TOOL_NAME
 from luftpause.telemetry import trace_id_of
 
 _CLASS_FROM_PB: dict[int, ServiceClass] = {
@@ -82,7 +83,7 @@ def turn_event(
             completion_tokens=f.usage.completion_tokens,
             cached_tokens=f.usage.cached_tokens,
             # (bounded here too: a peer may send more than a dataplane does)
-            tool_names=tuple(name[:64] for name in f.tool_names[:8]),
+            tool_names=tuple(name[:MAX_TOOL_NAME] for name in f.tool_names[:MAX_PAUSE_TOOLS]),
         )
     if which == "failed":
         return TurnFailed(

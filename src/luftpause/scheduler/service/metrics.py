@@ -54,6 +54,7 @@ from luftpause.scheduler.core import (
     ServiceClass,
     State,
 )
+from luftpause.scheduler.core.view import lapsed_by_replica
 
 PREFIX = "luftpause_scheduler_"
 
@@ -181,9 +182,7 @@ class _StateCollector(Collector):
             "Turns back from a tool that found their run's prefix evicted on the replica",
             labels=["replica"],
         )
-        lapsed_on = collections.Counter(
-            r.replica for r in state.runs.values() if r.lapsed and r.replica is not None
-        )
+        lapsed_on = lapsed_by_replica(state)
         for name in sorted(state.replicas):
             rep = state.replicas[name]
             labels = [name]
