@@ -649,27 +649,26 @@ class _Tx:
     def _back_from_tool(self, run: RunState) -> RunState:
         """A run paused on a tool asks for its next turn: the pause's length is a sample
         of its tools' times, and a lapsed run lives on its replica again, with its
-        reservation (S4) if it is interactive."""
-        changed = run
+        reservation (S4) if it is interactive. The run's record keeps its
+        ``paused_tools`` here: the turn's admission (``_admit``) or hold (``_touch_run``)
+        clears them in the write it makes anyway, so the pause is sampled once."""
         if run.paused_tools:  # (empty: sampled already, when a turn of it was first held)
             self.tool_times = leases.learn(
                 self.params, self.tool_times, run.paused_tools, self.now - run.last_active
             )
-            changed = _run_with(changed, paused_tools=())
-        if run.lapsed:
-            reserved_on = None
-            if (
-                run.service_class is ServiceClass.INTERACTIVE
-                and run.replica is not None
-                and run.replica in self.replicas
-            ):
-                reserved_on = run.replica
-                self._bump_replica(run.replica, reserved=1)
-            changed = _run_with(changed, lapsed=False, reserved_on=reserved_on)
-        if changed is run:
+        if not run.lapsed:
             return run
-        self._put_run(run.run_id, changed)  # (counts it as living on its replica again)
-        return changed
+        reserved_on = None
+        if (
+            run.service_class is ServiceClass.INTERACTIVE
+            and run.replica is not None
+            and run.replica in self.replicas
+        ):
+            reserved_on = run.replica
+            self._bump_replica(run.replica, reserved=1)
+        back = _run_with(run, lapsed=False, reserved_on=reserved_on, paused_tools=())
+        self._put_run(run.run_id, back)  # (counts it as living on its replica again)
+        return back
 
     def _lease(self, tools: tuple[str, ...]) -> float:
         """How long a pause on ``tools`` keeps its run living on its replica."""
@@ -679,6 +678,15 @@ class _Tx:
         """The clock tick looks at ``run_id``'s pause again at ``due`` (``on_tick``)."""
         self.run_deadlines = _bucket_add(self.run_deadlines, due, run_id)
 
+    def _check_pause(self, run_id: str, since: float, tools: tuple[str, ...]) -> None:
+        """One check for a pause that began at ``since``: at its lease, or at the run's
+        idle expiry if that comes first (``on_tick`` forgets the run, lapses the pause, or
+        looks again). A paused run needs no other expiry entry until it lapses."""
+        wait = self._lease(tools)
+        if wait > self.params.run_idle_expiry_s:
+            wait = self.params.run_idle_expiry_s
+        self._check_lease_at(run_id, since + wait)
+
     def _lapse(self, run: RunState) -> None:
         """The run's pause outlived its lease: it no longer lives on its replica (S3's
         pinned count, which new batch runs wait behind) nor holds a slot (S4). It keeps
@@ -686,6 +694,8 @@ class _Tx:
         when it returns (``_back_from_tool``)."""
         self._release_reservation(run)
         self._put_run(run.run_id, _run_with(self.runs[run.run_id], lapsed=True))
+        # (its pause's checks were its only expiry entries: S10 forgets it from here)
+        self._check_lease_at(run.run_id, run.last_active + self.params.run_idle_expiry_s)
 
     # ------------------------------------------------------------ turn reports
 
@@ -927,7 +937,8 @@ class _Tx:
         paused_tools: tuple[str, ...] = ()
         if phase is RunPhase.PAUSED_ON_TOOL or (in_flight > 0 and paused_on_tool):
             # (with parallel turns, the tools of those that ended before it count too)
-            paused_tools = leases.tool_keys(run.paused_tools + tool_names)
+            named = run.paused_tools + tool_names if run.paused_tools else tool_names
+            paused_tools = leases.tool_keys(named) if named else leases.UNNAMED
         self.runs = self.runs.set(
             run.run_id,
             new_run(
@@ -951,8 +962,9 @@ class _Tx:
         if phase is RunPhase.IDLE:
             self._move_run_held(run.run_id, None)  # S3: an idle run may move
         elif phase is RunPhase.PAUSED_ON_TOOL:
-            # Tool lease: checked when it may have run out (on_tick).
-            self._check_lease_at(run.run_id, self.now + self._lease(paused_tools))
+            # Tool lease: checked when it may have run out, or the run expires (on_tick).
+            self._check_pause(run.run_id, self.now, paused_tools)
+            return turn
         self._schedule_run_expiry(run.run_id)
         return turn
 
@@ -978,8 +990,9 @@ class _Tx:
                 (),
                 False,
             )
-        else:  # ended=False: a new turn after RunEnded, the run lives on
-            run = _run_with(run, caller=caller, last_active=self.now, ended=False)
+        else:  # ended=False: a new turn after RunEnded, the run lives on; a run back from
+            # a tool has been sampled (_back_from_tool)
+            run = _run_with(run, caller=caller, last_active=self.now, ended=False, paused_tools=())
         self._put_run(run_id, run)
         self._schedule_run_expiry(run_id)
 
@@ -1338,7 +1351,7 @@ class _Tx:
                     if due <= self.now:
                         self._lapse(run)
                     else:  # its tools' estimates grew since it paused
-                        self._check_lease_at(run_id, due)
+                        self._check_pause(run_id, run.last_active, run.paused_tools)
             self.run_deadlines = self.run_deadlines.delete(second)
         self.swept_until = until
 

@@ -30,13 +30,14 @@ MAX_PAUSE_TOOLS = 8  # the most tools one pause is learned for
 MAX_SAMPLE_LEASES = 4.0  # a return counts as at most this many times its pause's lease
 
 Times = Map[str, ToolTime]
+UNNAMED = ("",)  # the keys of a pause that named no tool
 
 
 def tool_keys(names: tuple[str, ...]) -> tuple[str, ...]:
     """A pause's tools as estimate keys: distinct, cut, at most ``MAX_PAUSE_TOOLS``, in
     order; ("",) when it named none (its estimate is that of unnamed tools)."""
     keys = sorted({name[:MAX_TOOL_NAME] for name in names})[:MAX_PAUSE_TOOLS]
-    return tuple(keys) if keys else ("",)
+    return tuple(keys) if keys else UNNAMED
 
 
 def tool_lease(params: Params, times: Times, tools: tuple[str, ...]) -> float:
