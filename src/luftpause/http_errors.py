@@ -44,6 +44,8 @@ import httptools
 from starlette.datastructures import Headers
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from luftpause.shown import shown
+
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
@@ -80,13 +82,6 @@ def plain_error(malformed: Malformed) -> tuple[dict[str, Any], dict[str, str]]:
     return {"error": {"message": malformed.problem}}, {}
 
 
-def shown_text(value: str, limit: int = 64) -> str:
-    """A value as an error message quotes it: repr, cut after ``limit`` characters."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}… ({len(value)} characters)"
-
-
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 §5.6.2
 _NOT_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # what llhttp refuses in a value
 _NOT_TOKEN = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
@@ -103,9 +98,9 @@ def _bad_value(chunk: bytes) -> str | None:
         name, colon, value = line.partition(b":")
         found = _NOT_VALUE.search(value) if colon and _TOKEN.fullmatch(name) else None
         if found:
-            shown = shown_text(name.decode("ascii"))
+            quoted = shown(name.decode("ascii"))
             return (
-                f"the value of header {shown} holds a control character "
+                f"the value of header {quoted} holds a control character "
                 f"(0x{value[found.start()]:02x}); {_VALUE_RULE}"
             )
     return None
@@ -116,9 +111,9 @@ def _bad_name(chunk: bytes) -> str | None:
         name = line.partition(b":")[0]
         found = _NOT_TOKEN.search(name)
         if found:
-            shown = shown_text(name.decode("latin-1"))
+            quoted = shown(name.decode("latin-1"))
             return (
-                f"header name {shown} holds a character a header name may not hold "
+                f"header name {quoted} holds a character a header name may not hold "
                 f"(0x{name[found.start()]:02x}); names are letters, digits and !#$%&'*+-.^_`|~"
             )
     return None

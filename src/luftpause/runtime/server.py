@@ -36,7 +36,6 @@ from luftpause.http_errors import (
     Refusal,
     plain_error,
     refusal_message,
-    shown_text,
 )
 from luftpause.runtime.http_headers import StripHeaderWhitespace
 from luftpause.runtime.loop import Runtime
@@ -152,7 +151,7 @@ def _mcp_refusal(refusal: Refusal) -> str:
     if status == 400 and refusal.method == "POST":
         given = headers.get("content-type")
         if given is None or not given.lower().startswith("application/json"):
-            got = shown_text(given) if given is not None else "none"
+            got = shown(given) if given is not None else "none"
             return (
                 "Invalid Content-Type header: a POST to /mcp must be sent as "
                 f"application/json, got {got}"
@@ -163,7 +162,7 @@ def _mcp_refusal(refusal: Refusal) -> str:
         wanted = (("application/json", has_json), ("text/event-stream", has_sse))
         missing = [media for media, ok in wanted if not ok]
         accept = headers.get("accept")
-        got = shown_text(accept) if accept is not None else "none"
+        got = shown(accept) if accept is not None else "none"
         if missing:
             return (
                 "Not Acceptable: Accept must include application/json and text/event-stream "
@@ -176,18 +175,18 @@ def _mcp_refusal(refusal: Refusal) -> str:
     if status == 405:
         allowed = refusal.response_headers.get("allow", "")
         version = headers.get("mcp-protocol-version")
-        at = f" at MCP-Protocol-Version {shown_text(version)}" if version else ""
+        at = f" at MCP-Protocol-Version {shown(version)}" if version else ""
         return f"Method Not Allowed: {refusal.method} on /mcp{at}; use {allowed or 'POST'}"
     if status == 421:
         host = headers.get("host")
         return (
-            f"Invalid Host header: {shown_text(host) if host else 'none'} is not a name this "
+            f"Invalid Host header: {shown(host) if host else 'none'} is not a name this "
             "runtime answers to (DNS-rebinding protection: it answers to the address it "
             "listens on and to loopback names)"
         )
     if status == 403:
         return (
-            f"Invalid Origin header: {shown_text(headers.get('origin', ''))} is not an origin "
+            f"Invalid Origin header: {shown(headers.get('origin', ''))} is not an origin "
             "this runtime answers to (DNS-rebinding protection: loopback origins and its own "
             "address only)"
         )
