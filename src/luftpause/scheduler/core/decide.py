@@ -50,6 +50,13 @@ reservation is released. The run keeps its replica as its last, so its next turn
 still waits in that pin lane; ``_back_from_tool`` (on that turn's request) learns
 the pause's length and restores the pinned count and the reservation.
 
+The interactive target (``target.py``): while an interactive run lives on a replica,
+its batch turns are limited (``ReplicaState.pace_cap``) so that replies there stream
+under a target pace, absolute (``interactive_pace_s``) or relative to the replica's
+floor (``interactive_slowdown``). Each reply that ends there may move the limit;
+``target.paced`` is how room (``_has_room``) and placement see it: a paced replica has
+no room for batch turns, as a full one has none.
+
 Prefix keeping's run limit (``ReplicaState.run_limit``): new batch runs start on a
 capped replica only while fewer runs than it live there. It is never below the
 cap; a lasting queue sets it to the cap; a quiet probe raises it while new batch
@@ -115,7 +122,7 @@ from __future__ import annotations
 
 from immutables import Map
 
-from luftpause.scheduler.core import leases
+from luftpause.scheduler.core import leases, target
 from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject
 from luftpause.scheduler.core.events import (
     ClockTicked,
@@ -149,6 +156,7 @@ from luftpause.scheduler.core.state import (
     new_turn,
     pin_lane,
 )
+from luftpause.scheduler.core.target import paced as _paced
 from luftpause.scheduler.core.types import (
     DropReason,
     EndpointKind,
@@ -158,14 +166,6 @@ from luftpause.scheduler.core.types import (
 )
 
 _CLASS_ORDER = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
-# Decode pace (Params.interactive_pace_s): the weight of each new reply in the smoothed
-# pace the status view shows, the share of the batch turns kept when a reply is too
-# slow, the share of the target a reply must stay under for the limit to rise, and the
-# floor on the target, as a multiple of the replica's fastest reply.
-PACE_WEIGHT = 0.25
-PACE_BACKOFF = 0.75
-PACE_HEADROOM = 0.8
-PACE_BEST_FACTOR = 1.5  # the target is at least this many times the replica's best pace
 _KIND_LABEL = {EndpointKind.GENERATIVE: "Generative", EndpointKind.SINGLE_PASS: "SinglePass"}
 _MAX_ID = 256  # longest turn/run ID accepted from a peer
 
@@ -737,7 +737,7 @@ class _Tx:
         if self.params.keep_prefixes and ev.prompt_tokens > 0:
             self._prefix_feedback(turn, ev)  # (nothing to judge without reported usage)
         if (
-            self.params.interactive_pace_s is not None
+            target.enabled(self.params)
             and turn.first_token_at is not None
             and ev.completion_tokens >= max(2, self.params.pace_min_tokens)
             and turn.kind is EndpointKind.GENERATIVE
@@ -745,56 +745,14 @@ class _Tx:
             self._pace_feedback(turn, ev.completion_tokens)
 
     def _pace_feedback(self, turn: TurnState, completion_tokens: int) -> None:
-        """Decode pace: a reply that ended on a replica says how fast the engine there
-        steps (every request it runs shares each step). Only a turn admitted after the
-        limit last changed speaks for the limit as it is, so the limit changes at most once
-        per turn's length, as a congestion window changes once per round trip. While an
-        interactive run lives there (or the reply is that run's), such a reply slower than
-        ``interactive_pace_s`` per token cuts the batch limit to ``PACE_BACKOFF`` of the
-        batch turns it ran beside (at most the limit; at least 1; none if no other batch
-        turn ran beside it), and one faster than ``PACE_HEADROOM`` of it, with batch turns
-        at the limit, raises the limit by one. "Ran beside": in flight when it was
-        admitted or when it ended, whichever is more. The target is at least
-        ``PACE_BEST_FACTOR`` times the fastest reply the replica gave with at most one
-        other batch turn beside it, so an engine slower than the target even then still runs
-        batch turns beside an interactive run, and only those that would slow it further
-        are held. As S2's cap, the limit is only
-        set on a replica whose last probe reported its load. ``pace_s`` smooths every reply
-        for the status view; the limit follows single replies, because a smoothed pace
-        would still remember the turns before a cut and cut again."""
+        """The interactive target (``target.py``) learns from a reply that ended."""
         rep = self.replicas.get(turn.replica)
-        target = self.params.interactive_pace_s
-        if rep is None or target is None or turn.first_token_at is None:
+        if rep is None or turn.first_token_at is None:
             return
-        pace = max(0.0, self.now - turn.first_token_at) / (completion_tokens - 1)
-        smoothed = pace if rep.pace_s is None else rep.pace_s + PACE_WEIGHT * (pace - rep.pace_s)
-        # Other batch turns that ran beside it: as many as were in flight when it was
-        # admitted or are when it ends, whichever is more (a reply the batch turns left
-        # just before its end still ran beside them).
-        others = max(turn.batch_beside, rep.batch_in_flight)
-        is_batch = turn.service_class is ServiceClass.BATCH
-        best = rep.pace_best_s
-        if others <= 1 and (best is None or pace < best):
-            best = pace  # (a reply with at most one other batch turn beside it)
-        if best is not None:
-            # an engine slower than the target even with batch work held back is not
-            # asked for the impossible
-            target = max(target, PACE_BEST_FACTOR * best)
-        cap = rep.pace_cap
-        set_at = rep.pace_set_at
-        # (the interactive turn itself counts, whether or not its run lives on)
-        interactive_here = not is_batch or _interactive_lives_on(rep)
-        reports_load = rep.running is not None and rep.waiting is not None  # (last probe)
-        if reports_load and interactive_here and (set_at is None or turn.admitted_at >= set_at):
-            batch = others + is_batch  # the batch turns of that moment, itself included
-            if pace > target and others > 0:  # (alone, batch work did not slow it)
-                lowered = max(1, int(min(batch, batch if cap is None else cap) * PACE_BACKOFF))
-                if cap is None or lowered < cap:
-                    cap = lowered
-            elif cap is not None and pace < target * PACE_HEADROOM and batch >= cap:
-                cap += 1
+        cap, smoothed, set_at, best = target.feedback(
+            rep, turn, completion_tokens, self.now, self.params
+        )
         if cap != rep.pace_cap:
-            set_at = self.now
             self.dirty.add(turn.replica)  # (a raise makes room; a cut changes nothing held)
         self.replicas = self.replicas.set(
             turn.replica,
@@ -1532,22 +1490,6 @@ def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
         # request it has queued: holding it here could only add a wait.
         return rep.spec.orders_classes or rep.in_flight < rep.cap
     return rep.in_flight + rep.reserved < rep.cap
-
-
-def _paced(rep: ReplicaState) -> bool:
-    """Decode pace: the replica's batch turns are at the limit its pace set, and an
-    interactive run lives there."""
-    return (
-        rep.pace_cap is not None
-        and rep.batch_in_flight >= rep.pace_cap
-        and _interactive_lives_on(rep)
-    )
-
-
-def _interactive_lives_on(rep: ReplicaState) -> bool:
-    """An interactive run has a turn in flight on ``rep`` (every turn there that is not
-    batch is interactive) or is paused on a tool there (S4's reservation)."""
-    return rep.reserved > 0 or rep.in_flight > rep.batch_in_flight
 
 
 Buckets = Map[int, Map[str, None]]

@@ -97,3 +97,7 @@ class Params:
     tool_lease_factor: float = 2.0
     tool_lease_default_s: float = 120.0
     tool_estimates_max: int = 1024
+    # The interactive target relative to the floor (B7, ``target.py``): replies on a
+    # replica where an interactive run lives stay under this many times the fastest pace
+    # seen there; it replaces ``interactive_pace_s`` as the target. None: absolute target.
+    interactive_slowdown: float | None = None
