@@ -28,6 +28,7 @@ string of digits.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -203,6 +204,10 @@ class SchedulerSettings(_Frozen):
     # milliseconds per token; 0 = off. Replies shorter than pace_min_tokens are not judged.
     interactive_pace_ms: Annotated[float, Field(ge=0)] = 100.0
     pace_min_tokens: Annotated[int, Field(ge=2)] = 16
+    # The interactive target (B7, docs/scheduling.md): "1.3x" keeps interactive replies
+    # within 1.3 times the fastest pace the replica has shown (its floor); "80ms" is
+    # interactive_pace_ms = 80; "off" turns the decode pace off. Unset: interactive_pace_ms.
+    interactive_target: str | None = None
     # Tool leases (docs/scheduling.md): a run paused on a tool for longer than its lease
     # stops counting as living on its replica (new batch runs stop waiting behind it) and
     # its interactive reservation lapses; both come back when it returns. The lease is
@@ -217,6 +222,29 @@ class SchedulerSettings(_Frozen):
     status_runtimes: tuple[
         Annotated[str, Field(pattern=r"^https?://[^/?#@\s]+(:[0-9]+)?/?$")], ...
     ] = ()
+
+    @field_validator("interactive_target")
+    @classmethod
+    def _target(cls, text: str | None) -> str | None:
+        if text is not None:
+            parse_interactive_target(text)
+        return text
+
+    @model_validator(mode="after")
+    def _one_target(self) -> SchedulerSettings:
+        if self.interactive_target is not None and "interactive_pace_ms" in self.model_fields_set:
+            raise ValueError(
+                "set interactive_target or interactive_pace_ms, not both "
+                f"(interactive_pace_ms = {self.interactive_pace_ms:g} is interactive_target = "
+                f'"{self.interactive_pace_ms:g}ms")'
+            )
+        return self
+
+    def pace_targets(self) -> tuple[float | None, float | None]:
+        """The core's ``(interactive_pace_s, interactive_slowdown)``."""
+        if self.interactive_target is None:
+            return (self.interactive_pace_ms / 1000 or None), None
+        return parse_interactive_target(self.interactive_target)
 
     @field_validator("status_runtimes")
     @classmethod
@@ -233,6 +261,38 @@ class SchedulerSettings(_Frozen):
 
 
 ServiceClass = Literal["interactive", "batch"]
+
+
+def parse_interactive_target(text: str) -> tuple[float | None, float | None]:
+    """``[scheduler] interactive_target``: ``"1.3x"`` -> (None, 1.3), a slowdown over the
+    replica's floor; ``"80ms"`` -> (0.08, None), seconds per reply token; ``"off"`` ->
+    (None, None). Raises ``ValueError`` naming what is wrong."""
+    value = text.strip().lower()
+    if value == "off":
+        return None, None
+    for unit, scale in (("ms", 0.001), ("x", 1.0)):
+        if value.endswith(unit):
+            try:
+                number = float(value[: -len(unit)])
+            except ValueError:
+                break
+            if not math.isfinite(number):
+                break
+            if unit == "x":
+                if number <= 1:
+                    raise ValueError(
+                        f"interactive_target {text!r}: a slowdown must be above 1 (1x is "
+                        "the floor itself, which no shared engine can promise)"
+                    )
+                return None, number
+            if number <= 0:
+                raise ValueError(f"interactive_target {text!r}: a pace must be above 0 ms")
+            return number * scale, None
+    raise ValueError(
+        f'interactive_target {text!r}: expected a slowdown over the floor such as "1.3x", '
+        'a pace per reply token such as "80ms", or "off"'
+    )
+
 
 _CREDENTIAL_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "x-api-key", "cookie", "set-cookie"}

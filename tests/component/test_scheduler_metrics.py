@@ -151,6 +151,11 @@ async def test_replica_gauges_follow_probes_and_admissions(sched: Sched) -> None
     assert sum(m[P + "replica_batch_turns_in_flight"].values()) == 2
     assert math.isinf(one(m, "replica_batch_pace_limit", replica="a"))  # decode pace: none
     assert m.get(P + "replica_reply_pace_seconds", {}) == {}  # no reply streamed yet
+    # B7: the target (the default 100 ms: no reply has shown a floor) and its cost: a
+    # capped replica with no interactive run withholds nothing; one without a cap: absent
+    assert one(m, "replica_target_pace_seconds", replica="a") == pytest.approx(0.1)
+    assert one(m, "replica_batch_withheld_by_target", replica="a") == 0
+    assert ("replica", "b") not in {k[0] for k in m[P + "replica_batch_withheld_by_target"]}
     assert sum(m[P + "replica_turns_in_flight"].values()) == 2
     assert one(m, "engine_requests_running", replica="a") == 2
     assert one(m, "engine_requests_waiting", replica="a") == 3

@@ -30,6 +30,7 @@ SCHEDULER_SERIES = [
     "luftpause_scheduler_replica_pinned_runs",
     "luftpause_scheduler_replica_batch_turns_in_flight",
     "luftpause_scheduler_replica_batch_pace_limit",
+    "luftpause_scheduler_replica_target_pace_seconds",
     "luftpause_scheduler_replica_probe_age_seconds",
     "luftpause_scheduler_engine_requests_running",
     "luftpause_scheduler_engine_requests_waiting",

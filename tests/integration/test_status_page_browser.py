@@ -233,7 +233,8 @@ def test_page_shows_replicas_held_turns_and_runs(
     for cells in replicas.values():
         assert cells[2] == "healthy"
         assert "/" in cells[3]  # in flight / cap
-        assert cells[9].endswith("ago")  # probed
+        assert cells[9] == "–" or cells[9][0].isdigit()  # the interactive target's batch limit
+        assert cells[10].endswith("ago")  # probed
     phases = {r.attrs["data-phase"]: r.cells() for r in _rows(dom, "runs")}
     assert "paused_on_tool" in phases, phases
     # 3 interactive and 2 batch roots wait on deep_search; the load generator's runs come
@@ -244,6 +245,10 @@ def test_page_shows_replicas_held_turns_and_runs(
     assert runs_total >= 5
     cards = {c.attrs["data-card"]: c.text() for c in dom.with_attr("data-card")}
     assert cards["runs"] == f"{runs_total}runs"
+    # B7: the stack's interactive target (the default 100 ms pace) and its batch cost
+    (label,) = [c for c in cards if c.startswith("interactive target")]
+    assert label == "interactive target 100ms: batch slots withheld"
+    assert cards[label].removesuffix(label).isdigit()
     for row in _rows(dom, "held"):  # racy: what is held changes every few milliseconds
         if "data-caller" not in row.attrs:
             assert row.text() == "no turns held"

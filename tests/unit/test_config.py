@@ -13,6 +13,7 @@ from luftpause.config import (
     load_secrets,
     parse_config,
 )
+from luftpause.scheduler.core.types import Params
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -265,6 +266,38 @@ def test_scheduler_table_reaches_the_core_and_zero_turns_a_limit_off(tmp_path: P
                        ("pace_min_tokens = 1", "pace_min_tokens")):  # fmt: skip
         with pytest.raises(ConfigError, match=field):
             load_config(write(tmp_path, f"[scheduler]\n{bad}\n"))
+
+
+def test_interactive_target_names_a_slowdown_a_pace_or_off(tmp_path: Path) -> None:
+    """B7: ``interactive_target = "1.3x"`` sets the core's slowdown over the floor (and no
+    absolute pace), ``"80ms"`` the absolute pace, ``"off"`` neither; unset, the
+    ``interactive_pace_ms`` default governs. A slowdown of 1 or less, a pace of 0, a
+    value without its unit, or both keys at once are refused with the reason."""
+    from luftpause.scheduler.service.main import core_params
+
+    def params(text: str) -> Params:
+        config, _ = load_config(write(tmp_path, f"[scheduler]\n{text}\n"))
+        return core_params(config.scheduler)
+
+    relative = params('interactive_target = "1.3x"')
+    assert (relative.interactive_slowdown, relative.interactive_pace_s) == (1.3, None)
+    absolute = params('interactive_target = " 80MS "')
+    assert (absolute.interactive_slowdown, absolute.interactive_pace_s) == (None, 0.08)
+    off = params('interactive_target = "off"')
+    assert (off.interactive_slowdown, off.interactive_pace_s) == (None, None)
+    default = params("")
+    assert (default.interactive_slowdown, default.interactive_pace_s) == (None, 0.1)
+    for bad, reason in (
+        ('interactive_target = "1x"', "must be above 1"),
+        ('interactive_target = "0.5x"', "must be above 1"),
+        ('interactive_target = "0ms"', "above 0 ms"),
+        ('interactive_target = "1.3"', "expected a slowdown"),
+        ('interactive_target = "nanx"', "expected a slowdown"),
+        ('interactive_target = "fast"', "expected a slowdown"),
+        ('interactive_target = "1.3x"\ninteractive_pace_ms = 100', "not both"),
+    ):
+        with pytest.raises(ConfigError, match=reason):
+            params(bad)
 
 
 def test_strings_name_environment_variables(tmp_path: Path) -> None:

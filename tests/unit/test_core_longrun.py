@@ -67,6 +67,7 @@ from luftpause.scheduler.core import (
     TurnStarted,
     decide,
     initial_state,
+    view,
 )
 from luftpause.scheduler.core.events import Event
 from luftpause.scheduler.core.invariants import violations
@@ -333,6 +334,15 @@ def digest(outs: list[tuple[Action, ...]], final: State) -> str:
     for actions in outs:
         h.update(repr(actions).encode())
     snapshot = status(final, final.now)
+    # recorded before the interactive target's fields existed (the history is drained:
+    # no interactive run lives anywhere, so no slot is withheld)
+    assert snapshot.pop("interactive_target") == view.target_text(final.params)
+    assert snapshot.pop("batch_withheld_by_target") == 0
+    for rep in snapshot["replicas"]:
+        assert rep.pop("batch_withheld_by_target") in (0, None)
+        goal = rep.pop("target_pace_s_per_token")
+        floor = rep["best_pace_s_per_token"]
+        assert goal is None or floor is None or goal >= floor
     if final.params.initial_cap is None:  # as recorded before the ramp's field existed
         for rep in snapshot["replicas"]:
             assert rep.pop("capacity_ramping") is False

@@ -1590,7 +1590,10 @@ def test_status_view_shape() -> None:
         "in_flight_by_dataplane",
         "dataplanes_lost",
         "tool_times",
+        "interactive_target",
+        "batch_withheld_by_target",
     }
+    assert v["interactive_target"] == "100ms" and v["batch_withheld_by_target"] == 0
     assert v["dataplanes_lost"] == {}
     assert v["tool_times"] == {}
     assert sum(v["in_flight_by_dataplane"].values()) == len(sim.state.turns) > 0
@@ -1617,6 +1620,8 @@ def test_status_view_shape() -> None:
         "batch_limit_from_pace": None,
         "pace_s_per_token": None,
         "best_pace_s_per_token": None,
+        "target_pace_s_per_token": 0.1,  # the default 100 ms: no reply has set a floor
+        "batch_withheld_by_target": 0,  # no interactive run lives there
         "probed_s_ago": 5.0,
     }
     sp = v["replicas"][1]

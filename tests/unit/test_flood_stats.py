@@ -417,3 +417,35 @@ def test_every_arm_of_a_repetition_plays_the_same_runs_under_its_own_names() -> 
     assert flood.loadgen_seeds(arm("luftpause"), 1)[1] != seeds["luftpause"][1]
     assert flood.loadgen_seeds(arm("luftpause", 8), 0)[1] != seeds["luftpause"][1]
     assert seeds["smg-cap12"][0] == "coding24smgcap120"  # as floods before it named runs
+
+
+def test_frontier_goals_judge_each_peer_against_luftpauses_measured_points() -> None:
+    """B7, the frontier goal: at a peer's batch work luftpause's best interactive figure
+    (1.5x, or within 1.2x of the floor where that asks less), at its interactive figure
+    luftpause's best batch work (1.5x), and the default point (0.98x); target sweeps
+    (luftpause-xS) count as luftpause's points, other luftpause arms do not."""
+    P = flood.Point
+    points = [
+        P("luftpause", 110.0, 12.0),
+        P("luftpause-x1.5", 85.0, 23.0),
+        P("luftpause-x1.2", 70.0, 27.0),
+        P("luftpause-pace20", 200.0, 99.0),  # an ablation: not part of the frontier
+        P("smg-cap8", 30.0, 23.0),
+        P("smg-cap16", 55.0, 15.0),
+        P("vllm-prog", 57.0, 2.5),
+    ]
+    assert P("luftpause-x1.2", 1, 1).kind == "luftpause-x"
+    assert P("luftpause-x1.2", 1, 1).cap == pytest.approx(1.2)
+    rows = {r.split(" | ")[0].strip("| "): r for r in flood.frontier_goals(points, floor=32.0)}
+    # smg-cap8: 27 at >= 30 batch is 1.17x; the floor asks 32 / 1.2 = 26.7 (1.16x): met;
+    # batch at >= 23 interactive: 85 = 2.83x; the default's 12 is 0.52x its 23
+    assert "| 27.0 | 1.17 (1.16) | 85 | 2.83 | 0.52 | 2/3 |" in rows["smg-cap8"]
+    # smg-cap16: 27 at >= 55 batch (1.80x); the default (12) is below its 15
+    # interactive, so the best batch there is x1.5's 85 (1.55x)
+    assert rows["smg-cap16"].endswith("| 27.0 | 1.80 (1.50) | 85 | 1.55 | 0.80 | 2/3 |")
+    assert "| 4.80 | 3/3 |" in rows["vllm-prog"]
+    assert "luftpause-pace20" not in rows and "luftpause" not in rows
+    # a time (coding-agent turn p50): lower is better
+    timed = [P("luftpause", 100.0, 20.0), P("smg-cap12", 90.0, 22.0)]
+    (row,) = flood.frontier_goals(timed, None, lower_is_better=True)[2:]
+    assert "| 20.0 | 1.10 (1.50) | 100 | 1.11 | 1.10 | 1/3 |" in row

@@ -62,6 +62,7 @@ def test_mix_file(tmp_path: Path) -> None:
         '[[group]]\ncount = 48\nclass = "batch"\ncaller = "crowd"\n'
         '[[group]]\ncount = 4\nclass = "interactive"\ncontext_chars = 2000\ntool_calls = "1-3"\n'
         '[[group]]\ncount = 2\nclass = "batch"\nname = "crowd"\nkind = "subagents"\n'
+        "start_s = 90.5\n"
     )
     groups = load_mix(path, Defaults(max_tokens=64))
     assert [(g.name, g.count, g.cls) for g in groups] == [
@@ -72,6 +73,7 @@ def test_mix_file(tmp_path: Path) -> None:
     assert groups[0].caller == "crowd" and groups[0].max_tokens == 64
     assert groups[1].context_chars == 2000 and groups[1].tool_calls == ToolCalls(1, 3)
     assert groups[2].kind == "subagents"
+    assert groups[2].start_s == 90.5 and groups[0].start_s == 0.0  # a step of load
 
 
 @pytest.mark.parametrize(
@@ -83,6 +85,9 @@ def test_mix_file(tmp_path: Path) -> None:
         {"group": [{"count": 1, "class": "batch", "colour": "red"}]},
         {"group": [{"count": 1, "class": "batch"}], "duration": 3},
         {"group": [{"count": "many", "class": "batch"}]},
+        {"group": [{"count": 1, "class": "batch", "start_s": -1}]},
+        {"group": [{"count": 1, "class": "batch", "start_s": "soon"}]},
+        {"group": [{"count": 1, "class": "batch", "start_s": float("nan")}]},
     ],
 )
 def test_bad_mix_is_refused(data: dict[str, object]) -> None:

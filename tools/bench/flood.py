@@ -1627,31 +1627,51 @@ class Point:
 
     @property
     def kind(self) -> str:
-        for prefix in ("smg-cap", "smg-fifo", "luftpause-pace"):
-            if self.name.startswith(prefix):
+        for prefix in SWEPT:
+            rest = self.name.removeprefix(prefix)
+            if rest != self.name and _number(rest) is not None:
                 return prefix
         return self.name
 
     @property
-    def cap(self) -> int | None:
-        for prefix in ("smg-cap", "smg-fifo", "luftpause-pace"):
-            if self.name.startswith(prefix) and self.name[len(prefix) :].isdigit():
-                return int(self.name[len(prefix) :])
+    def cap(self) -> float | None:
+        """The swept setting of a sweep's point: SMG's capacity C, the decode pace target
+        MS, the interactive target's slowdown S, vLLM router's token capacity T."""
+        kind = self.kind
+        return _number(self.name[len(kind) :]) if kind in SWEPT else None
+
+
+# Arms swept over a setting written after their name: smg-cap16, luftpause-x1.3 ...
+SWEPT = ("smg-cap", "smg-fifo", "luftpause-pace", "luftpause-x", "vllm-prog-kv")
+SWEPT_LABEL = {"luftpause-pace": "MS", "luftpause-x": "S", "vllm-prog-kv": "T"}
+
+
+def _number(text: str) -> float | None:
+    """``"16"`` -> 16, ``"1.3"`` -> 1.3; None for anything else."""
+    try:
+        value = float(text)
+    except ValueError:
         return None
+    return value if math.isfinite(value) and value > 0 and text.strip() == text else None
 
 
-FRONTIER_ORDER = ("luftpause", "luftpause-no-pk", "luftpause-no-pace", "luftpause-pace",
-                  "smg", "smg-cap", "smg-fifo", "router", "engine-prio")  # fmt: skip
+FRONTIER_ORDER = ("luftpause", "luftpause-x", "luftpause-no-pk", "luftpause-no-pace",
+                  "luftpause-pace", "smg", "smg-cap", "smg-fifo", "vllm-router", "vllm-prog",
+                  "vllm-prog-kv", "router", "engine-prio")  # fmt: skip
 FRONTIER_LABEL = {
     "luftpause": "luftpause",
     "luftpause-no-pk": "luftpause, no prefix keeping",
     "luftpause-no-pace": "luftpause, no decode pace",
     "luftpause-pace": "luftpause, decode pace target MS ms",
+    "luftpause-x": "luftpause, interactive target S x the floor",
     "smg": "SMG (priority scheduler, engines' own capacity)",
     "smg-cap": "SMG priority scheduler, capacity C",
     "smg-fifo": "SMG FIFO cap (--max-concurrent-requests C)",
     "router": "SGLang router (cache_aware)",
     "engine-prio": "engine priority, no proxy",
+    "vllm-router": "vLLM router (cache_aware)",
+    "vllm-prog": "vLLM router, program scheduling",
+    "vllm-prog-kv": "vLLM router, program scheduling, token capacity T",
 }
 
 
@@ -1697,8 +1717,8 @@ def _points(
     return sorted(points, key=_frontier_key)
 
 
-def _frontier_key(p: Point) -> tuple[int, int]:
-    """Arms in ``FRONTIER_ORDER``, a sweep's caps ascending."""
+def _frontier_key(p: Point) -> tuple[int, float]:
+    """Arms in ``FRONTIER_ORDER``, a sweep's settings ascending."""
     kind = FRONTIER_ORDER.index(p.kind) if p.kind in FRONTIER_ORDER else len(FRONTIER_ORDER)
     return kind, p.cap or 0
 
@@ -1720,9 +1740,68 @@ def frontier_table(by_arm: dict[str, list[dict[str, Any]]], scale: float) -> lis
         results = by_arm[p.name]
         inter, batch = aggregate(results, "interactive", scale), aggregate(results, "batch", scale)
         lines.append(
-            f"| {p.name} | {p.cap if p.cap is not None else '-'} | {ci_text(inter['rate'])} | "
+            f"| {p.name} | {'-' if p.cap is None else f'{p.cap:g}'} | {ci_text(inter['rate'])} | "
             f"{ci_text(batch['rate'])} | {ci_text(inter['p50'])} | {ci_text(batch['p50'])} | "
             f"{inter['errors'] + batch['errors']} |"
+        )
+    return lines
+
+
+PEERS = ("smg", "router", "engine-prio", "vllm-")  # arm name prefixes of the peers
+
+
+def frontier_goals(
+    points: list[Point], floor: float | None = None, lower_is_better: bool = False
+) -> list[str]:
+    """luftpause's frontier (its default point and its interactive target's points,
+    ``luftpause-xS``) against each peer's point, as the goal states it: at the peer's
+    batch work, luftpause's interactive service is at least 1.5x the peer's (or within
+    1.2x of ``floor``, the interactive figure of the interactive agents alone, whichever
+    asks less); at the peer's interactive service, luftpause's batch work is at least
+    1.5x the peer's; and the default point's interactive service at least 0.98x the
+    peer's. Only measured points count (no interpolation). ``lower_is_better``: the
+    interactive figure is a time (a turn p50), so "1.5x better" means 1/1.5 of it."""
+    ours = [p for p in points if p.kind in ("luftpause", "luftpause-x")]
+    default = next((p for p in points if p.name == "luftpause"), None)
+
+    def better(a: float, b: float, factor: float = 1.0) -> bool:  # a at least factor x b
+        return a * factor <= b if lower_is_better else a >= b * factor
+
+    def ratio(a: float, b: float) -> float:  # how many times better a is than b
+        return (b / a if a else math.inf) if lower_is_better else (a / b if b else math.inf)
+
+    lines = [
+        "| peer | peer interactive / batch | luftpause's best interactive at ≥ its batch "
+        "| × (goal) | luftpause's best batch at ≥ its interactive | × (goal 1.5) "
+        "| default's interactive × | goals met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for peer in points:
+        if not peer.name.startswith(PEERS):
+            continue
+        goal = 1.5
+        if floor is not None:  # within 1.2x of the floor asks less: take it
+            near_floor = ratio(floor / 1.2 if not lower_is_better else floor * 1.2, peer.y)
+            goal = min(goal, max(near_floor, 0.0))
+        at_batch = [p.y for p in ours if p.x >= peer.x]
+        best_y = (min if lower_is_better else max)(at_batch) if at_batch else None
+        at_inter = [p.x for p in ours if better(p.y, peer.y)]
+        best_x = max(at_inter) if at_inter else None
+        r1 = None if best_y is None else ratio(best_y, peer.y)
+        r2 = None if best_x is None else best_x / peer.x if peer.x else None
+        r3 = None if default is None else ratio(default.y, peer.y)
+        met = [
+            r1 is not None and r1 >= goal - 1e-9,
+            r2 is not None and r2 >= 1.5,
+            r3 is not None and r3 >= 0.98,
+        ]
+        lines.append(
+            f"| {peer.name} | {peer.y:.1f} / {peer.x:.0f} | "
+            f"{'-' if best_y is None else f'{best_y:.1f}'} | "
+            f"{'-' if r1 is None else f'{r1:.2f}'} ({goal:.2f}) | "
+            f"{'-' if best_x is None else f'{best_x:.0f}'} | "
+            f"{'-' if r2 is None else f'{r2:.2f}'} | "
+            f"{'-' if r3 is None else f'{r3:.2f}'} | {sum(met)}/3 |"
         )
     return lines
 
@@ -1750,11 +1829,15 @@ SVG_STYLE = {  # kind -> (colour, marker, filled)
     "luftpause-no-pk": ("#d62728", "circle", False),
     "luftpause-no-pace": ("#d62728", "square", False),
     "luftpause-pace": ("#d62728", "square", True),
+    "luftpause-x": ("#d62728", "diamond", True),
     "smg": ("#1f77b4", "circle", False),
     "smg-cap": ("#1f77b4", "circle", True),
     "smg-fifo": ("#ff7f0e", "square", True),
     "router": ("#555555", "triangle", False),
     "engine-prio": ("#555555", "diamond", False),
+    "vllm-router": ("#2ca02c", "triangle", False),
+    "vllm-prog": ("#2ca02c", "circle", True),
+    "vllm-prog-kv": ("#2ca02c", "square", True),
 }
 
 
@@ -1848,7 +1931,7 @@ def frontier_svg(
             f'<text x="{ox + 16}" y="{(y0 + y1) / 2:.0f}" text-anchor="middle" '
             f'transform="rotate(-90 {ox + 16} {(y0 + y1) / 2:.0f})">{_esc(y_label)}</text>'
         )
-        for kind in ("smg-cap", "smg-fifo", "luftpause-pace"):
+        for kind in ("smg-cap", "smg-fifo", "luftpause-pace", "luftpause-x"):
             line = [p for p in points if p.kind == kind]
             if len(line) > 1:
                 colour = SVG_STYLE[kind][0]
@@ -1873,7 +1956,7 @@ def frontier_svg(
             if p.cap is not None:  # the other arms' markers are named by the legend
                 out.append(
                     f'<text x="{cx + 8:.1f}" y="{cy - 7:.1f}" fill="{colour}" font-size="11">'
-                    f"{'MS' if p.kind == 'luftpause-pace' else 'C'}={p.cap}</text>"
+                    f"{SWEPT_LABEL.get(p.kind, 'C')}={p.cap:g}</text>"
                 )
     ly = top + ph * rows + 8
     for i, (kind, text) in enumerate(FRONTIER_LABEL.items()):

@@ -48,6 +48,7 @@ from flood import (
     coding_goals,
     coding_points,
     coding_table,
+    frontier_goals,
     frontier_points,
     frontier_svg,
     frontier_table,
@@ -55,7 +56,7 @@ from flood import (
 from sim_fidelity import busiest_share, coding_config
 
 from luftpause.loadgen.mix import Group, MixError
-from luftpause.sim.main import SimConfig, arms_from_args, simulate
+from luftpause.sim.main import SimConfig, arms_from_args, simulate, slowdown_arm
 from luftpause.sim.placement import SMG_POLICIES
 
 BASE_ARMS = ("luftpause", "router", "engine-prio", "smg")
@@ -69,6 +70,25 @@ def caps(text: str, what: str) -> list[int]:
     if any(v < 1 for v in values):
         raise SystemExit(f"sim_frontier: {what} must be positive")
     return values
+
+
+def targets(text: str) -> list[str]:
+    """``--luftpause-targets``: slowdowns above 1, as the arms write them."""
+    values = [t.strip() for t in text.split(",") if t.strip()]
+    for t in values:
+        if slowdown_arm(f"luftpause-x{t}") is None:
+            raise SystemExit(
+                f"sim_frontier: --luftpause-targets takes slowdowns above 1, not {t!r}"
+            )
+    return values
+
+
+def _as_both(result: dict[str, Any]) -> dict[str, Any]:
+    """A run of interactive agents alone, with an empty batch class, so the frontier's
+    figures (which read both classes) take it."""
+    classes = dict(result["classes"])
+    classes.setdefault("batch", classes["interactive"])
+    return {**result, "classes": classes}
 
 
 def placement_table(arms_at: dict[str, list[dict[str, Any]]], policy: str) -> list[str]:
@@ -101,6 +121,42 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="also luftpause with these decode pace targets, ms per token "
         "(interactive_pace_ms; arms luftpause-paceMS; default: none)",
+    )
+    p.add_argument(
+        "--luftpause-targets",
+        default="",
+        help="also luftpause with these interactive targets, slowdowns over the floor "
+        '(interactive_target = "Sx"; arms luftpause-xS; e.g. 1.2,1.5,2; default: none)',
+    )
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also vLLM's router: plain (vllm-router), program scheduling with its "
+        "defaults (vllm-prog) and with the engines' KV pool as its token capacity "
+        "(vllm-prog-kv)",
+    )
+    p.add_argument(
+        "--base-arms",
+        default=",".join(BASE_ARMS),
+        help=f"the arms besides the sweeps (default: {','.join(BASE_ARMS)})",
+    )
+    p.add_argument("--replicas", type=int, default=2, help="engine replicas (default: 2)")
+    p.add_argument(
+        "--interactive",
+        type=int,
+        help="interactive agents (default: the flood's, "
+        f"{INTERACTIVE_AGENTS}; with --profile {CODING_INTERACTIVE})",
+    )
+    p.add_argument(
+        "--context-chars",
+        type=int,
+        help="own-loop runs' context in characters (default: the load generator's)",
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run the interactive agents alone (luftpause, no batch work) and judge "
+        "the goals against that floor",
     )
     p.add_argument(
         "--ablate-pace",
@@ -140,14 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     loads = caps(args.loads, "--loads")
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
+    if args.replicas < 1 or (args.interactive is not None and args.interactive < 1):
+        p.error("--replicas and --interactive must be at least 1")
     try:
         arms = arms_from_args(
             ",".join(
-                [*BASE_ARMS]
+                [a for a in args.base_arms.split(",") if a.strip()]
+                + [f"luftpause-x{t}" for t in targets(args.luftpause_targets)]
                 + [f"smg-cap{c}" for c in caps(args.smg_caps, "--smg-caps")]
                 + [f"smg-fifo{c}" for c in caps(args.smg_fifo_caps, "--smg-fifo-caps")]
                 + [f"luftpause-pace{ms}" for ms in caps(args.luftpause_paces, "--luftpause-paces")]
                 + (["luftpause-no-pace"] if args.ablate_pace else [])
+                + (["vllm-router", "vllm-prog", "vllm-prog-kv"] if args.vllm else [])
             )
         )
     except MixError as exc:
@@ -160,11 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     total, done = len(loads) * len(arms) * args.seeds, 0
     coding = {"coding_window_s": args.window_s, "coding_warmup_s": args.warmup_s}
+    floors: dict[str, float | None] = {}
     for load in loads:
+        interactive = args.interactive or (
+            CODING_INTERACTIVE if args.profile else INTERACTIVE_AGENTS
+        )
+        extra = {} if args.context_chars is None else {"context_chars": args.context_chars}
         config = SimConfig(
             groups=(
-                Group("interactive", INTERACTIVE_AGENTS, "interactive", "interactive"),
-                Group("batch", load, "batch", "batch"),
+                Group("interactive", interactive, "interactive", "interactive", **extra),
+                Group("batch", load, "batch", "batch", **extra),
             ),
             duration_s=FULL.window_for(load),
             warmup_s=FULL.warmup_for(load),
@@ -172,7 +237,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.profile:
             config = coding_config(coding, load, 0)
-        config = replace(config, smg_policy=args.smg_policy)
+            if args.interactive:
+                people = replace(config.groups[0], count=args.interactive)
+                config = replace(config, groups=(people, *config.groups[1:]))
+        config = replace(config, smg_policy=args.smg_policy, replicas=args.replicas)
+        if args.floor:  # the interactive agents alone: what no scheduler can beat
+            alone = [
+                simulate(replace(config, groups=config.groups[:1], seed=seed), "luftpause")
+                for seed in range(args.seeds)
+            ]
+            figures = (coding_points if args.profile else frontier_points)(
+                {"luftpause": [_as_both(r) for r in alone]}, 1.0
+            )
+            floors[str(load)] = figures[0].y if figures else None
         by_arm: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
         for seed in range(args.seeds):
             for arm in arms:
@@ -199,12 +276,27 @@ def main(argv: list[str] | None = None) -> int:
     for point, arms_at in results.items():
         interactive = CODING_INTERACTIVE if args.profile else INTERACTIVE_AGENTS
         lines += [f"### {point} batch + {interactive} interactive agents", ""]
+        measured = (coding_points if args.profile else frontier_points)(arms_at, 1.0)
         if args.profile:
             cells, _ = coding_goals(arms_at)
             lines += coding_table(arms_at, 1.0)
             lines += ["", *CODING_GOALS_HEAD, *cells]
         else:
             lines += frontier_table(arms_at, 1.0)
+        floor = floors.get(point)
+        lines += [
+            "",
+            "luftpause's frontier against each peer"
+            + (
+                f" (the floor: the interactive agents alone, {floor:.2f}"
+                + (" s interactive turn p50)" if args.profile else " interactive runs/min)")
+                if floor is not None
+                else ""
+            )
+            + ":",
+            "",
+            *frontier_goals(measured, floor, lower_is_better=args.profile is not None),
+        ]
         lines += ["", *placement_table(arms_at, args.smg_policy)]
         lines.append("")
     text = "\n".join(lines)

@@ -433,9 +433,9 @@ async def _closed_loop(
     ramp_s: float = 0.0,
 ) -> None:
     """One slot of a group: run after run until cancelled; slot ``index`` of ``count``
-    starts ``index / count * ramp_s`` seconds in."""
-    if ramp_s > 0:
-        await asyncio.sleep(ramp_s * index / group.count)
+    starts ``group.start_s + index / count * ramp_s`` seconds in."""
+    if ramp_s > 0 or group.start_s > 0:
+        await asyncio.sleep(group.start_s + ramp_s * index / group.count)
     number = 0
     while True:
         key = f"{nonce}-{group.name}-{index}-{number}"

@@ -15,6 +15,7 @@ falls back to the command line's value::
     tool_calls = 3            # or "1-3": uniform per run
     max_tokens = 256
     profile = "coding-agent"  # runs shaped like real traces (B10); see docs/workloads.md
+    start_s = 0               # seconds after the start before its agents begin (a load step)
 
     [[group]]
     count = 4
@@ -87,6 +88,7 @@ class Group:
     tool_calls: ToolCalls = ToolCalls(3, 3)
     max_tokens: int = 256
     profile: str | None = None  # a name in workload.PROFILES: the run shape replaces the above
+    start_s: float = 0.0  # seconds after the start before its first agent begins
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -105,6 +107,8 @@ class Group:
             raise MixError(f"group {self.name}: context_chars must not be negative")
         if self.max_tokens < 1:
             raise MixError(f"group {self.name}: max_tokens must be at least 1")
+        if not 0 <= self.start_s < float("inf"):
+            raise MixError(f"group {self.name}: start_s must be a number of seconds, at least 0")
         if self.profile is not None:
             if self.profile not in PROFILES:
                 raise MixError(
@@ -162,7 +166,7 @@ def parse_group(text: str, index: int, defaults: Defaults = Defaults()) -> Group
 
 _KEYS = {
     "count", "class", "caller", "name", "kind", "context_chars", "tool_calls", "max_tokens",
-    "profile",
+    "profile", "start_s",
 }  # fmt: skip
 
 
@@ -211,9 +215,16 @@ def parse_mix(data: dict[str, Any], defaults: Defaults = Defaults()) -> list[Gro
                     ),
                     name,
                 ),
+                start_s=_seconds(entry.get("start_s", 0.0), f"mix: group {name}: start_s"),
             )
         )
     return unique_names(groups)
+
+
+def _seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MixError(f"{what} must be a number of seconds, got {value!r}")
+    return float(value)
 
 
 def _profile(value: Any, name: str) -> str | None:

@@ -112,9 +112,12 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
              trace: Trace | None = None) -> Arm:  # fmt: skip
     size = sized_arm(name)
     paced = size is not None and size[0] == "luftpause-pace"
-    if name in ("luftpause", "luftpause-no-pace") or paced:
+    slowdown = slowdown_arm(name)
+    if name in ("luftpause", "luftpause-no-pace") or paced or slowdown is not None:
         params = config.params  # luftpause-paceMS: another target; luftpause-no-pace: none
-        if name != "luftpause":
+        if slowdown is not None:  # luftpause-xS: the target S x the floor
+            params = replace(params, interactive_slowdown=slowdown)
+        elif name != "luftpause":
             pace = size[1] / 1000 if size is not None and paced else None
             params = replace(params, interactive_pace_s=pace)
         return LuftpauseArm(
@@ -151,6 +154,19 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
         "luftpause-paceMS, luftpause-no-pace, vllm-router, vllm-prog, vllm-prog-kv[T]"
     )
+
+
+def slowdown_arm(name: str) -> float | None:
+    """``luftpause-x1.3`` -> 1.3 (luftpause with ``interactive_slowdown``); None for
+    any other name."""
+    rest = name.removeprefix("luftpause-x")
+    if rest == name:
+        return None
+    try:
+        value = float(rest)
+    except ValueError:
+        return None
+    return value if value > 1 and value < float("inf") else None
 
 
 def sized_arm(name: str) -> tuple[str, int] | None:
@@ -194,7 +210,7 @@ def simulate(
                     config.script, config.plan_seed, slot=i,
                 )  # fmt: skip
             agents.append(agent)
-            agent.start(config.ramp_s * i / group.count)
+            agent.start(group.start_s + config.ramp_s * i / group.count)
     replayed = trace_groups(list(config.replay))
     by_group = {g.name: g for g in replayed}
     players: list[ShapedAgent] = []
@@ -414,7 +430,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"arms to run, in order (default: {','.join(ARMS)}); also smg-capC (SMG's "
         "priority scheduler with C slots over all replicas), smg-fifoC (its FIFO cap of C), "
         "luftpause-paceMS (luftpause limiting batch turns beside interactive runs to keep "
-        "replies at MS ms per token: interactive_pace_ms), luftpause-no-pace (the decode "
+        "replies at MS ms per token: interactive_pace_ms), luftpause-xS (the same with a "
+        'target of S times the replica\'s floor, S > 1: interactive_target = "Sx"), '
+        "luftpause-no-pace (the decode "
         "pace off), vllm-router (vLLM's router without program scheduling), vllm-prog "
         "(with it, its defaults) and vllm-prog-kvT (the same with token_capacity_per_target "
         "T; vllm-prog-kv: the engine's KV pool), as tools/bench/flood.py names its arms",
@@ -583,13 +601,16 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 def arms_from_args(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
     known = (*ARMS, *ABLATED_ARMS, *VLLM_ROUTER_ARMS)
-    unknown = [a for a in arms if a not in known and sized_arm(a) is None]
+    unknown = [
+        a for a in arms if a not in known and sized_arm(a) is None and slowdown_arm(a) is None
+    ]
     if unknown or not arms:
         raise MixError(
             f"unknown arm(s) {', '.join(unknown) or '(none given)'}; arms are "
             f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, "
-            "luftpause-paceMS for a decode pace target of MS ms per token, "
-            "luftpause-no-pace, vllm-router, vllm-prog, and vllm-prog-kv / vllm-prog-kvT "
+            "luftpause-paceMS for a decode pace target of MS ms per token, luftpause-xS for "
+            "an interactive target of S (> 1) times the floor, luftpause-no-pace, "
+            "vllm-router, vllm-prog, and vllm-prog-kv / vllm-prog-kvT "
             "for a token capacity of the engine's KV pool / T tokens"
         )
     small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]

@@ -144,6 +144,10 @@
       ["replicas healthy", `${s.replicas.filter((r) => r.healthy).length}/${s.replicas.length}`],
     ];
     if (lost) cards.push(["dataplanes lost", lost]);
+    if (s.interactive_target && s.interactive_target !== "off") {
+      const kept = s.batch_withheld_by_target || 0;
+      cards.push([`interactive target ${s.interactive_target}: batch slots withheld`, kept]);
+    }
     $("summary").replaceChildren(
       ...cards.map(([label, value]) =>
         el("div", { class: "card", "data-card": label }, el("b", { text: value }), label),
@@ -173,6 +177,21 @@
     }));
   }
 
+  // The interactive target (B7): the batch limit its decode pace sets, and the batch
+  // slots that limit keeps empty (what meeting the target costs batch work now).
+  function targetCell(r) {
+    const limit = r.batch_limit_from_pace;
+    const kept = r.batch_withheld_by_target;
+    const ms = (v) => (v == null ? "–" : `${Math.round(v * 10000) / 10} ms`);
+    return el("td", {
+      class: "num",
+      text: limit == null ? "–" : kept ? `${limit} (−${kept})` : `${limit}`,
+      title: `batch turns taken while an interactive run lives here; ` +
+        `replies ${ms(r.pace_s_per_token)} per token, target ${ms(r.target_pace_s_per_token)}, ` +
+        `floor ${ms(r.best_pace_s_per_token)}; (−N): batch slots the limit keeps empty`,
+    });
+  }
+
   function renderReplicas(s) {
     const rows = s.replicas.map((r) =>
       el(
@@ -192,10 +211,11 @@
             "lapsed: paused on a tool past its lease, not counted",
         }),
         el("td", { class: "num", text: r.reserved_for_interactive ?? 0 }),
+        targetCell(r),
         el("td", { class: "num", text: r.probed_s_ago == null ? "never" : `${seconds(r.probed_s_ago)} ago` }),
       ),
     );
-    fill($("replicas").tBodies[0], rows, 10, "no replicas configured");
+    fill($("replicas").tBodies[0], rows, 11, "no replicas configured");
   }
 
   function renderHeld(s) {

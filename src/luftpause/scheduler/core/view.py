@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from luftpause.scheduler.core import target
 from luftpause.scheduler.core.leases import tool_lease
 from luftpause.scheduler.core.state import State
-from luftpause.scheduler.core.types import EndpointKind, RunPhase
+from luftpause.scheduler.core.types import EndpointKind, Params, RunPhase
 
 TOOLS_SHOWN = 32  # the tool estimates the status lists: those with the most samples
 
@@ -21,6 +22,7 @@ def status(state: State, now: float) -> dict[str, Any]:
     """Per replica in-flight and capacity; held turns by class and caller with the
     oldest wait; runs by phase and class."""
     lapsed = lapsed_by_replica(state)
+    params = state.params
     replicas = []
     for name in sorted(state.replicas):
         rep = state.replicas[name]
@@ -52,6 +54,10 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "best_pace_s_per_token": (
                     None if rep.pace_best_s is None else round(rep.pace_best_s, 4)
                 ),
+                # the interactive target (B7): replies here should stream under this many
+                # s per token; the batch slots its limit keeps empty (null: no cap)
+                "target_pace_s_per_token": _rounded(target.target_pace(params, rep.pace_best_s)),
+                "batch_withheld_by_target": target.withheld(rep),
                 "probed_s_ago": None if rep.probed_at is None else round(now - rep.probed_at, 3),
             }
         )
@@ -92,7 +98,26 @@ def status(state: State, now: float) -> dict[str, Any]:
         },
         # tool leases: how long runs stay away on each tool ("" = calls without a name)
         "tool_times": _tool_times(state),
+        # B7: the interactive target the decode pace keeps, and what it costs batch work
+        # now: the batch slots its limits keep empty on capped replicas
+        "interactive_target": target_text(params),
+        "batch_withheld_by_target": sum(
+            target.withheld(rep) or 0 for rep in state.replicas.values()
+        ),
     }
+
+
+def target_text(params: Params) -> str:
+    """``"1.3x"``, ``"100ms"`` or ``"off"``: the target as ``interactive_target`` says it."""
+    if params.interactive_slowdown is not None:
+        return f"{params.interactive_slowdown:g}x"
+    if params.interactive_pace_s is not None:
+        return f"{params.interactive_pace_s * 1000:g}ms"
+    return "off"
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _tool_times(state: State) -> dict[str, dict[str, Any]]:

@@ -66,6 +66,7 @@ def link_port_of(settings: SchedulerSettings, args: argparse.Namespace) -> int |
 
 def core_params(settings: SchedulerSettings) -> Params:
     """The core's policy constants from the ``[scheduler]`` table (0 turns a limit off)."""
+    pace_s, slowdown = settings.pace_targets()
     return Params(
         turn_timeout_s=settings.turn_timeout_s,
         run_idle_expiry_s=settings.run_idle_expiry_s,
@@ -75,7 +76,8 @@ def core_params(settings: SchedulerSettings) -> Params:
         prefix_miss_share=settings.prefix_miss_share,
         queue_probes=settings.queue_probes,
         initial_cap=settings.initial_cap or None,
-        interactive_pace_s=settings.interactive_pace_ms / 1000 or None,
+        interactive_pace_s=pace_s,
+        interactive_slowdown=slowdown,
         pace_min_tokens=settings.pace_min_tokens,
         tool_lease_min_s=settings.tool_lease_min_s,
         tool_lease_default_s=settings.tool_lease_default_s,

@@ -5,7 +5,8 @@ Two kinds of series, all prefixed ``luftpause_scheduler_``:
 * **State gauges**, computed at scrape time from the current (immutable) state by a
   custom collector, so the writer pays nothing per event for them: per replica
   health, in-flight turns, cap, reservations, pinned runs, batch turns in flight and
-  the decode pace's limit and smoothed pace, the engine's running and
+  the decode pace's limit, smoothed pace, target pace and withheld batch slots (the
+  interactive target's cost), the engine's running and
   waiting requests and KV-cache usage from the last probe; held turns, distinct
   callers with held turns and the oldest held turn's age by class; in-flight turns by
   class; runs by phase and class; lost dataplanes; prefix misses per replica.
@@ -53,6 +54,7 @@ from luftpause.scheduler.core import (
     RunPhase,
     ServiceClass,
     State,
+    target,
 )
 from luftpause.scheduler.core.view import lapsed_by_replica
 
@@ -172,6 +174,19 @@ class _StateCollector(Collector):
             "Smoothed seconds per token of the replies streamed there (absent: none yet)",
             ["replica"],
         )
+        target_pace = g(
+            "replica_target_pace_seconds",
+            "The interactive target there: seconds per reply token its interactive replies "
+            "should stay under (absent: none yet, or the decode pace is off)",
+            ["replica"],
+        )
+        withheld = g(
+            "replica_batch_withheld_by_target",
+            "Batch slots the interactive target's limit keeps empty that the cap and the "
+            "reservations would allow: what meeting the target costs batch work now "
+            "(absent: the replica has no cap)",
+            ["replica"],
+        )
         probe_age = g(
             "replica_probe_age_seconds",
             "Time since the replica's last probe result",
@@ -197,6 +212,12 @@ class _StateCollector(Collector):
             pace_limit.add_metric(labels, float("inf") if rep.pace_cap is None else rep.pace_cap)
             if rep.pace_s is not None:
                 pace.add_metric(labels, rep.pace_s)
+            goal = target.target_pace(state.params, rep.pace_best_s)
+            if goal is not None:
+                target_pace.add_metric(labels, goal)
+            kept = target.withheld(rep)
+            if kept is not None:
+                withheld.add_metric(labels, kept)
             if rep.running is not None:
                 running.add_metric(labels, rep.running)
             if rep.waiting is not None:
@@ -207,7 +228,7 @@ class _StateCollector(Collector):
                 probe_age.add_metric(labels, max(0.0, now - rep.probed_at))
             misses.add_metric(labels, rep.prefix_misses)
         yield from (healthy, in_flight, cap, reserved, pinned, run_limit, lapsed, batch)
-        yield from (pace_limit, pace)
+        yield from (pace_limit, pace, target_pace, withheld)
         yield from (running, waiting, kv, probe_age)
         yield misses
 
