@@ -177,6 +177,7 @@ def test_cli_reports_every_arm_and_writes_json(tmp_path: Path) -> None:
         (("--group", "2:batch", "--arms", "luftpause,smg-max"), "unknown arm(s) smg-max"),
         (("--group", "2:batch", "--arms", "smg-cap3"), "capacity must be more than 4"),
         (("--group", "2:batch", "--arms", "luftpause-pace"), "unknown arm(s) luftpause-pace"),
+        (("--group", "2:batch", "--sweep", "target=1.5", "--target-p50", "9"), "go with"),
         (("--group", "2:nightly"), "class must be interactive or batch"),
         (("--agents", "2", "--context-chars", "40000"), "do not fit the engine's context"),
     ],
@@ -260,11 +261,36 @@ def test_a_median_of_counted_readings_is_the_median_of_the_readings() -> None:
 
 
 def test_sweep_values_are_checked() -> None:
-    """B1 capacity planning: ``--sweep replicas=…`` takes whole counts ≥ 1, sorted."""
-    assert parse_sweep("replicas=4,1,2,2") == [1, 2, 4]
-    for bad in ("replicas", "gpus=1,2", "replicas=0,1", "replicas=a", "replicas="):
+    """B1 capacity planning: ``--sweep replicas=…`` takes whole counts ≥ 1, sorted;
+    B7: ``--sweep target=…`` slowdowns above 1, sorted, the same value once."""
+    assert parse_sweep("replicas=4,1,2,2") == ("replicas", [1, 2, 4])
+    assert parse_sweep("target=2,1.2,1.20, 1.5") == ("target", ["1.2", "1.5", "2"])
+    for bad in (
+        "replicas", "gpus=1,2", "replicas=0,1", "replicas=a", "replicas=",
+        "target=", "target=1", "target=0.5,2", "target=fast",
+    ):  # fmt: skip
         with pytest.raises(MixError):
             parse_sweep(bad)
+
+
+def test_cli_sweeps_the_interactive_target_and_draws_its_frontier(tmp_path: Path) -> None:
+    """B7: ``--sweep target=…`` runs luftpause with each target beside the arms given and
+    ``--plot`` draws the frontier: interactive against batch runs/min, luftpause's
+    points joined by one line, a capped peer's by another (well-formed SVG)."""
+    plot = tmp_path / "frontier.svg"
+    out = run_cli(
+        "--group", "1:interactive", "--group", "8:batch", "--duration-s", "60",
+        "--warmup-s", "20", "--arms", "smg-cap6,smg-cap8", "--sweep", "target=1.5,3",
+        "--plot", str(plot),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for arm in ("luftpause", "luftpause-x1.5", "luftpause-x3", "smg-cap6", "smg-cap8"):
+        assert f"## {arm}\n" in out.stdout
+    root = ElementTree.fromstring(plot.read_text())
+    assert root.tag.endswith("svg")
+    labels = {t.text for t in root.iter() if t.tag.endswith("text")}
+    assert {"luftpause", "luftpause-x1.5", "luftpause-x3", "smg-cap6", "smg-cap8"} <= labels
+    assert sum(1 for e in root.iter() if e.tag.endswith("polyline")) == 2
 
 
 def test_fewest_replicas_meeting_an_interactive_target() -> None:
@@ -360,7 +386,7 @@ def test_cli_sweep_prints_the_table_the_answer_and_a_plot(tmp_path: Path) -> Non
 def test_cli_plot_needs_a_sweep() -> None:
     out = run_cli("--group", "2:batch", "--plot", "x.svg")
     assert out.returncode == 2
-    assert "go with --sweep" in out.stderr
+    assert "--plot goes with --sweep replicas=N,N,... or --sweep target=S,S,..." in out.stderr
 
 
 def test_a_prompt_the_engine_refuses_fails_the_run_and_the_agent_goes_on() -> None:

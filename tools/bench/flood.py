@@ -194,6 +194,9 @@ class Plan:
     vllm_router: bool = False
     # Only these arms at every point (empty: all).
     arms: tuple[str, ...] = ()
+    # Own-loop and coding floods: one more luftpause arm per interactive target, a
+    # slowdown over the floor (luftpause-xS: ``interactive_target = "Sx"``).
+    luftpause_targets: tuple[str, ...] = ()
 
     def real(self, model_s: float) -> float:
         return model_s / self.time_scale
@@ -291,17 +294,24 @@ def _config(
     keep_prefixes: bool = True,
     initial_cap: int | None = None,
     pace: bool = True,
+    target: str | None = None,
 ) -> Path:
     """A stack file for one scheduler and dataplane on the stack's engines;
     ``initial_cap`` None leaves the scheduler's default ramp from idle. The decode pace's
     default target is in model time: the engines run ``time_scale`` faster, so it is
-    scaled as the probe period is (``pace`` False: off)."""
-    target = Params().interactive_pace_s or 0.0
-    pace_ms = target * 1000 / stack.plan.time_scale if pace else 0.0
+    scaled as the probe period is (``pace`` False: off). ``target``: an interactive target
+    relative to the floor instead (``"1.3"``: ``interactive_target = "1.3x"``), which
+    needs no scaling."""
+    default = Params().interactive_pace_s or 0.0
+    pace_ms = default * 1000 / stack.plan.time_scale if pace else 0.0
     text = (
         f"[scheduler]\nprobe_period_s = {probe_s:g}\n"
         f"keep_prefixes = {str(keep_prefixes).lower()}\n"
-        f"interactive_pace_ms = {pace_ms:g}\n"
+        + (
+            f"interactive_pace_ms = {pace_ms:g}\n"
+            if target is None
+            else f'interactive_target = "{target}x"\n'
+        )
         + ("" if initial_cap is None else f"initial_cap = {initial_cap}\n")
         + "[dataplane]\nreport_reconnect_s = 0.2\n"
     )
@@ -511,6 +521,9 @@ def start_stack(
     if "pace" in ablate:
         config = _config(tmp / "stack-no-pace.toml", s, probe_s, pace=False)
         s.ablations["luftpause-no-pace"] = _luftpause(s, config, "-no-pace")
+    for slowdown in plan.luftpause_targets:
+        config = _config(tmp / f"stack-x{slowdown}.toml", s, probe_s, target=slowdown)
+        s.ablations[f"luftpause-x{slowdown}"] = _luftpause(s, config, f"-x{slowdown}")
     s.routers["cache_aware"] = launch_sglang_router(
         s.engines, "cache_aware", tmp / "router-cache_aware.log", MODEL
     )
@@ -2222,6 +2235,24 @@ def report(
                         *frontier_table(by_arm, sc),
                         "",
                     ]
+                    floor_p50 = floors.get(ctx)
+                    floor_rate = (
+                        INTERACTIVE_AGENTS * 60 / floor_p50 if floor_p50 else None
+                    )  # (the alone run's p50 as its mean: agents x 60 / run time)
+                    out += [
+                        "luftpause's frontier (its default and its interactive targets) "
+                        "against each peer"
+                        + (
+                            f" (the floor: {INTERACTIVE_AGENTS} interactive agents alone, "
+                            f"~{floor_rate:.1f} runs/min)"
+                            if floor_rate
+                            else ""
+                        )
+                        + ":",
+                        "",
+                        *frontier_goals(frontier_points(by_arm, sc), floor_rate),
+                        "",
+                    ]
                 vs_smg = (
                     "; against SMG (not part of the verdict): interactive "
                     + ratio_text(paired_ratios(by_arm["luftpause"], by_arm["smg"], "interactive"))
@@ -2463,6 +2494,14 @@ def main() -> int:
         help="floods also run a luftpause arm with keep_prefixes = false (luftpause-no-pk)",
     )
     parser.add_argument(
+        "--luftpause-targets",
+        metavar="S,S,...",
+        default="",
+        help="own-loop and coding floods: one more luftpause arm per S (luftpause-xS), "
+        'its scheduler given interactive_target = "Sx" (a slowdown over the floor, S > 1), '
+        "e.g. 1.2,1.5,2: luftpause's frontier (default: none)",
+    )
+    parser.add_argument(
         "--ablate-pace",
         action="store_true",
         help="floods also run a luftpause arm with interactive_pace_ms = 0 (luftpause-no-pace)",
@@ -2577,6 +2616,16 @@ def main() -> int:
         overrides["coding_warmup_s"] = args.coding_warmup_s
     if args.vllm_router:
         overrides["vllm_router"] = True
+    if args.luftpause_targets:
+        targets = tuple(t.strip() for t in args.luftpause_targets.split(",") if t.strip())
+        for t in targets:
+            try:
+                ok = 1 < float(t) < math.inf
+            except ValueError:
+                ok = False
+            if not ok:
+                parser.error(f"--luftpause-targets takes slowdowns above 1, not {t!r}")
+        overrides["luftpause_targets"] = targets
     if args.arms:
         overrides["arms"] = tuple(
             dict.fromkeys(a.strip() for a in args.arms.split(",") if a.strip())

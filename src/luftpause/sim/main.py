@@ -5,6 +5,8 @@
     luftpause sim --mix mix.toml --replicas 4 --duration-s 600 --json sim.json
     luftpause sim --group 4:interactive --group 96:batch --sweep replicas=1,2,4 \
         --target-p50 40 --plot sweep.svg                               # how many replicas?
+    luftpause sim --group 4:interactive --group 48:batch --arms smg-cap8,smg-cap16 \
+        --sweep target=1.2,1.5,2 --plot frontier.svg     # what an interactive target costs
     luftpause sim --group 2:interactive --group 8:batch --profile coding-agent \
         --context-length 131072 --kv-tokens 1000000 --duration-s 1800  # trace-shaped runs
     luftpause sim --trace my-runs.jsonl --context-length 32768         # replay a trace
@@ -510,8 +512,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan = parser.add_argument_group("capacity planning")
     plan.add_argument(
         "--sweep",
-        metavar="replicas=N,N,...",
-        help="run every arm at each replica count (e.g. replicas=1,2,4,8) and compare",
+        metavar="replicas=N,N,...|target=S,S,...",
+        help="run every arm at each replica count (e.g. replicas=1,2,4,8) and compare; or "
+        "target=S,S,...: add luftpause with each interactive target (a slowdown over the "
+        "floor, luftpause-xS) to the arms, and --plot their frontier",
     )
     plan.add_argument(
         "--target-p50",
@@ -527,7 +531,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "in the window) is at most this: the target for runs that outlast the window",
     )
     plan.add_argument(
-        "--plot", type=Path, metavar="FILE.svg", help="with --sweep: draw the sweep as SVG"
+        "--plot",
+        type=Path,
+        metavar="FILE.svg",
+        help="with --sweep: draw the sweep as SVG (a target sweep: its frontier, interactive "
+        "against batch runs/min)",
     )
 
 
@@ -660,12 +668,15 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         arms = arms_from_args(args.arms)
-        counts = sweep.parse_sweep(args.sweep) if args.sweep else None
-        targets = (args.target_p50, args.target_turn_p50, args.plot)
+        swept, values = sweep.parse_sweep(args.sweep) if args.sweep else ("", [])
+        counts = [int(v) for v in values] if swept == "replicas" else None
+        if swept == "target":
+            arms = sweep.target_arms(arms, [str(v) for v in values])
+        targets = (args.target_p50, args.target_turn_p50)
         if counts is None and any(t is not None for t in targets):
-            raise MixError(
-                "--target-p50, --target-turn-p50 and --plot go with --sweep replicas=N,N,..."
-            )
+            raise MixError("--target-p50 and --target-turn-p50 go with --sweep replicas=N,N,...")
+        if not swept and args.plot is not None:
+            raise MixError("--plot goes with --sweep replicas=N,N,... or --sweep target=S,S,...")
     except (MixError, OSError) as exc:
         print(f"luftpause sim: {exc}", file=sys.stderr)
         return 2
@@ -674,6 +685,14 @@ def main(args: argparse.Namespace) -> int:
     command = "luftpause sim " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "luftpause sim"
     if counts is None:
         print(render(results, config, command))
+        if swept == "target" and args.plot is not None:
+            mix = ", ".join(f"{g.count} {g.cls}" for g in config.groups)
+            title = (
+                f"the interactive target's frontier: {mix} agents, "
+                f"{config.replicas} replicas, seed {config.seed}"
+            )
+            args.plot.write_text(sweep.frontier_svg(results, title))
+            print(f"\nplot: {args.plot}")
     else:
         print(f"Command: {command}\n")
         print(sweep.table(results))

@@ -1,4 +1,5 @@
-"""Capacity planning: the same load on 1, 2, 4, … replicas (``luftpause sim --sweep``).
+"""Capacity planning: the same load on 1, 2, 4, … replicas (``luftpause sim --sweep``);
+and the interactive target's frontier (``--sweep target=1.2,1.5,2``).
 
 ``--sweep replicas=1,2,4,8`` runs every arm at every replica count; the table
 gives interactive and batch run times and rates per point, and with
@@ -9,6 +10,11 @@ coding-agent profile's, the only time there is). ``--plot FILE.svg`` draws
 interactive p50 and batch runs/min against replicas (interactive turn p50 and batch
 reply tokens/min where a point finished no run of a class or the target is a turn's),
 one line per arm (a plain SVG file: no plotting library needed to make or view it).
+
+``--sweep target=1.2,1.5,2`` adds a luftpause arm per interactive target (a slowdown
+over the floor: ``luftpause-x1.2`` …) to the arms given, runs them all under the same
+load, and ``--plot`` draws the frontier: interactive against batch runs/min, one point
+per arm, luftpause's points and each capped peer's joined by a line (B7).
 """
 
 from __future__ import annotations
@@ -18,24 +24,108 @@ from html import escape
 from typing import Any
 
 from luftpause.loadgen.mix import MixError
-from luftpause.sim.main import SimConfig, cell
+from luftpause.sim.main import SimConfig, cell, slowdown_arm
 
-SWEEPABLE = ("replicas",)
+SWEEPABLE = ("replicas", "target")
 COLOURS = {"luftpause": "#1b6ac9", "router": "#d1495b", "engine-prio": "#8c8c8c"}
 
 
-def parse_sweep(text: str) -> list[int]:
-    """``replicas=1,2,4`` → [1, 2, 4] (sorted, unique, each at least 1)."""
+def parse_sweep(text: str) -> tuple[str, list[int] | list[str]]:
+    """``replicas=1,2,4`` -> ("replicas", [1, 2, 4]) (sorted, unique, each at least 1);
+    ``target=1.5,1.2`` -> ("target", ["1.2", "1.5"]) (slowdowns above 1, as arm names
+    write them)."""
     name, sep, values = text.partition("=")
-    if not sep or name.strip() not in SWEEPABLE:
-        raise MixError(f"--sweep takes {' or '.join(SWEEPABLE)}=N,N,..., got {text!r}")
+    name = name.strip()
+    if not sep or name not in SWEEPABLE:
+        raise MixError(f"--sweep takes replicas=N,N,... or target=S,S,..., got {text!r}")
+    if name == "target":
+        slowdowns: dict[float, str] = {}
+        for v in (v.strip() for v in values.split(",") if v.strip()):
+            value = slowdown_arm(f"luftpause-x{v}")
+            if value is None:
+                raise MixError(f"--sweep target takes slowdowns above 1, such as 1.3, got {v!r}")
+            slowdowns.setdefault(value, v)
+        if not slowdowns:
+            raise MixError(f"--sweep target needs at least one slowdown, got {values!r}")
+        return name, [slowdowns[k] for k in sorted(slowdowns)]
     try:
         counts = sorted({int(v) for v in values.split(",") if v.strip()})
     except ValueError:
         raise MixError(f"--sweep replicas must be whole numbers, got {values!r}") from None
     if not counts or counts[0] < 1:
         raise MixError(f"--sweep replicas must be at least 1, got {values!r}")
-    return counts
+    return name, counts
+
+
+def target_arms(arms: list[str], slowdowns: list[str]) -> list[str]:
+    """The arms given, luftpause first, then a luftpause arm per target."""
+    swept = [f"luftpause-x{s}" for s in slowdowns]
+    return list(dict.fromkeys(["luftpause", *arms, *swept]))
+
+
+def frontier_svg(results: list[dict[str, Any]], title: str) -> str:
+    """Interactive (y) against batch (x) runs/min, closed loop, one point per arm:
+    luftpause's default and target points joined by a line, and each swept peer's
+    (``smg-capC``, ``smg-fifoC``) by its own."""
+    width, height, pad = 760, 480, 64
+    pts = []
+    for r in results:
+        batch, inter = row(r, "batch")[0], row(r, "interactive")[0]
+        if batch is not None and inter is not None:
+            pts.append((r["arm"], batch, inter))
+    xs = [p[1] for p in pts] or [1.0]
+    ys = [p[2] for p in pts] or [1.0]
+    xtop, ytop = max(xs) * 1.1 or 1.0, max(ys) * 1.1 or 1.0
+    x0, x1, y0, y1 = pad, width - 24, height - pad, 50.0
+
+    def sx(v: float) -> float:
+        return x0 + (x1 - x0) * v / xtop
+
+    def sy(v: float) -> float:
+        return y0 - (y0 - y1) * v / ytop
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
+        f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>'
+        f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>',
+        f'<text x="{(x0 + x1) / 2}" y="{y0 + 40}" text-anchor="middle">batch runs/min</text>',
+        f'<text x="16" y="{(y0 + y1) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {(y0 + y1) / 2})">interactive runs/min</text>',
+    ]
+    for i in range(5):
+        vx, vy = xtop * i / 4, ytop * i / 4
+        out.append(
+            f'<text x="{sx(vx):.1f}" y="{y0 + 16}" text-anchor="middle">{vx:.0f}</text>'
+            f'<text x="{x0 - 6}" y="{sy(vy) + 4:.1f}" text-anchor="end">{vy:.0f}</text>'
+            f'<line x1="{x0}" y1="{sy(vy):.1f}" x2="{x1}" y2="{sy(vy):.1f}" stroke="#eee"/>'
+        )
+
+    def family(arm: str) -> str:
+        if arm == "luftpause" or arm.startswith("luftpause-x"):
+            return "luftpause"
+        for prefix in ("smg-cap", "smg-fifo", "vllm-prog-kv"):
+            if arm.startswith(prefix) and arm != prefix:
+                return prefix
+        return arm
+
+    colour = {"luftpause": "#d62728", "smg-cap": "#1f77b4", "smg-fifo": "#ff7f0e"}
+    for fam in dict.fromkeys(family(a) for a, _, _ in pts):
+        line = sorted((p for p in pts if family(p[0]) == fam), key=lambda p: p[1])
+        c = colour.get(fam, "#555555")
+        if len(line) > 1:
+            path = " ".join(f"{sx(b):.1f},{sy(v):.1f}" for _, b, v in line)
+            out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="1.5"/>')
+        for arm, b, v in line:
+            out.append(
+                f'<circle cx="{sx(b):.1f}" cy="{sy(v):.1f}" r="4" fill="{c}"/>'
+                f'<text x="{sx(b) + 7:.1f}" y="{sy(v) - 6:.1f}" fill="{c}" font-size="11">'
+                f"{escape(arm)}</text>"
+            )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
 
 
 def points(config: SimConfig, counts: list[int]) -> list[SimConfig]:
