@@ -97,13 +97,21 @@ def test_the_hold_is_soft_running_requests_take_kept_blocks_last() -> None:
 
 
 def test_a_hold_ends_when_its_time_runs_out() -> None:
-    """B8: once a hint's time has passed its blocks are the first to be evicted."""
-    engine, t, chains = three_finished(keep="c", retain_s=5.0)
-    engine.submit(EngineRequest("d", text("d", 1200), reply_tokens=50, max_new_tokens=60), t + 6.0)
-    step = engine.step(t + 6.0)
-    assert step.admitted == ("d",)
-    assert engine.metrics().retentions == 0
-    assert cached(engine, chains) == [20, 20, 10]
+    """B8: once a hint's time has passed its blocks rejoin the LRU as if just freed
+    (kept no longer: the next eviction past "b" and "c" reaches them)."""
+    engine, t, chains = three_finished(keep="a", retain_s=5.0)
+    engine.step(t + 4.0)
+    assert engine.metrics().retentions == 1
+    engine.step(t + 6.0)
+    m = engine.metrics()
+    assert (m.retentions, m.retained_tokens) == (0, 0)
+    order = engine.cache.lru_order()
+    assert order[-20:] == list(reversed(chains["a"]))  # the newest, leaf older than root
+    assert order[:20] == list(reversed(chains["b"]))
+    engine.submit(EngineRequest("d", text("d", 1200), reply_tokens=50, max_new_tokens=60), t + 6)
+    engine.step(t + 6.0)
+    assert cached(engine, chains) == [20, 10, 20]
+    assert engine.metrics().retention_evicted_tokens == 0
 
 
 def test_release_ends_a_hold_early_and_only_its_own() -> None:

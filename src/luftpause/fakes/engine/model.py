@@ -48,7 +48,8 @@ Retention (a hint that a finished request's prefix will be wanted again)
 A request may carry ``retain_key`` and ``retain_s``. When it finishes, the blocks of
 its prompt (the part the model caches; see above) are *kept* under the key until
 ``finish + retain_s``, replacing what the key kept before; ``release(key)`` ends it
-early (its run ended). Kept blocks stay in the pool and count against it like any
+early (its run ended). A block whose hold runs out rejoins the LRU as if just freed;
+one released goes to its old end. Kept blocks stay in the pool and count against it like any
 cached block. The hold is soft, as in the engines that have one: an unreferenced kept
 block is still evictable (admission budgets it as free-able), but only once no
 unkept unreferenced block is left, so running and admitted requests never wait for a
@@ -56,8 +57,8 @@ hint while kept prefixes crowd out everyone else's cached ones first. That is
 SGLang's ``--enable-session-radix-cache`` order (unreferenced entries are evicted
 before session-referenced ones; ``/close_session`` drops the references) and the soft
 TTL class of vLLM RFC #52113; SGLang's hard pins were withdrawn because they wedge
-the pool (PRs #21884, #27025; docs/engine-kv-retention.md). A block whose hold ends
-goes to the old end of the LRU. Expiry is checked at the start of each ``step``.
+the pool (PRs #21884, #27025; docs/engine-kv-retention.md). Expiry is checked at the
+start of each ``step``.
 
 One iteration (``step``)
 ------------------------
@@ -456,11 +457,13 @@ class BlockCache:
                 self._kept_lru[key] = None
         return tuple(held)
 
-    def release(self, keys: Sequence[int]) -> None:
+    def release(self, keys: Sequence[int], first: bool = False) -> None:
         """Drop one hint's hold on ``keys`` (``retain``'s answer). A block no hint keeps
-        any more goes to the old end of the LRU: its run ended or is not back in time,
-        so it is the first to go, leaf before root."""
+        any more rejoins the LRU as if just freed, or, ``first``, at its old end (its run
+        ended: the first to go, leaf before root)."""
         kept, kept_lru, evictable = self._kept, self._kept_lru, self._evictable
+        if not first:
+            keys = keys[::-1]  # leaf first: the leaf ends up older than its parent
         for key in keys:
             n = kept.get(key)
             if n is None:
@@ -472,7 +475,8 @@ class BlockCache:
             if key in kept_lru:  # unreferenced (else its last unlock makes it evictable)
                 del kept_lru[key]
                 evictable[key] = None
-                evictable.move_to_end(key, last=False)
+                if first:
+                    evictable.move_to_end(key, last=False)
 
     def evict(self, n_blocks: int) -> list[int]:
         """Evict up to ``n_blocks`` least recently used unreferenced blocks, those no hint
@@ -611,7 +615,7 @@ class EngineModel:
         held = self._retained.pop(key, None)
         if held is None:
             return False
-        self.cache.release(held[0])
+        self.cache.release(held[0], first=True)
         return True
 
     # ---------------------------------------------------------------- queries

@@ -97,3 +97,7 @@ class Params:
     tool_lease_factor: float = 2.0
     tool_lease_default_s: float = 120.0
     tool_estimates_max: int = 1024
+    # B8: compute ``Admit.retain_s`` (``leases.retain_time``) for the dataplane to ask
+    # engines that declare a retention mechanism to keep a run's prefix over its pause.
+    # Off: every Admit carries 0 and ``_admit`` does no more than before.
+    kv_retention: bool = False
