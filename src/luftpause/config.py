@@ -104,6 +104,19 @@ class ClassPriority(_Frozen):
         return self.interactive if service_class == "interactive" else self.batch
 
 
+class KvRetention(StrEnum):
+    """How the dataplane asks an endpoint to keep a paused run's prefix (B8;
+    docs/engine-kv-retention.md says which engines accept what)."""
+
+    NONE = "none"  # no hint
+    # ``vllm_xargs.agentic_context`` {program_id: run, kv_retention_ttl_seconds}: read by
+    # vllm-router 0.1.17's program scheduling (it keeps the program's reservation that
+    # long) and honoured by the fake engine, which also takes the release at run end
+    # (``POST /kv_retention/release``); "fake" sends both, "vllm-router" the hint only.
+    FAKE = "fake"
+    VLLM_ROUTER = "vllm-router"
+
+
 class NativeApi(StrEnum):
     MESSAGES = "messages"  # Anthropic Messages, POST /v1/messages
     RESPONSES = "responses"  # OpenAI Responses, POST /v1/responses
@@ -135,6 +148,9 @@ class Endpoint(_Frozen):
     # The engine serves a model that takes images: images of /v1/messages and
     # /v1/responses turns are translated into Chat Completions image_url parts (B9).
     vision: bool = False
+    # B8: ask the engine to keep a run's prefix for about its usual tool time after each
+    # turn, through the mechanism named (``KvRetention``); released when the run ends.
+    kv_retention: KvRetention = KvRetention.NONE
 
     @field_validator("url")
     @classmethod

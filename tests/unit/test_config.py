@@ -9,6 +9,7 @@ import pytest
 from luftpause.config import (
     ConfigError,
     EndpointKind,
+    KvRetention,
     load_config,
     load_secrets,
     parse_config,
@@ -245,6 +246,32 @@ def test_class_priority_reaches_the_scheduler_as_engine_ordering(tmp_path: Path)
     assert a.class_priority is not None and a.class_priority.for_class("interactive") == 10
     assert a.class_priority.for_class("batch") == 0
     assert [s.orders_classes for s in replica_specs(config)] == [True, False]
+
+
+def test_kv_retention_turns_retention_times_on_in_the_core(tmp_path: Path) -> None:
+    """B8: an endpoint's ``kv_retention`` names a mechanism; any endpoint with one turns
+    the core's retention times on; the default is none, off; another name is refused."""
+    from luftpause.scheduler.service.main import core_params
+
+    config, _ = load_config(
+        write(
+            tmp_path,
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nkv_retention="fake"\n'
+            '[[endpoints]]\nname="b"\nurl="http://y"\nmodels=["m"]\n',
+        )
+    )
+    assert [e.kv_retention for e in config.endpoints] == [KvRetention.FAKE, KvRetention.NONE]
+    assert core_params(config.scheduler, config.endpoints).kv_retention
+    assert not core_params(config.scheduler, config.endpoints[1:]).kv_retention
+    assert not core_params(config.scheduler).kv_retention
+    with pytest.raises(ConfigError) as exc:
+        load_config(
+            write(
+                tmp_path,
+                '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nkv_retention="pin"\n',
+            )
+        )
+    assert "endpoints[0].kv_retention" in str(exc.value) and "vllm-router" in str(exc.value)
 
 
 def test_scheduler_table_reaches_the_core_and_zero_turns_a_limit_off(tmp_path: Path) -> None:

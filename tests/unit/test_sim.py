@@ -442,3 +442,21 @@ def test_a_replica_shows_the_first_token_when_its_first_chunk_is_streamed(
     assert seen == [("first", first_at), ("end", produced[-1])]
     if first_chunk < reply:
         assert first_at < produced[-1]
+
+
+def test_the_retain_arm_sends_hints_the_engines_keep_and_releases_at_run_end() -> None:
+    """B8: ``luftpause-retain`` admits with retention times once a tool time is learned
+    (about the lookup tool's time); the engine model keeps the prompts and, under this
+    crowd, evicts some kept ones. The plain arm sends none."""
+    admits: list[Admit] = []
+    trace = Trace(events=[], admits=admits)
+    retain = simulate(SMALL, "luftpause-retain", trace=trace)
+    hinted = [a.retain_s for a in admits if a.retain_s > 0]
+    assert len(hinted) > len(admits) // 2
+    assert all(0.5 <= s <= 3.0 for s in hinted)  # the lookup tool: 0.5-1.5 s
+    engines = retain["engines"]
+    assert engines["retention_evicted_tokens"] > 0
+    plain_admits: list[Admit] = []
+    plain = simulate(SMALL, "luftpause", trace=Trace(events=[], admits=plain_admits))
+    assert all(a.retain_s == 0 for a in plain_admits)
+    assert "retention_evicted_tokens" not in plain["engines"]

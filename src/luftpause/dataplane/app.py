@@ -34,6 +34,7 @@ import contextlib
 import fnmatch
 import functools
 import itertools
+import json
 import logging
 import os
 import secrets
@@ -52,7 +53,14 @@ from starlette.types import Receive, Scope, Send
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.auth import api_key_ok, bearer_ok
-from luftpause.config import DataplaneSettings, Endpoint, EndpointKind, NativeApi, Secrets
+from luftpause.config import (
+    DataplaneSettings,
+    Endpoint,
+    EndpointKind,
+    KvRetention,
+    NativeApi,
+    Secrets,
+)
 from luftpause.dataplane import identity, tracing
 from luftpause.dataplane.apis import ClientApi, Translated, Untranslated, client_apis
 from luftpause.dataplane.engine_http import (
@@ -122,6 +130,7 @@ _DROP = {
     "cookie",
     "x-api-key",
 }
+RELEASE_TIMEOUT_S = 2.0  # B8: how long a run's end waits for an engine's release answer
 _CLASS_PB = {"interactive": pb.SERVICE_CLASS_INTERACTIVE, "batch": pb.SERVICE_CLASS_BATCH}
 
 
@@ -472,6 +481,7 @@ def create_app(dp: Dataplane) -> DataplaneApp:
             return exc.response(run_id)
         dp.runs.end_run(run_id)  # turns still in flight end normally (and stay listed)
         await dp.link.run_ended(run_id)
+        await _release_retention(dp, run_id)
         return JSONResponse(
             {"run_id": run_id, "ended": True}, headers={identity.RUN_HEADER: run_id}
         )
@@ -622,7 +632,7 @@ async def _admit_untraced(
     held_s = time.monotonic() - t0
     dp.metrics.held_of(cls).observe(held_s)
     incoming.scheduler_held_s += outcome.held_s  # (a turn placed again asks twice)
-    return Admitted(outcome.replica, outcome.url, held_s, outcome.run_id)
+    return Admitted(outcome.replica, outcome.url, held_s, outcome.run_id, outcome.retain_s)
 
 
 def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
@@ -878,7 +888,10 @@ async def _forward_chat(
     record = turn.record
     endpoint = dp.endpoints.get(record.replica)
     base = endpoint.url if endpoint is not None else admitted.url.rstrip("/")
-    raw = chat.engine_body_for(_class_priority(endpoint, record, chat.has_priority))
+    raw = chat.engine_body_for(
+        _class_priority(endpoint, record, chat.has_priority),
+        _retention(endpoint, record, admitted, "vllm_xargs" in chat.body),
+    )
     reply_headers = _reply_headers(record, admitted)
     response = await _post_to_engine(
         dp, incoming, turn, f"{base}/v1/chat/completions", raw, reply_headers, in_client_shape=True
@@ -914,6 +927,48 @@ def _class_priority(endpoint: Endpoint | None, record: TurnRecord, has_own: bool
     if endpoint is None or endpoint.class_priority is None or has_own:
         return None
     return endpoint.class_priority.for_class(record.service_class)
+
+
+def _retention(
+    endpoint: Endpoint | None, record: TurnRecord, admitted: Admitted, has_own: bool
+) -> dict[str, Any] | None:
+    """B8: the ``vllm_xargs`` member asking the engine to keep the run's prefix for
+    ``admitted.retain_s`` after this turn, for an endpoint that declares the mechanism;
+    None without a hint, or when the client sent its own ``vllm_xargs`` (kept as sent).
+    The context is a JSON string: vLLM's ``vllm_xargs`` takes only strings and numbers,
+    and vllm-router (like the fake engine) decodes a string context."""
+    if (
+        endpoint is None
+        or endpoint.kv_retention is KvRetention.NONE
+        or not admitted.retain_s > 0
+        or has_own
+    ):
+        return None
+    context = {"program_id": record.run_id, "kv_retention_ttl_seconds": round(admitted.retain_s, 3)}
+    return {"agentic_context": json.dumps(context, separators=(",", ":"))}
+
+
+async def _release_retention(dp: Dataplane, run_id: str) -> None:
+    """B8: the run ended: end what each endpoint that takes a release keeps for it
+    (``kv_retention = "fake"``: ``POST /kv_retention/release``). Best effort, bounded:
+    an engine that does not answer in time keeps the prefix until its hint runs out."""
+    for endpoint in dp.endpoints.values():
+        if endpoint.kv_retention is not KvRetention.FAKE:
+            continue
+        body = json.dumps({"program_id": run_id}).encode()
+        headers = {"content-type": "application/json"}
+        key = dp.secrets.api_keys.get(endpoint.name)
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        try:
+            async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                response = await dp.http.post(f"{endpoint.url}/kv_retention/release", body, headers)
+                try:
+                    await response.read()
+                finally:
+                    response.release()
+        except (*ENGINE_ERRORS, TimeoutError) as exc:
+            log.info("kv retention release for run %s at %s failed: %s", run_id, endpoint.name, exc)
 
 
 def _reply_headers(record: TurnRecord, admitted: Admitted) -> dict[str, str]:
@@ -1061,6 +1116,9 @@ async def _forward_api(
         priority = _class_priority(endpoint, record, "priority" in translated.chat)
         if priority is not None:
             chat["priority"] = priority
+        retention = _retention(endpoint, record, admitted, "vllm_xargs" in translated.chat)
+        if retention is not None:
+            chat["vllm_xargs"] = retention
         body = dumps(chat)
     reply_headers = _reply_headers(record, admitted)
     response = await _post_to_engine(

@@ -42,12 +42,20 @@ class ChatRequest:
             return self
         return replace(self, engine_body=with_members(self.engine_body, {"model": model}))
 
-    def engine_body_for(self, priority: int | None) -> bytes:
+    def engine_body_for(
+        self, priority: int | None, vllm_xargs: dict[str, Any] | None = None
+    ) -> bytes:
         """The engine body, with a ``priority`` member added (only when the client set
+        none) and a ``vllm_xargs`` one (B8's retention hint, only when the client sent
         none); splicing cannot fail."""
-        if priority is None:
+        members: dict[str, Any] = {}
+        if priority is not None:
+            members["priority"] = priority
+        if vllm_xargs is not None:
+            members["vllm_xargs"] = vllm_xargs
+        if not members:
             return self.engine_body
-        return splice(self.engine_body, {"priority": priority})
+        return splice(self.engine_body, members)
 
 
 @dataclass(frozen=True)

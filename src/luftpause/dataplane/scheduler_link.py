@@ -68,6 +68,7 @@ class Admitted:
     url: str
     held_s: float
     run_id: str = ""  # the run the scheduler admitted the turn under ("" = as asked)
+    retain_s: float = 0.0  # B8: how long to ask the engine to keep the prefix (0: no hint)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Rejected:
 def _outcome(response: pb.AdmitResponse) -> Admitted | Rejected:
     if response.WhichOneof("outcome") == "admitted":
         a = response.admitted
-        return Admitted(a.replica, a.url, a.held_s, a.run_id)
+        return Admitted(a.replica, a.url, a.held_s, a.run_id, a.retain_s)
     r = response.rejected
     return Rejected(r.code == pb.REJECT_CODE_UNKNOWN_MODEL, r.message)
 

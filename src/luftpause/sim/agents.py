@@ -80,6 +80,8 @@ def when_admitted(
             reply_tokens=reply_tokens,
             max_new_tokens=max_new_tokens,
             priority=arm.priority(ask.cls),
+            retain_key=ask.run_id,
+            retain_s=arm.retain_s(ask.turn_id),
         )
         arm.started(ask.turn_id)
         try:

@@ -49,6 +49,8 @@ from luftpause.sim.world import World
 ARMS = ("luftpause", "router", "engine-prio", "smg")
 # luftpause with one default policy off (as tools/bench/flood.py's ablation arms)
 ABLATED_ARMS = ("luftpause-no-pace",)
+# luftpause sending engines retention hints (B8, ``Params.kv_retention``)
+RETAIN_ARMS = ("luftpause-retain",)
 # Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
 # and luftpause with a decode pace target of MS milliseconds per token
 # (``interactive_pace_s``).
@@ -117,6 +119,8 @@ class Arm(Protocol):
 
     def priority(self, cls: str) -> int: ...
 
+    def retain_s(self, turn_id: str) -> float: ...
+
     def started(self, turn_id: str) -> None: ...
 
     def first_token(self, turn_id: str) -> None: ...
@@ -160,6 +164,10 @@ class LuftpauseArm:
         name: str = "luftpause",
     ) -> None:
         self.name = name
+        # B8 (``Params.kv_retention``, the ``luftpause-retain`` arm): each admitted turn's
+        # retention hint, handed to its engine request (``retain_s``); a run's last turn
+        # releases what it kept, as the dataplane does when a client ends the run.
+        self._retain: dict[str, float] = {}
         self.world = world
         # As the flood's endpoints declare ``class_priority``: the dataplane sends each
         # turn to its engine with its class's priority (interactive 10, batch 0).
@@ -232,6 +240,8 @@ class LuftpauseArm:
             if isinstance(action, Admit):
                 if self.admits is not None:
                     self.admits.append(action)
+                if action.retain_s > 0:
+                    self._retain[action.turn_id] = action.retain_s
                 answer = self._waiting.pop(action.turn_id, None)
                 if answer is not None:
                     answer[0](action.replica, action.held_s)
@@ -279,6 +289,9 @@ class LuftpauseArm:
     def priority(self, cls: str) -> int:
         return ENGINE_PRIORITY[cls] if self.class_priority else 0
 
+    def retain_s(self, turn_id: str) -> float:
+        return self._retain.pop(turn_id, 0.0)
+
     def started(self, turn_id: str) -> None:
         self._apply(TurnStarted(at=self.world.now, turn_id=turn_id))
 
@@ -286,6 +299,9 @@ class LuftpauseArm:
         self._apply(FirstTokenReceived(at=self.world.now, turn_id=turn_id))
 
     def finished(self, ask: Ask, end: TurnEnd) -> None:
+        if self.state.params.kv_retention and not end.paused_on_tool:
+            for replica in self.replicas:  # the run's last turn: it ends (B8's release)
+                replica.model.release(ask.run_id)
         self._apply(
             TurnFinished(
                 at=self.world.now,
@@ -310,6 +326,9 @@ class _Unhosted:
 
     def first_token(self, turn_id: str) -> None:
         return None
+
+    def retain_s(self, turn_id: str) -> float:
+        return 0.0
 
 
 @dataclass

@@ -47,6 +47,7 @@ from luftpause.sim.agents import Agent, Records
 from luftpause.sim.arms import (
     ABLATED_ARMS,
     ARMS,
+    RETAIN_ARMS,
     SIZED_ARMS,
     VLLM_ROUTER_ARMS,
     Arm,
@@ -115,10 +116,16 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     size = sized_arm(name)
     paced = size is not None and size[0] == "luftpause-pace"
     slowdown = slowdown_arm(name)
-    if name in ("luftpause", "luftpause-no-pace") or paced or slowdown is not None:
+    if (
+        name in ("luftpause", "luftpause-no-pace", "luftpause-retain")
+        or paced
+        or slowdown is not None
+    ):
         params = config.params  # luftpause-paceMS: another target; luftpause-no-pace: none
         if slowdown is not None:  # luftpause-xS: the target S x the floor
             params = replace(params, interactive_slowdown=slowdown)
+        if name == "luftpause-retain":  # B8: retention hints to the engines
+            params = replace(params, kv_retention=True)
         elif name != "luftpause":
             pace = size[1] / 1000 if size is not None and paced else None
             params = replace(params, interactive_pace_s=pace)
@@ -154,7 +161,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         )  # fmt: skip
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
-        "luftpause-paceMS, luftpause-no-pace, vllm-router, vllm-prog, vllm-prog-kv[T]"
+        "luftpause-paceMS, luftpause-no-pace, luftpause-retain, vllm-router, vllm-prog, "
+        "vllm-prog-kv[T]"
     )
 
 
@@ -281,10 +289,17 @@ def engine_figures(replicas: list[Replica], at_window: list[StepTally]) -> dict[
     prefill = sum(r.tally.prefill_s - s.prefill_s for r, s in pairs)
     steps = sum(r.tally.decode_steps - s.decode_steps for r, s in pairs)
     seqs = sum(r.tally.decode_seqs - s.decode_seqs for r, s in pairs)
-    return {
+    figures: dict[str, float | None] = {
         "prefill_share": round(prefill / busy, 4) if busy else None,
         "decode_batch": round(seqs / steps, 2) if steps else None,
     }
+    metrics = [r.metrics() for r in replicas]
+    if any(m.retention_evicted_tokens or m.retentions for m in metrics):
+        # B8: tokens kept by a retention hint and evicted before it ran out (whole run),
+        # and what hints keep at the end
+        figures["retention_evicted_tokens"] = sum(m.retention_evicted_tokens for m in metrics)
+        figures["retained_tokens"] = sum(m.retained_tokens for m in metrics)
+    return figures
 
 
 def engines_line(figures: Mapping[str, Any]) -> str:
@@ -435,7 +450,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "replies at MS ms per token: interactive_pace_ms), luftpause-xS (the same with a "
         'target of S times the replica\'s floor, S > 1: interactive_target = "Sx"), '
         "luftpause-no-pace (the decode "
-        "pace off), vllm-router (vLLM's router without program scheduling), vllm-prog "
+        "pace off), luftpause-retain (luftpause asking the engines to keep a paused run's "
+        "prefix for its usual tool time: kv_retention), vllm-router (vLLM's router without "
+        "program scheduling), vllm-prog "
         "(with it, its defaults) and vllm-prog-kvT (the same with token_capacity_per_target "
         "T; vllm-prog-kv: the engine's KV pool), as tools/bench/flood.py names its arms",
     )
@@ -608,7 +625,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def arms_from_args(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    known = (*ARMS, *ABLATED_ARMS, *VLLM_ROUTER_ARMS)
+    known = (*ARMS, *ABLATED_ARMS, *RETAIN_ARMS, *VLLM_ROUTER_ARMS)
     unknown = [
         a for a in arms if a not in known and sized_arm(a) is None and slowdown_arm(a) is None
     ]
@@ -618,7 +635,7 @@ def arms_from_args(text: str) -> list[str]:
             f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, "
             "luftpause-paceMS for a decode pace target of MS ms per token, luftpause-xS for "
             "an interactive target of S (> 1) times the floor, luftpause-no-pace, "
-            "vllm-router, vllm-prog, and vllm-prog-kv / vllm-prog-kvT "
+            "luftpause-retain, vllm-router, vllm-prog, and vllm-prog-kv / vllm-prog-kvT "
             "for a token capacity of the engine's KV pool / T tokens"
         )
     small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]

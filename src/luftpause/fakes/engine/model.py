@@ -43,6 +43,23 @@ State
   first *prefilling* (its uncached tokens are computed in chunks of at most
   ``chunk_tokens`` per iteration), then *decoding* one token per iteration.
 
+Retention (a hint that a finished request's prefix will be wanted again)
+------------------------------------------------------------------------
+A request may carry ``retain_key`` and ``retain_s``. When it finishes, the blocks of
+its prompt (the part the model caches; see above) are *kept* under the key until
+``finish + retain_s``, replacing what the key kept before; ``release(key)`` ends it
+early (its run ended). A block whose hold runs out rejoins the LRU as if just freed;
+one released goes to its old end. Kept blocks stay in the pool and count against it like any
+cached block. The hold is soft, as in the engines that have one: an unreferenced kept
+block is still evictable (admission budgets it as free-able), but only once no
+unkept unreferenced block is left, so running and admitted requests never wait for a
+hint while kept prefixes crowd out everyone else's cached ones first. That is
+SGLang's ``--enable-session-radix-cache`` order (unreferenced entries are evicted
+before session-referenced ones; ``/close_session`` drops the references) and the soft
+TTL class of vLLM RFC #52113; SGLang's hard pins were withdrawn because they wedge
+the pool (PRs #21884, #27025; docs/engine-kv-retention.md). Expiry is checked at the
+start of each ``step``.
+
 One iteration (``step``)
 ------------------------
 SGLang runs a prefill ("extend") batch whenever it can form one and a decode
@@ -98,6 +115,8 @@ context; retracted requests rejoin the queue at their arrival position.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -209,6 +228,10 @@ class EngineRequest:
     reply_tokens: int  # natural reply length (the script's); the engine stops earlier at the cap
     max_new_tokens: int | None = None  # None: context_length - prompt tokens (SGLang's default)
     priority: int = 0
+    # Retention hint (see "Retention" in the module docstring): when the request
+    # finishes, its prompt's blocks are kept for ``retain_s`` under ``retain_key``.
+    retain_key: str = ""
+    retain_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -289,6 +312,11 @@ class EngineMetrics:
     # request that arrived mid-step and will be admitted next step is not "queued".
     running_gauge: int = 0
     queue_gauge: int = 0
+    # Retention: tokens of cached blocks a live hint keeps (referenced or not), the live
+    # hints, and the kept blocks' tokens evicted before their hint ran out (cumulative).
+    retained_tokens: int = 0
+    retentions: int = 0
+    retention_evicted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -339,13 +367,21 @@ class _Req:
 
 @dataclass
 class BlockCache:
-    """Prefix-cache blocks keyed by hash chain; unreferenced blocks are LRU-evictable."""
+    """Prefix-cache blocks keyed by hash chain; unreferenced blocks are LRU-evictable.
+
+    A block some retention hint keeps (``retain``) is evicted only when no other
+    unreferenced block is left: kept blocks have an LRU of their own, used last."""
 
     block_tokens: int
     # Each cached block's reference count (admitted requests using it); a plain int per
     # key, as every turn locks, inserts and unlocks its whole prompt's blocks.
     _blocks: dict[int, int] = field(default_factory=dict)
     _evictable: OrderedDict[int, None] = field(default_factory=OrderedDict)  # oldest first
+    # Retention: how many live hints keep each block, and the unreferenced kept blocks
+    # (oldest first), evicted only once ``_evictable`` is empty.
+    _kept: dict[int, int] = field(default_factory=dict)
+    _kept_lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    kept_evicted: int = 0  # kept blocks evicted while a hint still kept them (cumulative)
 
     @property
     def tokens(self) -> int:
@@ -353,7 +389,11 @@ class BlockCache:
 
     @property
     def evictable_tokens(self) -> int:
-        return len(self._evictable) * self.block_tokens
+        return (len(self._evictable) + len(self._kept_lru)) * self.block_tokens
+
+    @property
+    def kept_tokens(self) -> int:
+        return len(self._kept) * self.block_tokens
 
     def __contains__(self, key: int) -> bool:
         return key in self._blocks
@@ -368,16 +408,21 @@ class BlockCache:
         return n
 
     def evictable_among(self, chain: Sequence[int]) -> int:
-        return sum(1 for key in chain if key in self._evictable) * self.block_tokens
+        evictable, kept = self._evictable, self._kept_lru
+        return sum(1 for key in chain if key in evictable or key in kept) * self.block_tokens
 
     def lock(self, chain: Sequence[int]) -> None:
         blocks = self._blocks
         evictable = self._evictable
+        kept = self._kept_lru
         for key in chain:
             refs = blocks[key]
             blocks[key] = refs + 1
             if not refs:
-                evictable.pop(key, None)
+                if key in evictable:
+                    del evictable[key]
+                else:
+                    kept.pop(key, None)
 
     def insert_locked(self, key: int) -> None:
         self._blocks[key] = 1
@@ -387,24 +432,71 @@ class BlockCache:
         # evicts leaves before the prefixes other chains may still share.
         blocks = self._blocks
         evictable = self._evictable
+        kept = self._kept
         for key in reversed(chain):
             refs = blocks[key] - 1
             blocks[key] = refs
             if not refs:
-                evictable[key] = None  # a new key: it goes to the end, the newest
+                if key in kept:
+                    self._kept_lru[key] = None
+                else:
+                    evictable[key] = None  # a new key: it goes to the end, the newest
+
+    def retain(self, chain: Sequence[int]) -> tuple[int, ...]:
+        """Keep the cached blocks of ``chain``; returns the keys kept (for ``release``)."""
+        blocks, kept = self._blocks, self._kept
+        held: list[int] = []
+        for key in chain:
+            if key not in blocks:
+                break  # (evicted already: the rest of the prefix is no use)
+            held.append(key)
+            n = kept.get(key, 0)
+            kept[key] = n + 1
+            if not n and key in self._evictable:  # unreferenced: to the kept LRU
+                del self._evictable[key]
+                self._kept_lru[key] = None
+        return tuple(held)
+
+    def release(self, keys: Sequence[int], first: bool = False) -> None:
+        """Drop one hint's hold on ``keys`` (``retain``'s answer). A block no hint keeps
+        any more rejoins the LRU as if just freed, or, ``first``, at its old end (its run
+        ended: the first to go, leaf before root)."""
+        kept, kept_lru, evictable = self._kept, self._kept_lru, self._evictable
+        if not first:
+            keys = keys[::-1]  # leaf first: the leaf ends up older than its parent
+        for key in keys:
+            n = kept.get(key)
+            if n is None:
+                continue  # evicted meanwhile
+            if n > 1:
+                kept[key] = n - 1
+                continue
+            del kept[key]
+            if key in kept_lru:  # unreferenced (else its last unlock makes it evictable)
+                del kept_lru[key]
+                evictable[key] = None
+                if first:
+                    evictable.move_to_end(key, last=False)
 
     def evict(self, n_blocks: int) -> list[int]:
-        """Evict up to ``n_blocks`` least recently used unreferenced blocks."""
+        """Evict up to ``n_blocks`` least recently used unreferenced blocks, those no hint
+        keeps first."""
         evicted: list[int] = []
         while len(evicted) < n_blocks and self._evictable:
             key, _ = self._evictable.popitem(last=False)
             del self._blocks[key]
             evicted.append(key)
+        while len(evicted) < n_blocks and self._kept_lru:
+            key, _ = self._kept_lru.popitem(last=False)
+            del self._blocks[key]
+            del self._kept[key]
+            self.kept_evicted += 1
+            evicted.append(key)
         return evicted
 
     def lru_order(self) -> list[int]:
         """Evictable block keys, next to be evicted first (for tests and debugging)."""
-        return list(self._evictable)
+        return [*self._evictable, *self._kept_lru]
 
 
 def resolve_max_new(p: EngineParams, prompt: int, max_new_tokens: int | None) -> int:
@@ -474,6 +566,10 @@ class EngineModel:
         self._decode_steps = 0
         self._gauge = (0, 0)  # (running, queued) as SGLang's gauges last showed them
         self._retractions = 0
+        # Retention hints: key -> (the blocks it keeps, until when), and when each runs
+        # out (a heap; an entry whose key was re-kept or released meanwhile is stale).
+        self._retained: dict[str, tuple[tuple[int, ...], float]] = {}
+        self._expiries: list[tuple[float, str]] = []
 
     # ----------------------------------------------------------------- inputs
 
@@ -482,6 +578,10 @@ class EngineModel:
         p = self.params
         if request.request_id in self._by_id:
             raise SubmitError(f"duplicate request id {request.request_id!r}")
+        if not (math.isfinite(request.retain_s) and request.retain_s >= 0):
+            raise SubmitError("a retention time must be a finite number of seconds >= 0")
+        if request.retain_s > 0 and not request.retain_key:
+            raise SubmitError("a retention time needs a retention key")
         prompt = max(1, count_tokens(request.prompt_text))
         max_new = resolve_max_new(p, prompt, request.max_new_tokens)
         r = _Req(
@@ -507,6 +607,15 @@ class EngineModel:
         else:
             self._running.remove(r)
             self._release(r)
+        return True
+
+    def release(self, key: str) -> bool:
+        """End the retention kept under ``key`` early (its run ended): its blocks become
+        the first to be evicted. False if no retention is kept under it."""
+        held = self._retained.pop(key, None)
+        if held is None:
+            return False
+        self.cache.release(held[0], first=True)
         return True
 
     # ---------------------------------------------------------------- queries
@@ -535,6 +644,9 @@ class EngineModel:
             retractions=self._retractions,
             running_gauge=self._gauge[0],
             queue_gauge=self._gauge[1],
+            retained_tokens=self.cache.kept_tokens,
+            retentions=len(self._retained),
+            retention_evicted_tokens=self.cache.kept_evicted * self.cache.block_tokens,
         )
 
     def requests(self, now: float) -> list[RequestState]:
@@ -565,6 +677,8 @@ class EngineModel:
         """Run one scheduler iteration starting at ``now``."""
         p = self.params
         factor = (p.gpu_sharers if sharers is None else max(1, sharers)) / p.time_scale
+        if self._expiries and self._expiries[0][0] <= now:
+            self._expire(now)
         prefill = self._try_prefill(now, factor)
         if prefill is not None:
             self._steps += 1
@@ -587,6 +701,24 @@ class EngineModel:
 
     def _free(self) -> int:
         return self.params.kv_tokens - self.cache.tokens - self._private
+
+    def _retain(self, key: str, chain: tuple[int, ...], until: float) -> None:
+        """Keep ``chain``'s cached blocks under ``key`` until ``until``, in place of what
+        ``key`` kept before (a run's next turn extends its last one's prompt)."""
+        held = self.cache.retain(chain)
+        old = self._retained.get(key)
+        self._retained[key] = (held, until)
+        if old is not None:
+            self.cache.release(old[0])
+        heapq.heappush(self._expiries, (until, key))
+
+    def _expire(self, now: float) -> None:
+        while self._expiries and self._expiries[0][0] <= now:
+            until, key = heapq.heappop(self._expiries)
+            held = self._retained.get(key)
+            if held is not None and held[1] == until:
+                del self._retained[key]
+                self.cache.release(held[0])
 
     def _ordered_waiting(self) -> list[_Req]:
         p = self.params
@@ -726,6 +858,8 @@ class EngineModel:
     def _finish(self, r: _Req, end: float, reason: FinishReason) -> FinishedRequest:
         r.decode_s += max(0.0, end - r.decode_from)
         self._running.remove(r)
+        if r.req.retain_s > 0:
+            self._retain(r.req.retain_key, r.blocks, end + r.req.retain_s)
         self._release(r)
         del self._by_id[r.req.request_id]
         return FinishedRequest(

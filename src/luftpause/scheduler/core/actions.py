@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from luftpause.scheduler.core.types import DropReason, RejectCode
 
@@ -14,6 +14,10 @@ class Admit:
     turn_id: str
     replica: str
     held_s: float  # time between request and admission
+    # B8 (``Params.kv_retention``): seconds the engine is asked to keep the turn's prefix
+    # after it finishes (``leases.retain_time``); 0: no hint. Left out of the repr, so
+    # recorded histories (tests/unit/test_core_longrun.py's digests) read as before.
+    retain_s: float = field(default=0.0, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

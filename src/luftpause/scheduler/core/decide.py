@@ -571,7 +571,11 @@ class _Tx:
             ),
         )
         self.turn_deadlines = _bucket_add(self.turn_deadlines, deadline, turn_id)
-        self.actions.append(Admit(turn_id, replica, now - requested_at))
+        if self.params.kv_retention and kind is EndpointKind.GENERATIVE:  # B8
+            retain_s = leases.retain_time(self.tool_times, run.paused_tools if run else ())
+            self.actions.append(Admit(turn_id, replica, now - requested_at, retain_s))
+        else:
+            self.actions.append(Admit(turn_id, replica, now - requested_at))
         if kind is not EndpointKind.GENERATIVE:
             self._bump_replica(replica, 1)
             return

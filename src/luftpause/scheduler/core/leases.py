@@ -14,6 +14,10 @@ why.
   at most ``Params.tool_estimates_max`` names learned.
 * ``tool_lease``: ``tool_lease_factor`` x (time + 4 x deviation) of the slowest tool,
   ``tool_lease_default_s`` for one never seen back, at least ``tool_lease_min_s``.
+* ``retain_time`` (B8, ``Params.kv_retention``): how long an engine is asked to keep a
+  turn's prefix after it: the smoothed time + deviation of the slowest tool of the pause
+  the run comes back from (its next pause is likely alike), 0 (no hint) when no tool of
+  it has an estimate.
 """
 
 from __future__ import annotations
@@ -79,3 +83,17 @@ def learn(params: Params, times: Times, tools: tuple[str, ...], away_s: float) -
             )
         times = times.set(name, est)
     return times
+
+
+def retain_time(times: Times, tools: tuple[str, ...]) -> float:
+    """How long an engine should keep a run's prefix after the turn it admits now: the
+    smoothed time plus one deviation of the slowest of ``tools`` (those of the pause the
+    run comes back from, or, for a run with none, of unnamed tools): about as long as
+    the tool usually takes, where the lease (``tool_lease``) is a generous bound. 0 when
+    none of them has an estimate yet."""
+    keep = 0.0
+    for name in tools or UNNAMED:
+        est = times.get(name)
+        if est is not None and est.mean_s + est.dev_s > keep:
+            keep = est.mean_s + est.dev_s
+    return keep

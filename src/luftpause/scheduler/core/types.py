@@ -101,3 +101,7 @@ class Params:
     # replica where an interactive run lives stay under this many times the fastest pace
     # seen there; it replaces ``interactive_pace_s`` as the target. None: absolute target.
     interactive_slowdown: float | None = None
+    # B8: compute ``Admit.retain_s`` (``leases.retain_time``) for the dataplane to ask
+    # engines that declare a retention mechanism to keep a run's prefix over its pause.
+    # Off: every Admit carries 0 and ``_admit`` does no more than before.
+    kv_retention: bool = False

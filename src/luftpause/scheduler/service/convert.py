@@ -127,7 +127,9 @@ def resynced(req: pb.ResyncRequest, at: float) -> DataplaneResynced:
 def admit_response(outcome: Admit | Reject, url: str) -> pb.AdmitResponse:
     if isinstance(outcome, Admit):
         return pb.AdmitResponse(
-            admitted=pb.Admitted(replica=outcome.replica, url=url, held_s=outcome.held_s)
+            admitted=pb.Admitted(
+                replica=outcome.replica, url=url, held_s=outcome.held_s, retain_s=outcome.retain_s
+            )
         )
     return pb.AdmitResponse(
         rejected=pb.Rejected(code=_REJECT_TO_PB[outcome.code], message=outcome.message)

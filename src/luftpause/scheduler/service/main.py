@@ -6,9 +6,10 @@ import argparse
 import logging
 import os
 import time
+from collections.abc import Sequence
 
+from luftpause.config import Endpoint, KvRetention, SchedulerSettings, StackConfig, load_secrets
 from luftpause.config import EndpointKind as ConfigKind
-from luftpause.config import SchedulerSettings, StackConfig, load_secrets
 from luftpause.scheduler.core import EndpointKind, Params, ReplicaSpec, initial_state
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
@@ -64,8 +65,9 @@ def link_port_of(settings: SchedulerSettings, args: argparse.Namespace) -> int |
     return settings.link_port
 
 
-def core_params(settings: SchedulerSettings) -> Params:
-    """The core's policy constants from the ``[scheduler]`` table (0 turns a limit off)."""
+def core_params(settings: SchedulerSettings, endpoints: Sequence[Endpoint] = ()) -> Params:
+    """The core's policy constants from the ``[scheduler]`` table (0 turns a limit off);
+    retention times (B8) are computed when an endpoint asks for retention hints."""
     pace_s, slowdown = settings.pace_targets()
     return Params(
         turn_timeout_s=settings.turn_timeout_s,
@@ -82,6 +84,7 @@ def core_params(settings: SchedulerSettings) -> Params:
         tool_lease_min_s=settings.tool_lease_min_s,
         tool_lease_default_s=settings.tool_lease_default_s,
         tool_lease_factor=settings.tool_lease_factor,
+        kv_retention=any(e.kv_retention is not KvRetention.NONE for e in endpoints),
     )
 
 
@@ -116,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
 
     async def start(svc: Service) -> None:
         clock = time.monotonic
-        params = core_params(settings)
+        params = core_params(settings, config.endpoints)
         host = Host(initial_state(replica_specs(config), params, clock()), clock)
         svc.task(host.run(), name="writer")
         prober = Prober(config.endpoints, secrets.api_keys, settings.probe_period_s, host.post)

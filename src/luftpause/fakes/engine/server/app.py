@@ -9,7 +9,10 @@
 * ``GET /health`` (and ``/health_generate``), ``/metrics`` (``metrics.py``), ``/v1/models``;
 * what real routers read to register a worker (S7; docs/routers.md): ``/server_info``
   (``/get_server_info``), ``/model_info`` (``/get_model_info``) and ``/get_load``;
-* ``GET /debug/state``: live counts, per-request timing and the driver's step counters.
+* ``GET /debug/state``: live counts, per-request timing and the driver's step counters;
+* ``POST /kv_retention/release`` ``{"program_id"}``: the fake engine's own early end of
+  the KV a request's ``vllm_xargs.agentic_context.kv_retention_ttl_seconds`` kept (B8;
+  ``{"released": bool}``).
 
 The app is wrapped in the fault middleware (``faults.py``); ``app.state`` holds
 the driver, the config and the model directory.
@@ -43,6 +46,7 @@ from luftpause.fakes.engine.server.render import render_chat
 from luftpause.fakes.engine.server.settings import ServerConfig
 from luftpause.fakes.engine.server.wire import (
     ClassifyBody,
+    ReleaseBody,
     classify_inputs,
     classify_response,
     error,
@@ -208,6 +212,20 @@ def create_app(config: ServerConfig, driver: EngineDriver | None = None) -> Any:
         results = [classify(text, config.labels, config.script.seed) for text in inputs]
         tokens = sum(max(1, count_tokens(text)) for text in inputs)
         return JSONResponse(classify_response(model_name, results, len(config.labels), tokens))
+
+    @app.post("/kv_retention/release")
+    async def release_retention(request: Request) -> Response:
+        try:
+            raw = await request.json()
+        except ValueError:
+            return error(400, "request body is not valid JSON")
+        if not isinstance(raw, dict):
+            return error(400, 'the body must be a JSON object: {"program_id": "..."}')
+        try:
+            body = ReleaseBody.model_validate(raw)
+        except ValidationError as exc:
+            return error(400, validation_message(exc))
+        return JSONResponse({"released": engine_driver.release(body.program_id)})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

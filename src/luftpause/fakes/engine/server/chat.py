@@ -106,6 +106,7 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
     priority = (
         body.priority if (body.priority is not None and config.params.priority_scheduling) else 0
     )
+    retain_key, retain_s = body.retention()
     try:
         queue = driver.submit(
             EngineRequest(
@@ -114,6 +115,8 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
                 reply_tokens=plan.reply_tokens,
                 max_new_tokens=max_new,
                 priority=priority,
+                retain_key=retain_key,
+                retain_s=retain_s,
             )
         )
     except SubmitError as exc:

@@ -81,6 +81,10 @@ class EngineDriver:
         self._wake.set()
         return queue
 
+    def release(self, key: str) -> bool:
+        """End the KV retention kept under ``key`` early; False if none is kept."""
+        return self.model.release(key)
+
     def cancel(self, request_id: str) -> None:
         if self._queues.pop(request_id, None) is not None:
             self.model.cancel(request_id, self.now())

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from luftpause.fakes.engine.model import FinishedRequest
 from luftpause.fakes.engine.script import PLAN_KEY_MAX_CHARS, ReplyKind, ReplyPlan, token_logprobs
@@ -43,6 +43,60 @@ class _StreamOptions(BaseModel):
     include_usage: bool | None = False
 
 
+MAX_RETENTION_S = 3600.0  # the longest retention hint the fake engine takes
+MAX_AGENTIC_CONTEXT = 16 * 1024  # vllm-router's bound on a context (characters)
+
+
+class AgenticContext(BaseModel):
+    """``vllm_xargs.agentic_context`` as vllm-router 0.1.17 reads it; the fake engine
+    honours ``kv_retention_ttl_seconds`` (keeps the finished request's prompt blocks that
+    long, under ``program_id``: docs/engine-kv-retention.md). Other members are ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    program_id: str | None = Field(default=None, min_length=1, max_length=256)
+    kv_retention_ttl_seconds: float | None = Field(
+        default=None, ge=0, le=MAX_RETENTION_S, allow_inf_nan=False, strict=True
+    )
+
+    @field_validator("kv_retention_ttl_seconds", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+    @model_validator(mode="after")
+    def _keyed(self) -> AgenticContext:
+        if self.kv_retention_ttl_seconds and self.program_id is None:
+            raise ValueError("kv_retention_ttl_seconds needs a program_id to keep the KV under")
+        return self
+
+
+class VllmXargs(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    agentic_context: AgenticContext | None = None
+
+    @field_validator("agentic_context", mode="before")
+    @classmethod
+    def _decode(cls, value: Any) -> Any:
+        # vLLM's vllm_xargs values are strings or numbers: clients send the context as
+        # a JSON string, which vllm-router decodes; so does the fake engine.
+        if isinstance(value, str):
+            if len(value) > MAX_AGENTIC_CONTEXT:
+                raise ValueError(f"must be at most {MAX_AGENTIC_CONTEXT} characters")
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("is a string but not a JSON object") from None
+        return value
+
+
+class ReleaseBody(BaseModel):
+    """``POST /kv_retention/release``: end the KV kept under ``program_id`` early."""
+
+    program_id: str = Field(min_length=1, max_length=256)
+
+
 class ChatCompletionBody(BaseModel):
     """The fields the fake engine reads; anything else is accepted and ignored."""
 
@@ -60,6 +114,14 @@ class ChatCompletionBody(BaseModel):
     tool_choice: Any = None
     n: int | None = Field(default=None, ge=1, le=1)
     ignore_eos: bool | None = False  # SGLang/vLLM: a text answer runs until max_tokens
+    vllm_xargs: VllmXargs | None = None  # read: agentic_context's retention hint
+
+    def retention(self) -> tuple[str, float]:
+        """The retention hint: (key, seconds), ("", 0.0) when there is none."""
+        context = self.vllm_xargs.agentic_context if self.vllm_xargs else None
+        if context is None or not context.kv_retention_ttl_seconds or not context.program_id:
+            return "", 0.0
+        return context.program_id, context.kv_retention_ttl_seconds
 
 
 class ClassifyBody(BaseModel):

@@ -76,16 +76,18 @@ class AdmitResponse(_message.Message):
     def __init__(self, admitted: _Optional[_Union[Admitted, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
 
 class Admitted(_message.Message):
-    __slots__ = ("replica", "url", "held_s", "run_id")
+    __slots__ = ("replica", "url", "held_s", "run_id", "retain_s")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     HELD_S_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_S_FIELD_NUMBER: _ClassVar[int]
     replica: str
     url: str
     held_s: float
     run_id: str
-    def __init__(self, replica: _Optional[str] = ..., url: _Optional[str] = ..., held_s: _Optional[float] = ..., run_id: _Optional[str] = ...) -> None: ...
+    retain_s: float
+    def __init__(self, replica: _Optional[str] = ..., url: _Optional[str] = ..., held_s: _Optional[float] = ..., run_id: _Optional[str] = ..., retain_s: _Optional[float] = ...) -> None: ...
 
 class Rejected(_message.Message):
     __slots__ = ("code", "message")
