@@ -1618,6 +1618,8 @@ def test_status_view_shape() -> None:
         "pace_s_per_token": None,
         "best_pace_s_per_token": None,
         "probed_s_ago": 5.0,
+        "kv_tokens": None,
+        "working_set_tokens": 0,
     }
     sp = v["replicas"][1]
     assert sp["healthy"] is False and sp["probed_s_ago"] is None and sp["kind"] == "single_pass"

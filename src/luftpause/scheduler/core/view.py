@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from luftpause.scheduler.core import working_set
 from luftpause.scheduler.core.leases import tool_lease
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.types import EndpointKind, RunPhase
@@ -53,6 +54,10 @@ def status(state: State, now: float) -> dict[str, Any]:
                     None if rep.pace_best_s is None else round(rep.pace_best_s, 4)
                 ),
                 "probed_s_ago": None if rep.probed_at is None else round(now - rep.probed_at, 3),
+                # working-set admission (working_set.py): the engine's KV pool in tokens
+                # (null: unknown) and the tokens the runs living here are expected to hold
+                "kv_tokens": rep.kv_tokens,
+                "working_set_tokens": working_set.working_set(rep),
             }
         )
     held: dict[str, dict[str, dict[str, Any]]] = {}
