@@ -24,6 +24,7 @@ from luftpause.scheduler.core import (
     TurnFinished,
     TurnRequested,
     TurnStarted,
+    WorkingSet,
     decide,
     initial_state,
 )
@@ -49,6 +50,9 @@ from luftpause.sim.world import World
 ARMS = ("luftpause", "router", "engine-prio", "smg")
 # luftpause with one default policy off (as tools/bench/flood.py's ablation arms)
 ABLATED_ARMS = ("luftpause-no-pace",)
+# luftpause with an optional policy on: working-set admission (``Params.working_set``)
+# instead of prefix keeping's run limit, and beside it
+OPTION_ARMS = {"luftpause-wset": WorkingSet.REPLACE, "luftpause-wset-both": WorkingSet.BOTH}
 # Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
 # and luftpause with a decode pace target of MS milliseconds per token
 # (``interactive_pace_s``).
@@ -254,6 +258,7 @@ class LuftpauseArm:
                     running=m.running_gauge,
                     waiting=m.queue_gauge,
                     kv_usage=m.token_usage,
+                    kv_tokens=m.max_tokens,  # (as the service reads the engine's pool)
                 )
             )
         self.world.after(self.probe_s, self._probe)
