@@ -9,7 +9,7 @@ import time
 
 from luftpause.config import EndpointKind as ConfigKind
 from luftpause.config import SchedulerSettings, StackConfig, load_secrets
-from luftpause.scheduler.core import EndpointKind, Params, ReplicaSpec, initial_state
+from luftpause.scheduler.core import EndpointKind, Params, ReplicaSpec, WorkingSet, initial_state
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.probe import Prober
@@ -80,6 +80,9 @@ def core_params(settings: SchedulerSettings) -> Params:
         tool_lease_min_s=settings.tool_lease_min_s,
         tool_lease_default_s=settings.tool_lease_default_s,
         tool_lease_factor=settings.tool_lease_factor,
+        working_set=WorkingSet(settings.working_set),
+        working_set_share=settings.working_set_share,
+        working_set_kv_usage=settings.working_set_kv_usage or None,
     )
 
 
