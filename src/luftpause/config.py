@@ -151,6 +151,10 @@ class Endpoint(_Frozen):
     # B8: ask the engine to keep a run's prefix for about its usual tool time after each
     # turn, through the mechanism named (``KvRetention``); released when the run ends.
     kv_retention: KvRetention = KvRetention.NONE
+    # Working-set admission: the engine's KV pool in tokens, for an engine whose metrics
+    # do not report it (SGLang's sglang:max_total_num_tokens, vLLM's cache_config_info);
+    # set, it overrides them. None: as the metrics say.
+    kv_tokens: Annotated[int, Field(ge=1)] | None = None
 
     @field_validator("url")
     @classmethod
@@ -233,6 +237,15 @@ class SchedulerSettings(_Frozen):
     tool_lease_min_s: Annotated[float, Field(gt=0)] = 10.0
     tool_lease_default_s: Annotated[float, Field(gt=0)] = 120.0
     tool_lease_factor: Annotated[float, Field(ge=1)] = 2.0
+    # Working-set admission (docs/scheduling.md "Working-set admission (B5)"): a new batch
+    # run starts on a replica only while the known contexts of the runs living there and
+    # an estimate of its own fit in working_set_share of the engine's KV pool (endpoint
+    # kv_tokens, or its metrics) and, if set above 0, the engine's KV usage is below
+    # working_set_kv_usage. "off": prefix keeping's run limit alone gates new runs;
+    # "replace": the working set instead of it; "both": both.
+    working_set: Literal["off", "replace", "both"] = "off"
+    working_set_share: Annotated[float, Field(gt=0, le=1)] = 0.9
+    working_set_kv_usage: Annotated[float, Field(ge=0, le=1)] = 0.0
     # S12: runtimes (base URLs, http(s)://host:port) the status page may show besides
     # loopback ones; the scheduler fetches their /status for the page.
     status_runtimes: tuple[

@@ -19,6 +19,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
+from luftpause.config import MetricsFlavour
 from luftpause.fakes.engine import server as engine_server
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.fakes.engine.script import (
@@ -30,6 +31,7 @@ from luftpause.fakes.engine.script import (
 )
 from luftpause.fakes.engine.server import ServerConfig, create_app
 from luftpause.fakes.engine.tokens import IMAGE_TOKENS, count_tokens, render_messages
+from luftpause.scheduler.service.probe import parse_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _engine_helpers import running_engine, wait_until
@@ -464,6 +466,8 @@ async def test_metrics_sglang_and_vllm_names() -> None:
         ):
             assert name + "{" in text
         assert "sglang:" not in text
+        # B5: the KV pool as vLLM reports it, read as the scheduler's prober reads it
+        assert parse_load(text, MetricsFlavour.VLLM).kv_tokens == FAST.params.kv_tokens // 16 * 16
 
 
 async def test_debug_state_lists_recent_timing() -> None:

@@ -62,12 +62,14 @@ class Sched:
         waiting: int | None = None,
         kv: float | None = None,
         healthy: bool = True,
+        kv_tokens: int | None = None,
     ) -> None:
         await self.host.apply(
             lambda at: ReplicaProbed(
                 at=at,
                 replica=replica,
                 healthy=healthy,
+                kv_tokens=kv_tokens,
                 running=running,
                 waiting=waiting,
                 kv_usage=kv,
@@ -139,7 +141,7 @@ async def test_replica_gauges_follow_probes_and_admissions(sched: Sched) -> None
     assert one(before, "replica_healthy", replica="a") == 0  # unknown until probed
     assert P + "engine_requests_running_total" not in before
     assert before.get(P + "engine_requests_running", {}) == {}  # no load reported yet
-    await sched.probe("a", running=2, waiting=3, kv=0.75)  # queueing: capped at 2
+    await sched.probe("a", running=2, waiting=3, kv=0.75, kv_tokens=50_000)  # capped at 2
     await sched.probe("b")  # reports no load: not limited
     await sched.admit("t1", "r1")
     await sched.admit("t2", "r2")
@@ -160,6 +162,11 @@ async def test_replica_gauges_follow_probes_and_admissions(sched: Sched) -> None
     assert one(m, "engine_requests_running", replica="a") == 2
     assert one(m, "engine_requests_waiting", replica="a") == 3
     assert one(m, "engine_kv_cache_usage_ratio", replica="a") == 0.75
+    # B5: the engine's pool (absent where unknown) and the working set of its runs (two
+    # runs whose first turns run: no context known yet)
+    assert one(m, "replica_kv_pool_tokens", replica="a") == 50_000
+    assert ("replica", "b") not in {k[0] for k in m.get(P + "replica_kv_pool_tokens", {})}
+    assert one(m, "replica_working_set_tokens", replica="a") == 0
     assert ("replica", "b") not in {k[0] for k in m[P + "engine_requests_running"]}
     assert one(m, "replica_probe_age_seconds", replica="a") == pytest.approx(4.0)
     assert one(m, "turns_in_flight", service_class="batch") == 2

@@ -35,6 +35,8 @@ SCHEDULER_SERIES = [
     "luftpause_scheduler_engine_requests_running",
     "luftpause_scheduler_engine_requests_waiting",
     "luftpause_scheduler_engine_kv_cache_usage_ratio",
+    "luftpause_scheduler_replica_working_set_tokens",
+    "luftpause_scheduler_replica_kv_pool_tokens",
     "luftpause_scheduler_prefix_misses_total",
     "luftpause_scheduler_held_turns",
     "luftpause_scheduler_held_callers",

@@ -327,6 +327,42 @@ def test_interactive_target_names_a_slowdown_a_pace_or_off(tmp_path: Path) -> No
             params(bad)
 
 
+def test_working_set_settings_reach_the_core_and_bad_ones_are_named(tmp_path: Path) -> None:
+    """B5: ``[scheduler] working_set`` (off, replace, both), its share and KV-usage
+    threshold (0: none) reach the core's params; ``[[endpoints]] kv_tokens`` is the
+    endpoint's pool; a bad value is refused, naming the field and the problem."""
+    from luftpause.scheduler.core import WorkingSet
+    from luftpause.scheduler.service.main import core_params
+
+    on, _ = load_config(
+        write(
+            tmp_path,
+            '[scheduler]\nworking_set = "replace"\nworking_set_share = 0.8\n'
+            "working_set_kv_usage = 0.95\n"
+            '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nkv_tokens=65536\n',
+        )
+    )
+    params = core_params(on.scheduler)
+    assert params.working_set is WorkingSet.REPLACE
+    assert (params.working_set_share, params.working_set_kv_usage) == (0.8, 0.95)
+    assert on.endpoints[0].kv_tokens == 65536
+    assert core_params(load_config(write(tmp_path, ""))[0].scheduler).working_set_kv_usage is None
+    for bad, field, problem in (
+        ('working_set = "always"', "scheduler.working_set", "'off', 'replace' or 'both'"),
+        ("working_set_share = 0", "scheduler.working_set_share", "greater than 0"),
+        ("working_set_share = 1.5", "scheduler.working_set_share", "less than or equal to 1"),
+        ("working_set_kv_usage = 2", "scheduler.working_set_kv_usage", "less than or equal"),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            load_config(write(tmp_path, f"[scheduler]\n{bad}\n"))
+        assert field in str(exc.value) and problem in str(exc.value), str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        load_config(
+            write(tmp_path, '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nkv_tokens=0\n')
+        )
+    assert "kv_tokens" in str(exc.value) and "greater than or equal to 1" in str(exc.value)
+
+
 def test_strings_name_environment_variables(tmp_path: Path) -> None:
     """X3: `${NAME}`, `${NAME:-default}` and `$$` in string values are expanded from the
     environment passed in, where the file is loaded; keys, numbers and the process's own

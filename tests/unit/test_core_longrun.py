@@ -65,6 +65,7 @@ from luftpause.scheduler.core import (
     TurnRequested,
     TurnSnapshot,
     TurnStarted,
+    WorkingSet,
     decide,
     initial_state,
     view,
@@ -352,6 +353,10 @@ def digest(outs: list[tuple[Action, ...]], final: State) -> str:
             assert rep.pop("batch_limit_from_pace") is None
             assert rep.pop("pace_s_per_token") is None
             assert rep.pop("best_pace_s_per_token") is None
+    if final.params.working_set is WorkingSet.OFF:  # recorded before working-set admission
+        for rep in snapshot["replicas"]:
+            assert rep.pop("kv_tokens") is None  # (the history's probes report no pool)
+            rep.pop("working_set_tokens")
     h.update(json.dumps(snapshot, sort_keys=True).encode())
     return h.hexdigest()
 

@@ -1623,6 +1623,8 @@ def test_status_view_shape() -> None:
         "target_pace_s_per_token": 0.1,  # the default 100 ms: no reply has set a floor
         "batch_withheld_by_target": 0,  # no interactive run lives there
         "probed_s_ago": 5.0,
+        "kv_tokens": None,
+        "working_set_tokens": 0,
     }
     sp = v["replicas"][1]
     assert sp["healthy"] is False and sp["probed_s_ago"] is None and sp["kind"] == "single_pass"

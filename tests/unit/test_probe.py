@@ -58,6 +58,48 @@ def test_auto_accepts_either_family(text: str) -> None:
     assert load.running > 0
 
 
+SGLANG_POOL = (
+    SGLANG
+    + """# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="llama"} 120000.0
+"""
+)
+# vLLM's cache config is an info gauge: every field a label (as text), value 1; one per
+# data-parallel engine; "None" blocks before the engine has profiled its memory.
+VLLM_POOL = (
+    VLLM_NEW
+    + """# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2000",num_cpu_blocks="None"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="3000",num_cpu_blocks="None"} 1.0
+"""
+)
+
+
+def test_the_kv_pool_is_read_from_either_family() -> None:
+    """B5, S9: the engine's KV pool in tokens: SGLang's max_total_num_tokens, vLLM's
+    num_gpu_blocks x block_size from cache_config_info, summed over engines; an engine
+    that reports neither (or no blocks yet) has none."""
+    assert parse_load(SGLANG_POOL, MetricsFlavour.SGLANG) == Load(7, 3, 0.82, 120_000)
+    assert parse_load(VLLM_POOL, MetricsFlavour.AUTO) == Load(9, 2, 0.5, 80_000)
+    assert parse_load(SGLANG, MetricsFlavour.SGLANG).kv_tokens is None
+    unprofiled = VLLM_OLD + 'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1\n'
+    assert parse_load(unprofiled, MetricsFlavour.VLLM).kv_tokens is None
+
+
+async def test_the_probe_carries_the_pool_and_a_configured_one_overrides_it() -> None:
+    """B5, S9: the pool reaches the core in ReplicaProbed.kv_tokens; an endpoint's
+    kv_tokens replaces what the engine reports (or reports for an engine without one)."""
+
+    def handle(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=VLLM_POOL if req.url.path == "/metrics" else "ok")
+
+    read = Endpoint(name="a", url="http://a:1", models=("m",))
+    told = Endpoint(name="b", url="http://b:1", models=("m",), kv_tokens=5000)
+    prober, seen = _prober(httpx.MockTransport(handle), read, told)
+    await prober.probe_all()
+    assert {p.replica: p.kv_tokens for p in seen} == {"a": 80_000, "b": 5000}
+
+
 def test_missing_gauges_are_an_error_naming_what_was_sought() -> None:
     """S9: metrics without the expected gauges do not silently read as zero load."""
     with pytest.raises(MetricsError, match="sglang:num_queue_reqs"):

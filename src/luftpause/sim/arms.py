@@ -24,6 +24,7 @@ from luftpause.scheduler.core import (
     TurnFinished,
     TurnRequested,
     TurnStarted,
+    WorkingSet,
     decide,
     initial_state,
 )
@@ -51,6 +52,9 @@ ARMS = ("luftpause", "router", "engine-prio", "smg")
 ABLATED_ARMS = ("luftpause-no-pace",)
 # luftpause sending engines retention hints (B8, ``Params.kv_retention``)
 RETAIN_ARMS = ("luftpause-retain",)
+# luftpause with an optional policy on: working-set admission (``Params.working_set``)
+# instead of prefix keeping's run limit, and beside it
+OPTION_ARMS = {"luftpause-wset": WorkingSet.REPLACE, "luftpause-wset-both": WorkingSet.BOTH}
 # Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
 # and luftpause with a decode pace target of MS milliseconds per token
 # (``interactive_pace_s``).
@@ -264,6 +268,7 @@ class LuftpauseArm:
                     running=m.running_gauge,
                     waiting=m.queue_gauge,
                     kv_usage=m.token_usage,
+                    kv_tokens=m.max_tokens,  # (as the service reads the engine's pool)
                 )
             )
         self.world.after(self.probe_s, self._probe)

@@ -47,6 +47,7 @@ from luftpause.sim.agents import Agent, Records
 from luftpause.sim.arms import (
     ABLATED_ARMS,
     ARMS,
+    OPTION_ARMS,
     RETAIN_ARMS,
     SIZED_ARMS,
     VLLM_ROUTER_ARMS,
@@ -117,7 +118,7 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     paced = size is not None and size[0] == "luftpause-pace"
     slowdown = slowdown_arm(name)
     if (
-        name in ("luftpause", "luftpause-no-pace", "luftpause-retain")
+        name in ("luftpause", "luftpause-no-pace", "luftpause-retain", *OPTION_ARMS)
         or paced
         or slowdown is not None
     ):
@@ -126,6 +127,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
             params = replace(params, interactive_slowdown=slowdown)
         if name == "luftpause-retain":  # B8: retention hints to the engines
             params = replace(params, kv_retention=True)
+        if name in OPTION_ARMS:  # luftpause-wset[-both]: working-set admission on
+            params = replace(params, working_set=OPTION_ARMS[name])
         elif name != "luftpause":
             pace = size[1] / 1000 if size is not None and paced else None
             params = replace(params, interactive_pace_s=pace)
@@ -161,8 +164,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         )  # fmt: skip
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
-        "luftpause-paceMS, luftpause-no-pace, luftpause-retain, vllm-router, vllm-prog, "
-        "vllm-prog-kv[T]"
+        "luftpause-paceMS, luftpause-no-pace, luftpause-retain, luftpause-wset, "
+        "luftpause-wset-both, vllm-router, vllm-prog, vllm-prog-kv[T]"
     )
 
 
@@ -451,7 +454,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         'target of S times the replica\'s floor, S > 1: interactive_target = "Sx"), '
         "luftpause-no-pace (the decode "
         "pace off), luftpause-retain (luftpause asking the engines to keep a paused run's "
-        "prefix for its usual tool time: kv_retention), vllm-router (vLLM's router without "
+        "prefix for its usual tool time: kv_retention), luftpause-wset (working-set "
+        'admission instead of prefix keeping\'s run limit: working_set = "replace"), '
+        'luftpause-wset-both (beside it: "both"), vllm-router (vLLM\'s router without '
         "program scheduling), vllm-prog "
         "(with it, its defaults) and vllm-prog-kvT (the same with token_capacity_per_target "
         "T; vllm-prog-kv: the engine's KV pool), as tools/bench/flood.py names its arms",
@@ -625,7 +630,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def arms_from_args(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    known = (*ARMS, *ABLATED_ARMS, *RETAIN_ARMS, *VLLM_ROUTER_ARMS)
+    known = (*ARMS, *ABLATED_ARMS, *RETAIN_ARMS, *OPTION_ARMS, *VLLM_ROUTER_ARMS)
     unknown = [
         a for a in arms if a not in known and sized_arm(a) is None and slowdown_arm(a) is None
     ]
@@ -635,7 +640,8 @@ def arms_from_args(text: str) -> list[str]:
             f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, "
             "luftpause-paceMS for a decode pace target of MS ms per token, luftpause-xS for "
             "an interactive target of S (> 1) times the floor, luftpause-no-pace, "
-            "luftpause-retain, vllm-router, vllm-prog, and vllm-prog-kv / vllm-prog-kvT "
+            "luftpause-retain, luftpause-wset, luftpause-wset-both, vllm-router, vllm-prog, "
+            "and vllm-prog-kv / vllm-prog-kvT "
             "for a token capacity of the engine's KV pool / T tokens"
         )
     small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]

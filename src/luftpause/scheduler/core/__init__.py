@@ -34,6 +34,7 @@ from luftpause.scheduler.core.types import (
     ReplicaSpec,
     RunPhase,
     ServiceClass,
+    WorkingSet,
 )
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "TurnRequested",
     "TurnSnapshot",
     "TurnStarted",
+    "WorkingSet",
     "decide",
     "initial_state",
 ]

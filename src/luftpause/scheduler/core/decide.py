@@ -45,7 +45,7 @@ Tool leases (``leases.py``): a run paused on a tool lives on its replica (the
 pinned count) and, if interactive, holds a reservation there. Each pause gets a
 lease from its tools' learned times; the clock tick checks it when it may have run
 out (its bucket in ``run_deadlines``, beside the run's idle expiry) and a pause
-that outlived it *lapses*: ``_pinned_to`` no longer counts the run and its
+that outlived it *lapses*: ``working_set.contribution`` no longer counts the run and its
 reservation is released. The run keeps its replica as its last, so its next turn
 still waits in that pin lane; ``_back_from_tool`` (on that turn's request) learns
 the pause's length and restores the pinned count and the reservation.
@@ -63,6 +63,14 @@ cap; a lasting queue sets it to the cap; a quiet probe raises it while new batch
 runs wait for it (doubling on the ramp); a returning turn that found its prefix
 evicted lowers it by one and the cap to no more than it. It is the run limit, not
 the cap, that rises for runs waiting behind runs: those may be on tools or gone.
+
+Working-set admission (``working_set.py``, ``Params.working_set``; off by default):
+a second gate on new batch runs, by the engine's KV pool (``ReplicaProbed.kv_tokens``)
+instead of a count of runs. A new batch run starts on a replica only while the known
+contexts of the runs living there, plus an estimate of its own, fit in a share of the
+pool; with ``REPLACE`` the run limit no longer gates them, with ``BOTH`` both do. The
+sums are kept on each replica's record where runs pin, unpin and finish turns
+(``_bump_replica``), so the filter in ``_place`` and ``_may_start_run`` is O(1).
 
 The cap (S2): a queue seen on ``Params.queue_probes`` consecutive probes (default
 2: one probe period) sets ``cap = max(1, running)``; a passing queue, such as a
@@ -122,7 +130,7 @@ from __future__ import annotations
 
 from immutables import Map
 
-from luftpause.scheduler.core import leases, target
+from luftpause.scheduler.core import leases, target, working_set
 from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject
 from luftpause.scheduler.core.events import (
     ClockTicked,
@@ -163,6 +171,7 @@ from luftpause.scheduler.core.types import (
     RejectCode,
     RunPhase,
     ServiceClass,
+    WorkingSet,
 )
 
 _CLASS_ORDER = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
@@ -391,7 +400,13 @@ class _Tx:
         # new-run tests of _has_room and _may_start_run, inlined: this loop runs over
         # every replica of the model for each turn of a new run.
         interactive = service_class is ServiceClass.INTERACTIVE
-        limit_runs = generative and not interactive and self.params.keep_prefixes
+        params = self.params
+        limit_runs = generative and not interactive and params.keep_prefixes
+        # Working-set admission (working_set.py): a filter beside the run limit, or
+        # instead of it (Params.working_set)
+        wset = generative and not interactive and params.working_set is not WorkingSet.OFF
+        if wset and params.working_set is WorkingSet.REPLACE:
+            limit_runs = False
         n = len(names)
         choice = None
         best_pinned = best_load = best_rot = 0
@@ -412,6 +427,8 @@ class _Tx:
                     limit_runs and rep.run_limit is not None and pinned >= rep.run_limit
                 ):
                     continue
+            if wset and not working_set.admits(rep, params):
+                continue
             if choice is not None:  # (pinned, load, rotation) must be less than the best
                 if pinned != best_pinned:
                     if pinned > best_pinned:
@@ -601,13 +618,16 @@ class _Tx:
             reserved_on = None
         if moved and before is not None and before not in self.replicas:
             before = None
+        # (its known context moves with it: working_set.contribution)
+        ws = 0 if run is None or not moved else run.last_prompt
+        known = 1 if ws > 0 else 0
         if reserved_on is None and (before is None or not moved):
-            self._bump_replica(replica, 1, 0, 1 if moved else 0, batch)
+            self._bump_replica(replica, 1, 0, 1 if moved else 0, batch, ws, known)
         else:
             self._bump_replicas(
-                (replica, 1, 0, 1 if moved else 0, batch),
-                (reserved_on, 0, -1, 0, 0),
-                (before if moved else None, 0, 0, -1, 0),
+                (replica, 1, 0, 1 if moved else 0, batch, ws, known),
+                (reserved_on, 0, -1, 0, 0, 0, 0),
+                (before if moved else None, 0, 0, -1, 0, -ws, -known),
             )
         if run is None:
             run = new_run(
@@ -839,7 +859,7 @@ class _Tx:
             batch = -1 if turn.service_class is ServiceClass.BATCH else 0
         if run is None or (run.ended and run.in_flight <= 1):
             if here is not None:
-                self._bump_replica(here, -1, 0, 0, batch)
+                self._bump_replica(here, -1, 0, 0, batch)  # (_drop_run unpins the run)
             if run is not None:  # RunEnded arrived while this turn ran: its last one
                 self._release_reservation(run)
                 self._drop_run(run.run_id)
@@ -869,6 +889,15 @@ class _Tx:
         # this is a guard for peers that report turns it never had)
         before = None if run.phase is RunPhase.IDLE or run.lapsed else run.replica
         after = None if phase is RunPhase.IDLE else turn.replica
+        # Working sets (working_set.contribution): the run's known context leaves the
+        # replica it lived on and joins the one it lives on now, the new prompt if the turn
+        # reported one.
+        old_ws = run.last_prompt
+        last_prompt: int = old_ws
+        last_prompt_on: str | None = run.last_prompt_on
+        if prompt_tokens > 0:
+            last_prompt, last_prompt_on = prompt_tokens, turn.replica
+        ws_from, ws_to = before, after
         if before == after:
             before = after = None
         else:
@@ -877,25 +906,33 @@ class _Tx:
             if after is not None and after not in self.replicas:
                 after = None
         if released is None and (before is None or before == here) and (after in (None, here)):
-            if here is not None:
+            if here is not None:  # (then the run lived, and lives, here or nowhere)
+                ws = (0 if ws_to is None else last_prompt) - (old_ws if ws_from == here else 0)
+                known = (0 if ws_to is None or last_prompt <= 0 else 1) - (
+                    1 if ws_from == here and old_ws > 0 else 0
+                )
                 self._bump_replica(
                     here,
                     -1,
                     0 if reserved_on is None else 1,
                     (0 if before is None else -1) + (0 if after is None else 1),
                     batch,
+                    ws,
+                    known,
                 )
         else:
+            if ws_from is not None and ws_from not in self.replicas:
+                ws_from = None
+            if ws_to is not None and ws_to not in self.replicas:
+                ws_to = None
             self._bump_replicas(
-                (here, -1, 0 if reserved_on is None else 1, 0, batch),
-                (released, 0, -1, 0, 0),
-                (before, 0, 0, -1, 0),
-                (after, 0, 0, 1, 0),
+                (here, -1, 0 if reserved_on is None else 1, 0, batch, 0, 0),
+                (released, 0, -1, 0, 0, 0, 0),
+                (before, 0, 0, -1, 0, 0, 0),
+                (after, 0, 0, 1, 0, 0, 0),
+                (ws_from, 0, 0, 0, 0, -old_ws, -1 if old_ws > 0 else 0),
+                (ws_to, 0, 0, 0, 0, last_prompt, 1 if last_prompt > 0 else 0),
             )
-        last_prompt: int = run.last_prompt
-        last_prompt_on: str | None = run.last_prompt_on
-        if prompt_tokens > 0:
-            last_prompt, last_prompt_on = prompt_tokens, turn.replica
         paused_tools: tuple[str, ...] = ()
         if phase is RunPhase.PAUSED_ON_TOOL or (in_flight > 0 and paused_on_tool):
             # (with parallel turns, the tools of those that ended before it count too)
@@ -961,22 +998,31 @@ class _Tx:
     def _put_run(self, run_id: str, run: RunState) -> None:
         """Every run write goes here, so each replica's count of pinned runs stays true
         (but for ``_admit`` and ``end_turn``, which count it themselves)."""
-        before = _pinned_to(self.runs.get(run_id))
+        before = working_set.contribution(self.runs.get(run_id))
         self.runs = self.runs.set(run_id, run)
-        self._repin(before, _pinned_to(run))
+        self._repin(before, working_set.contribution(run))
 
     def _drop_run(self, run_id: str) -> None:
-        before = _pinned_to(self.runs.get(run_id))
+        before = working_set.contribution(self.runs.get(run_id))
         self.runs = self.runs.delete(run_id)
-        self._repin(before, None)
+        self._repin(before, _NOWHERE)
 
-    def _repin(self, before: str | None, after: str | None) -> None:
+    def _repin(
+        self, before: tuple[str | None, int, int], after: tuple[str | None, int, int]
+    ) -> None:
+        """A run moved from living where ``before`` says to where ``after`` says (each as
+        ``working_set.contribution``): the pinned counts and working sets follow."""
         if before == after:
             return
-        if before is not None and before in self.replicas:
-            self._bump_replica(before, pinned=-1)
-        if after is not None and after in self.replicas:
-            self._bump_replica(after, pinned=1)
+        was, now = before[0], after[0]
+        if was == now:  # (same replica, another known context)
+            if was is not None and was in self.replicas:
+                self._bump_replica(was, 0, 0, 0, 0, after[1] - before[1], after[2] - before[2])
+            return
+        if was is not None and was in self.replicas:
+            self._bump_replica(was, 0, 0, -1, 0, -before[1], -before[2])
+        if now is not None and now in self.replicas:
+            self._bump_replica(now, 0, 0, 1, 0, after[1], after[2])
 
     def forget_run(self, run_id: str) -> None:
         """D8/S10: forget affinity and reservation. A run with turns still in flight is
@@ -1089,10 +1135,15 @@ class _Tx:
                 pace_set_at,
                 rep.pace_best_s,
                 run_limit,
+                ev.kv_tokens,
+                rep.ws_tokens,
+                rep.ws_known,
             ),
         )
         if cap != rep.cap or pace_cap != rep.pace_cap or run_limit != rep.run_limit:
             self.dirty.add(ev.replica)
+        if self.params.working_set is not WorkingSet.OFF:
+            self.dirty.add(ev.replica)  # (its pool or KV usage may admit new runs now)
 
     def _set_health(self, name: str, *, healthy: bool) -> None:
         """A replica became healthy (a probe) or not (a probe, or a connection the
@@ -1112,15 +1163,26 @@ class _Tx:
             self.dirty.update(self.replicas.keys())
 
     def _bump_replica(
-        self, name: str, in_flight: int = 0, reserved: int = 0, pinned: int = 0, batch: int = 0
+        self,
+        name: str,
+        in_flight: int = 0,
+        reserved: int = 0,
+        pinned: int = 0,
+        batch: int = 0,
+        ws: int = 0,
+        known: int = 0,
     ) -> None:
-        if in_flight < 0 or reserved < 0 or pinned < 0 or batch < 0:
+        """Change ``name``'s counters: turns in flight, reservations, runs living there,
+        batch turns in flight, and its working set's known tokens and runs with one."""
+        if in_flight < 0 or reserved < 0 or pinned < 0 or batch < 0 or ws < 0:
             self.dirty.add(name)  # room may have grown
         rep = self.replicas[name]
         in_flight += rep.in_flight  # the new counts, never below zero
         reserved += rep.reserved
         pinned += rep.pinned_runs
         batch += rep.batch_in_flight
+        ws += rep.ws_tokens
+        known += rep.ws_known
         self.replicas = self.replicas.set(
             name,
             new_replica(
@@ -1145,31 +1207,37 @@ class _Tx:
                 rep.pace_set_at,
                 rep.pace_best_s,
                 rep.run_limit,
+                rep.kv_tokens,
+                ws if ws > 0 else 0,
+                known if known > 0 else 0,
             ),
         )
 
-    def _bump_replicas(self, *bumps: tuple[str | None, int, int, int, int]) -> None:
-        """Several ``_bump_replica`` (name, in_flight, reserved, pinned, batch) at once, one new
-        record per replica (a None name is skipped). Counters stay sound (never below
-        zero on the way), so summing the changes first gives the same counts; a replica
-        is dirty if any change lowered one of its counters, as one by one."""
+    def _bump_replicas(self, *bumps: tuple[str | None, int, int, int, int, int, int]) -> None:
+        """Several ``_bump_replica`` (name, in_flight, reserved, pinned, batch, ws, known) at
+        once, one new record per replica (a None name is skipped). Counters stay sound
+        (never below zero on the way), so summing the changes first gives the same counts;
+        a replica is dirty if any change lowered one of its counters, as one by one (its
+        working set: if the changes lowered it in all)."""
         merged: dict[str, list[int]] = {}
         dirty: set[str] = set()
-        for name, in_flight, reserved, pinned, batch in bumps:
+        for name, in_flight, reserved, pinned, batch, ws, known in bumps:
             if name is None:
                 continue
             if in_flight < 0 or reserved < 0 or pinned < 0 or batch < 0:
                 dirty.add(name)
             m = merged.get(name)
             if m is None:
-                merged[name] = [in_flight, reserved, pinned, batch]
+                merged[name] = [in_flight, reserved, pinned, batch, ws, known]
             else:
                 m[0] += in_flight
                 m[1] += reserved
                 m[2] += pinned
                 m[3] += batch
-        for name, (in_flight, reserved, pinned, batch) in merged.items():
-            self._bump_replica(name, in_flight, reserved, pinned, batch)
+                m[4] += ws
+                m[5] += known
+        for name, (in_flight, reserved, pinned, batch, ws, known) in merged.items():
+            self._bump_replica(name, in_flight, reserved, pinned, batch, ws, known)
         self.dirty |= dirty
 
     def _count_caller(self, caller: str, delta: int) -> None:
@@ -1231,8 +1299,16 @@ class _Tx:
     def _may_start_run(self, rep: ReplicaState, cls: ServiceClass) -> bool:
         """Prefix keeping: a capped replica takes a batch run that is not already there
         only while fewer runs than its run limit live there, so the prefixes of the runs
-        it serves stay in the engine's cache between their turns."""
-        if not self.params.keep_prefixes or rep.run_limit is None:
+        it serves stay in the engine's cache between their turns. Working-set admission
+        (``Params.working_set``): also, or instead, only while the runs' contexts leave
+        room for its own in the engine's KV pool (``working_set.admits``)."""
+        params = self.params
+        if params.working_set is not WorkingSet.OFF and cls is ServiceClass.BATCH:
+            if not working_set.admits(rep, params):
+                return False
+            if params.working_set is WorkingSet.REPLACE:
+                return True
+        if not params.keep_prefixes or rep.run_limit is None:
             return True
         if cls is ServiceClass.INTERACTIVE:
             return True  # S4: interactive first, new runs included; they are few
@@ -1469,6 +1545,7 @@ class _Tx:
 # -------------------------------------------------------------------- helpers
 
 _EMPTY_FIFO = Fifo()
+_NOWHERE: tuple[str | None, int, int] = (None, 0, 0)  # a run living nowhere (working sets)
 _EMPTY_SET: Map[str, None] = Map()
 
 
@@ -1560,14 +1637,6 @@ def _run_with(
     )
 
 
-def _pinned_to(run: RunState | None) -> str | None:
-    """The replica a run lives on (S3's pinned count): generating or paused there, and
-    not lapsed (paused past its tool lease)."""
-    if run is None or run.phase is RunPhase.IDLE or run.lapsed:
-        return None
-    return run.replica
-
-
 def _replica_with(
     rep: ReplicaState,
     *,
@@ -1608,6 +1677,9 @@ def _replica_with(
         rep.pace_set_at if isinstance(pace_set_at, _Keep) else pace_set_at,
         rep.pace_best_s if isinstance(pace_best_s, _Keep) else pace_best_s,
         rep.run_limit if isinstance(run_limit, _Keep) else run_limit,
+        rep.kv_tokens,
+        rep.ws_tokens,
+        rep.ws_known,
     )
 
 

@@ -94,7 +94,9 @@ class ReplicaProbed:
     """S9: a probe of a replica's health path and metrics.
 
     ``running``/``waiting`` are None when the replica reports no load (then it is
-    not limited, S2).
+    not limited, S2). ``kv_tokens``: the engine's KV pool in tokens, from its metrics
+    or the endpoint's configured ``kv_tokens`` (None: unknown; working-set admission
+    then does not limit the replica).
     """
 
     at: float
@@ -103,6 +105,7 @@ class ReplicaProbed:
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None
+    kv_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

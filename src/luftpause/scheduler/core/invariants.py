@@ -43,9 +43,12 @@ def violations(state: State) -> list[str]:
         if r.in_flight > 0 and r.phase is not RunPhase.GENERATING:
             problems.append(f"run {r.run_id} has turns in flight but is {r.phase.value}")
     pinned: dict[str, int] = {}
+    ws: dict[str, tuple[int, int]] = {}  # working sets: known tokens, runs with one
     for r in state.runs.values():
         if r.phase is not RunPhase.IDLE and r.replica is not None and not r.lapsed:
             pinned[r.replica] = pinned.get(r.replica, 0) + 1
+            tokens, known = ws.get(r.replica, (0, 0))
+            ws[r.replica] = (tokens + r.last_prompt, known + (1 if r.last_prompt > 0 else 0))
     for name, rep in state.replicas.items():
         if (rep.cap is None) != (rep.run_limit is None) or (
             rep.cap is not None and rep.run_limit is not None and rep.run_limit < rep.cap
@@ -54,6 +57,11 @@ def violations(state: State) -> list[str]:
         if rep.pinned_runs != pinned.get(name, 0):
             problems.append(
                 f"replica {name} counts {rep.pinned_runs} pinned runs, has {pinned.get(name, 0)}"
+            )
+        if (rep.ws_tokens, rep.ws_known) != ws.get(name, (0, 0)):
+            problems.append(
+                f"replica {name} counts a working set of {rep.ws_tokens} tokens in "
+                f"{rep.ws_known} runs, has {ws.get(name, (0, 0))}"
             )
         if rep.in_flight != in_flight.get(name, 0):
             problems.append(

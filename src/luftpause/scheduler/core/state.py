@@ -118,6 +118,12 @@ class ReplicaState:
     # not limited). Never below the cap; it rises while new runs wait behind the runs
     # living here, which the cap (the engine's load) never does.
     run_limit: int | None = None
+    # Working-set admission (working_set.py): the engine's KV pool in tokens (last probe;
+    # None: unknown), the summed known contexts (``RunState.last_prompt``) of the runs
+    # living here, and how many of those runs have one (the others have had no turn end).
+    kv_tokens: int | None = None
+    ws_tokens: int = 0
+    ws_known: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +353,9 @@ def new_replica(
     pace_set_at: float | None,
     pace_best_s: float | None,
     run_limit: int | None,
+    kv_tokens: int | None,
+    ws_tokens: int,
+    ws_known: int,
 ) -> ReplicaState:
     r: Any = _new(_ReplicaDraft)
     r.spec = spec
@@ -370,6 +379,9 @@ def new_replica(
     r.pace_set_at = pace_set_at
     r.pace_best_s = pace_best_s
     r.run_limit = run_limit
+    r.kv_tokens = kv_tokens
+    r.ws_tokens = ws_tokens
+    r.ws_known = ws_known
     r.__class__ = ReplicaState
     return r  # type: ignore[no-any-return]
 

@@ -28,6 +28,16 @@ class RunPhase(Enum):
     PAUSED_ON_TOOL = "paused_on_tool"
 
 
+class WorkingSet(Enum):
+    """Working-set admission (``working_set.py``): how a new batch run's start on a
+    replica is gated. ``OFF``: by prefix keeping's run limit alone; ``REPLACE``: by the
+    working set instead of the run limit; ``BOTH``: by both."""
+
+    OFF = "off"
+    REPLACE = "replace"
+    BOTH = "both"
+
+
 class RejectCode(Enum):
     UNKNOWN_MODEL = "unknown_model"
     INVALID_REQUEST = "invalid_request"
@@ -105,3 +115,10 @@ class Params:
     # engines that declare a retention mechanism to keep a run's prefix over its pause.
     # Off: every Admit carries 0 and ``_admit`` does no more than before.
     kv_retention: bool = False
+    # Working-set admission (docs/scheduling.md "Working-set admission (B5)"): a new
+    # batch run starts on a replica whose KV pool is known only while the known contexts
+    # of the runs living there plus an estimate of its own fit in ``working_set_share`` of
+    # the pool and (if set) the engine's last KV usage is below ``working_set_kv_usage``.
+    working_set: WorkingSet = WorkingSet.OFF
+    working_set_share: float = 0.9
+    working_set_kv_usage: float | None = None

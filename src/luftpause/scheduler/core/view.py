@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from luftpause.scheduler.core import target
+from luftpause.scheduler.core import target, working_set
 from luftpause.scheduler.core.leases import tool_lease
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.types import EndpointKind, Params, RunPhase
@@ -59,6 +59,10 @@ def status(state: State, now: float) -> dict[str, Any]:
                 "target_pace_s_per_token": _rounded(target.target_pace(params, rep.pace_best_s)),
                 "batch_withheld_by_target": target.withheld(rep),
                 "probed_s_ago": None if rep.probed_at is None else round(now - rep.probed_at, 3),
+                # working-set admission (working_set.py): the engine's KV pool in tokens
+                # (null: unknown) and the tokens the runs living here are expected to hold
+                "kv_tokens": rep.kv_tokens,
+                "working_set_tokens": working_set.working_set(rep),
             }
         )
     held: dict[str, dict[str, dict[str, Any]]] = {}

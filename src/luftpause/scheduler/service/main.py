@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from luftpause.config import Endpoint, KvRetention, SchedulerSettings, StackConfig, load_secrets
 from luftpause.config import EndpointKind as ConfigKind
-from luftpause.scheduler.core import EndpointKind, Params, ReplicaSpec, initial_state
+from luftpause.scheduler.core import EndpointKind, Params, ReplicaSpec, WorkingSet, initial_state
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.probe import Prober
@@ -85,6 +85,9 @@ def core_params(settings: SchedulerSettings, endpoints: Sequence[Endpoint] = ())
         tool_lease_default_s=settings.tool_lease_default_s,
         tool_lease_factor=settings.tool_lease_factor,
         kv_retention=any(e.kv_retention is not KvRetention.NONE for e in endpoints),
+        working_set=WorkingSet(settings.working_set),
+        working_set_share=settings.working_set_share,
+        working_set_kv_usage=settings.working_set_kv_usage or None,
     )
 
 

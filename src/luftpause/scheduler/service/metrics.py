@@ -55,6 +55,7 @@ from luftpause.scheduler.core import (
     ServiceClass,
     State,
     target,
+    working_set,
 )
 from luftpause.scheduler.core.view import lapsed_by_replica
 
@@ -187,6 +188,18 @@ class _StateCollector(Collector):
             "(absent: the replica has no cap)",
             ["replica"],
         )
+        wset = g(
+            "replica_working_set_tokens",
+            "Tokens the runs living on the replica are expected to hold in its engine's KV "
+            "cache: their last prompts, a run with none counted at their mean",
+            ["replica"],
+        )
+        pool = g(
+            "replica_kv_pool_tokens",
+            "The engine's KV pool in tokens, from its metrics or the endpoint's kv_tokens "
+            "(absent: unknown)",
+            ["replica"],
+        )
         probe_age = g(
             "replica_probe_age_seconds",
             "Time since the replica's last probe result",
@@ -227,9 +240,12 @@ class _StateCollector(Collector):
             if rep.probed_at is not None:
                 probe_age.add_metric(labels, max(0.0, now - rep.probed_at))
             misses.add_metric(labels, rep.prefix_misses)
+            wset.add_metric(labels, working_set.working_set(rep))
+            if rep.kv_tokens is not None:
+                pool.add_metric(labels, rep.kv_tokens)
         yield from (healthy, in_flight, cap, reserved, pinned, run_limit, lapsed, batch)
         yield from (pace_limit, pace, target_pace, withheld)
-        yield from (running, waiting, kv, probe_age)
+        yield from (running, waiting, kv, wset, pool, probe_age)
         yield misses
 
     def _held(self, state: State, now: float) -> Iterator[Metric]:

@@ -4,6 +4,12 @@ A probe GETs the endpoint's health path (none configured: healthy) and its
 Prometheus metrics, or those of the engines named in ``load_from`` when the
 replica is a router. SGLang and vLLM names both parse, including vLLM's old
 and new KV-usage gauges. Hosted endpoints get ``Authorization: Bearer <key>``.
+
+The engine's KV pool in tokens (working-set admission) is read from the same text:
+SGLang's ``sglang:max_total_num_tokens`` gauge, vLLM's ``vllm:cache_config_info``
+(``num_gpu_blocks`` x ``block_size``, from its labels), summed over samples as the
+running counts are (one per DP rank or engine) and over ``load_from``'s engines. An
+endpoint's ``kv_tokens`` overrides it (an engine that exports neither).
 The probe timeout equals the period. A refused connection or an error status
 marks a replica unhealthy at once; a health check that only times out does so
 the second time in a row (``TIMEOUTS_TO_UNHEALTHY``): an engine busy enough to
@@ -42,6 +48,8 @@ KV = {
     MetricsFlavour.SGLANG: ("sglang:token_usage",),
     MetricsFlavour.VLLM: ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 }
+POOL_SGLANG = "sglang:max_total_num_tokens"  # KV pool, tokens
+POOL_VLLM = "vllm:cache_config_info"  # an info gauge: labels num_gpu_blocks, block_size
 
 
 TIMEOUTS_TO_UNHEALTHY = 2
@@ -52,17 +60,31 @@ class Load:
     running: int
     waiting: int
     kv_usage: float | None
+    kv_tokens: int | None = None  # the KV pool in tokens (None: not reported)
 
 
 class MetricsError(Exception):
     """The metrics text lacks the running/waiting gauges of the expected flavour."""
 
 
+def _pool_tokens(sample_name: str, labels: Mapping[str, str], value: float) -> int | None:
+    """The KV pool one sample reports, in tokens (None: it reports none it can read)."""
+    if sample_name == POOL_SGLANG:
+        return int(value) if value > 0 else None
+    try:
+        blocks, size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except (KeyError, ValueError):  # (vLLM writes "None" before the engine profiled)
+        return None
+    return blocks * size if blocks > 0 and size > 0 else None
+
+
 def parse_load(text: str, flavour: MetricsFlavour) -> Load:
-    """Sum running/waiting over all samples (one per model or DP rank); KV usage is the max."""
+    """Sum running/waiting over all samples (one per model or DP rank); KV usage is the
+    max; the KV pool is summed, in the flavour whose running/waiting gauges were read."""
     samples: dict[str, float] = {}
     seen: set[str] = set()
     kv: float | None = None
+    pools: dict[str, int] = {}  # flavour's pool name -> tokens summed over its samples
     flavours = (
         (MetricsFlavour.SGLANG, MetricsFlavour.VLLM)
         if flavour is MetricsFlavour.AUTO
@@ -77,11 +99,16 @@ def parse_load(text: str, flavour: MetricsFlavour) -> Load:
                 seen.add(sample.name)
             elif sample.name in kv_names:
                 kv = sample.value if kv is None else max(kv, sample.value)
+            elif sample.name in (POOL_SGLANG, POOL_VLLM):
+                tokens = _pool_tokens(sample.name, sample.labels, sample.value)
+                if tokens is not None:
+                    pools[sample.name] = pools.get(sample.name, 0) + tokens
     for f in flavours:
         r = next((n for n in RUNNING[f] if n in seen), None)
         w = next((n for n in WAITING[f] if n in seen), None)
         if r is not None and w is not None:
-            return Load(int(samples[r]), int(samples[w]), kv)
+            pool = pools.get(POOL_SGLANG if f is MetricsFlavour.SGLANG else POOL_VLLM)
+            return Load(int(samples[r]), int(samples[w]), kv, pool)
     names = ", ".join(sorted({n for f in flavours for n in (*RUNNING[f], *WAITING[f])}))
     raise MetricsError(f"no running/waiting gauges found (looked for {names})")
 
@@ -143,6 +170,8 @@ class Prober:
                 running=load.running if load else None,
                 waiting=load.waiting if load else None,
                 kv_usage=load.kv_usage if load else None,
+                # working-set admission: the configured pool, else the engine's own
+                kv_tokens=endpoint.kv_tokens or (load.kv_tokens if load else None),
             )
         )
 
@@ -180,10 +209,13 @@ class Prober:
             )
             return last
         kvs = [x.kv_usage for x in loads if x.kv_usage is not None]
+        pools = [x.kv_tokens for x in loads]
         load = Load(
             running=sum(x.running for x in loads),
             waiting=sum(x.waiting for x in loads),
             kv_usage=max(kvs) if kvs else None,
+            # the engines' pools together; unknown if any of them reports none
+            kv_tokens=sum(p for p in pools if p is not None) if None not in pools else None,
         )
         self._last_load[endpoint.name] = load
         return load

@@ -17,6 +17,9 @@ from luftpause.fakes.engine.model import EngineMetrics
 from luftpause.fakes.engine.server.driver import EngineDriver
 
 Dialect = Literal["sglang", "vllm"]
+# vLLM's KV block, in tokens (its default on CUDA): the pool it reports in
+# ``vllm:cache_config_info`` is whole blocks of this many token slots.
+VLLM_BLOCK_SIZE = 16
 
 
 def sglang_families(m: EngineMetrics, model_name: str) -> Iterator[Metric]:
@@ -54,6 +57,22 @@ def vllm_families(m: EngineMetrics, model_name: str) -> Iterator[Metric]:
         g = GaugeMetricFamily(name, doc, labels=labels)
         g.add_metric(values, value)
         yield g
+    # vLLM's cache config as an info gauge (value 1; every field a label, as text), the
+    # labels it writes: the pool is num_gpu_blocks x block_size tokens.
+    info = {
+        "block_size": str(VLLM_BLOCK_SIZE),
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "True",
+        "gpu_memory_utilization": "0.9",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(m.max_tokens // VLLM_BLOCK_SIZE),
+        "engine": "0",
+    }
+    cache = GaugeMetricFamily(
+        "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(info)
+    )
+    cache.add_metric(list(info.values()), 1.0)
+    yield cache
     counters = (
         ("vllm:prefix_cache_queries", "Prefix cache queries (tokens)", m.cache_queries_tokens),
         ("vllm:prefix_cache_hits", "Prefix cache hits (tokens)", m.cache_hit_tokens),
