@@ -42,10 +42,11 @@ def reply(
 
 
 def test_a_relative_target_is_slowdown_times_the_fastest_reply_seen() -> None:
-    """B7: ``interactive_slowdown`` s makes the target s x the fastest pace any reply
-    had on the replica (the floor), so it tightens as faster replies arrive; the
-    absolute target is never tighter than 1.5x the fastest reply with at most one batch
-    turn beside it, and a relative target has no target before any reply."""
+    """B7: ``interactive_slowdown`` s makes the target s x the replica's floor, the
+    fastest pace of a reply with at most one other batch turn beside it; until the
+    replica has shown one, the controller seeks it (every reply counts as too slow, so
+    the limit falls to one batch turn). The absolute target is never tighter than 1.5x
+    that floor."""
     relative = Params(interactive_slowdown=1.5)
     assert target.target_pace(relative, None) is None
     assert target.target_pace(relative, 0.02) == pytest.approx(0.03)
@@ -55,33 +56,39 @@ def test_a_relative_target_is_slowdown_times_the_fastest_reply_seen() -> None:
     assert target.enabled(Params(interactive_pace_s=None, interactive_slowdown=1.2))
     assert not target.enabled(Params(interactive_pace_s=None))
 
-    # 10 batch turns beside an interactive reply at 40 ms: the floor is 40 ms (relative:
-    # any reply counts), the target 60 ms: no cut yet
+    # No floor yet: a relative target seeks it. A reply beside 10 batch turns is too
+    # slow whatever its pace: cut to 3/4 of them; it does not count as the floor.
     rep = replica(in_flight=11, batch_in_flight=10)
-    rep = reply(rep, 0.04, beside=10, cls=ServiceClass.INTERACTIVE, now=10, params=relative)
-    assert rep.pace_best_s == pytest.approx(0.04) and rep.pace_cap is None
-    # the absolute rule would not have taken that reply as its floor (10 beside it)
+    rep = reply(rep, 0.03, beside=10, cls=ServiceClass.INTERACTIVE, now=10, params=relative)
+    assert rep.pace_best_s is None and rep.pace_cap == 7 and rep.pace_set_at == 10
+    # ... and again, one cut per reply admitted after the last change, down to one
+    for now, beside, cap in ((20, 7, 5), (30, 5, 3), (40, 3, 2), (50, 2, 1)):
+        rep = replace(rep, batch_in_flight=beside, in_flight=beside + 1)
+        rep = reply(
+            rep, 0.03, beside=beside, cls=ServiceClass.INTERACTIVE, now=now, params=relative
+        )
+        assert rep.pace_cap == cap
+    # with one batch turn beside it, a reply at 20 ms is the floor: the target is 30 ms
+    rep = replace(rep, batch_in_flight=1, in_flight=2)
+    rep = reply(rep, 0.02, beside=1, cls=ServiceClass.INTERACTIVE, now=60, params=relative)
+    assert rep.pace_best_s == pytest.approx(0.02) and rep.pace_cap == 2  # fast: raised
+    # the absolute rule takes the same floor only to loosen its own target
     plain = replica(in_flight=11, batch_in_flight=10)
-    plain = reply(plain, 0.04, beside=10, cls=ServiceClass.INTERACTIVE, now=10, params=absolute)
-    assert plain.pace_best_s is None
-    # a reply at 70 ms (> 1.5 x 40 ms) with 10 batch beside: cut to 3/4 of them
-    rep = reply(rep, 0.07, beside=10, cls=ServiceClass.INTERACTIVE, now=20, params=relative)
-    assert rep.pace_cap == 7 and rep.pace_set_at == 20
-    # a faster batch reply (with batch at the limit: raised by one) lowers the floor to
-    # 20 ms: the target is now 30 ms, and a 50 ms reply cuts again
-    rep = replace(rep, batch_in_flight=7, in_flight=8)
-    rep = reply(rep, 0.02, beside=6, cls=ServiceClass.BATCH, now=30, params=relative)
-    assert rep.pace_best_s == pytest.approx(0.02) and rep.pace_cap == 8
-    rep = replace(rep, batch_in_flight=8, in_flight=9)
-    rep = reply(rep, 0.05, beside=8, cls=ServiceClass.INTERACTIVE, now=40, params=relative)
-    assert rep.pace_cap == 6
+    plain = reply(plain, 0.2, beside=10, cls=ServiceClass.INTERACTIVE, now=10, params=absolute)
+    assert plain.pace_best_s is None and plain.pace_cap == 7  # 200 ms > its 50 ms target
     # a reply between 4/5 of the target and the target changes nothing; one under 4/5 of
-    # it, with batch at the limit, raises the limit by one
-    rep = replace(rep, batch_in_flight=6, in_flight=7)
-    rep = reply(rep, 0.027, beside=6, cls=ServiceClass.INTERACTIVE, now=50, params=relative)
-    assert rep.pace_cap == 6
-    rep = reply(rep, 0.021, beside=6, cls=ServiceClass.INTERACTIVE, now=60, params=relative)
-    assert rep.pace_cap == 7
+    # it, with batch at the limit, raises the limit by one; one over it cuts
+    rep = replace(rep, batch_in_flight=2, in_flight=3)
+    rep = reply(rep, 0.027, beside=2, cls=ServiceClass.INTERACTIVE, now=70, params=relative)
+    assert rep.pace_cap == 2
+    rep = reply(rep, 0.021, beside=2, cls=ServiceClass.INTERACTIVE, now=80, params=relative)
+    assert rep.pace_cap == 3
+    rep = replace(rep, batch_in_flight=3, in_flight=4)
+    rep = reply(rep, 0.05, beside=3, cls=ServiceClass.BATCH, now=90, params=relative)
+    assert rep.pace_cap == 2  # 3/4 of the batch turns (4, itself included), at most 3
+    rep = replace(rep, batch_in_flight=2, in_flight=3)
+    rep = reply(rep, 0.05, beside=2, cls=ServiceClass.INTERACTIVE, now=100, params=relative)
+    assert rep.pace_cap == 1
 
 
 def test_withheld_is_the_batch_room_the_cap_would_give_and_the_limit_keeps() -> None:
@@ -105,7 +112,10 @@ def band(pace_at: list[float], goal: float) -> tuple[int, int]:
     that keep the pace within ``goal``, between one cut below L* + 1 and L* + 1; exactly
     the first count above 4/5 of the goal's dead band when one lies in it."""
     best = max((n for n in range(1, len(pace_at)) if pace_at[n] <= goal), default=1)
-    low = max(1, int(target.BACKOFF * (best + 1)))
+    # rising from below, the limit stops at the first count whose pace is in or above
+    # the dead band
+    rest = min((n for n in range(1, len(pace_at)) if pace_at[n] >= 0.8 * goal), default=best)
+    low = min(max(1, int(0.75 * (best + 1))), rest)
     return low, best + 1
 
 
@@ -145,10 +155,10 @@ def test_the_limit_settles_within_one_cut_after_a_step_change_of_load(
             seen.append(cap if rep.pace_cap is None else rep.pace_cap)
         goal = target.target_pace(params, rep.pace_best_s)
         assert goal is not None
-        low, high = band(pace_at, goal)
+        low, high = band(pace_at[:cap], goal)  # (at most cap - 1 batch turns run)
         settled = seen[cap + 20 :]
         assert min(settled) >= 1
-        assert all(min(low, cap) <= n <= max(high, 1) for n in settled), (low, high, settled)
+        assert all(min(low, cap - 1) <= n <= max(high, 1) for n in settled), (low, high, settled)
         if any(0.8 * goal <= pace_at[n] <= goal for n in range(1, cap - 1)):
             assert len(set(settled)) == 1, settled  # a count in the dead band: it rests
 

@@ -37,10 +37,13 @@ holds the limit at 1; it never reaches 0, so batch work always moves.
 The target, per replica:
 
 - ``interactive_slowdown`` = s (a target relative to the floor): s × the replica's
-  floor, where the floor is the fastest reply pace seen there. Before the limit has cut
-  batch work down, the fastest reply seen is slower than the true floor, so the target
-  starts loose and tightens as the cuts let faster replies through: it converges from
-  above and never asks for less than the engine has shown it can do.
+  floor, the fastest pace a reply there had with at most one other batch turn beside
+  it. Until the replica has shown one, the controller seeks it: every reply counts as
+  too slow, so the limit falls (a cut per turn's length) to one batch turn, the next
+  reply sets the floor, and the limit rises from there as the target allows. A floor
+  learned from whatever replies came (the fastest of a replica that was always
+  crowded) would be the crowded pace itself, and a target relative to it would never
+  cut.
 - else ``interactive_pace_s`` (absolute), but never tighter than ``BEST_FACTOR`` (1.5)
   times the fastest reply with at most one other batch turn beside it, so an engine
   slower than the target even then still runs batch work beside an interactive run.
@@ -131,15 +134,14 @@ def feedback(
     others = max(turn.batch_beside, rep.batch_in_flight)
     is_batch = turn.service_class is ServiceClass.BATCH
     best = rep.pace_best_s
-    # the floor: any reply for a relative target, else one with at most one batch turn
-    # beside it (an absolute target is loosened by it, never tightened)
-    if (params.interactive_slowdown is not None or others <= 1) and (best is None or pace < best):
+    # the floor: a reply with at most one other batch turn beside it
+    if others <= 1 and (best is None or pace < best):
         best = pace
     target = target_pace(params, best)
     cap = rep.pace_cap
     set_at = rep.pace_set_at
-    if target is None:
-        return cap, smoothed, set_at, best
+    if target is None:  # a relative target with no floor yet: seek it (any reply is slow)
+        target = 0.0
     # (the interactive turn itself counts, whether or not its run lives on)
     interactive_here = not is_batch or interactive_lives_on(rep)
     reports_load = rep.running is not None and rep.waiting is not None  # (last probe)
