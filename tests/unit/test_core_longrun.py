@@ -342,6 +342,8 @@ def digest(outs: list[tuple[Action, ...]], final: State) -> str:
             assert rep.pop("batch_limit_from_pace") is None
             assert rep.pop("pace_s_per_token") is None
             assert rep.pop("best_pace_s_per_token") is None
+    # recorded before the held-turn order's options existed (both at their defaults here)
+    assert snapshot.pop("held_order") == {"fairness": "in_flight", "batch_order": "arrival"}
     h.update(json.dumps(snapshot, sort_keys=True).encode())
     return h.hexdigest()
 

@@ -1590,7 +1590,9 @@ def test_status_view_shape() -> None:
         "in_flight_by_dataplane",
         "dataplanes_lost",
         "tool_times",
+        "held_order",
     }
+    assert v["held_order"] == {"fairness": "in_flight", "batch_order": "arrival"}
     assert v["dataplanes_lost"] == {}
     assert v["tool_times"] == {}
     assert sum(v["in_flight_by_dataplane"].values()) == len(sim.state.turns) > 0

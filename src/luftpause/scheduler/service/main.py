@@ -80,6 +80,11 @@ def core_params(settings: SchedulerSettings) -> Params:
         tool_lease_min_s=settings.tool_lease_min_s,
         tool_lease_default_s=settings.tool_lease_default_s,
         tool_lease_factor=settings.tool_lease_factor,
+        fairness=settings.fairness,
+        prompt_weight=settings.prompt_weight,
+        completion_weight=settings.completion_weight,
+        batch_order=settings.batch_order,
+        attained_measure=settings.attained_measure,
     )
 
 
