@@ -49,6 +49,13 @@ from luftpause.sim.world import World
 ARMS = ("luftpause", "router", "engine-prio", "smg")
 # luftpause with one default policy off (as tools/bench/flood.py's ablation arms)
 ABLATED_ARMS = ("luftpause-no-pace",)
+# luftpause with a held-turn order option on (scheduler/core/order.py): the Params
+# fields each arm sets. Token fairness (B3); attained service (B2), by tokens or time.
+OPTION_ARMS: dict[str, dict[str, str]] = {
+    "luftpause-vtc": {"fairness": "tokens"},
+    "luftpause-attained": {"batch_order": "attained"},
+    "luftpause-attained-time": {"batch_order": "attained", "attained_measure": "time"},
+}
 # Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
 # and luftpause with a decode pace target of MS milliseconds per token
 # (``interactive_pace_s``).

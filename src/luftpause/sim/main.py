@@ -45,6 +45,7 @@ from luftpause.sim.agents import Agent, Records
 from luftpause.sim.arms import (
     ABLATED_ARMS,
     ARMS,
+    OPTION_ARMS,
     SIZED_ARMS,
     VLLM_ROUTER_ARMS,
     Arm,
@@ -112,9 +113,11 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
              trace: Trace | None = None) -> Arm:  # fmt: skip
     size = sized_arm(name)
     paced = size is not None and size[0] == "luftpause-pace"
-    if name in ("luftpause", "luftpause-no-pace") or paced:
+    if name in ("luftpause", "luftpause-no-pace") or name in OPTION_ARMS or paced:
         params = config.params  # luftpause-paceMS: another target; luftpause-no-pace: none
-        if name != "luftpause":
+        if name in OPTION_ARMS:  # a held-turn order option on
+            params = replace(params, **OPTION_ARMS[name])  # type: ignore[arg-type]
+        elif name != "luftpause":
             pace = size[1] / 1000 if size is not None and paced else None
             params = replace(params, interactive_pace_s=pace)
         return LuftpauseArm(
@@ -149,7 +152,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         )  # fmt: skip
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
-        "luftpause-paceMS, luftpause-no-pace, vllm-router, vllm-prog, vllm-prog-kv[T]"
+        "luftpause-paceMS, luftpause-no-pace, luftpause-vtc, luftpause-attained, "
+        "luftpause-attained-time, vllm-router, vllm-prog, vllm-prog-kv[T]"
     )
 
 
@@ -415,7 +419,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "priority scheduler with C slots over all replicas), smg-fifoC (its FIFO cap of C), "
         "luftpause-paceMS (luftpause limiting batch turns beside interactive runs to keep "
         "replies at MS ms per token: interactive_pace_ms), luftpause-no-pace (the decode "
-        "pace off), vllm-router (vLLM's router without program scheduling), vllm-prog "
+        "pace off), luftpause-vtc (held turns ordered by token fairness: fairness = tokens), "
+        "luftpause-attained (batch runs by least attained service in tokens: batch_order = "
+        "attained; luftpause-attained-time: in turn time), vllm-router (vLLM's router "
+        "without program scheduling), vllm-prog "
         "(with it, its defaults) and vllm-prog-kvT (the same with token_capacity_per_target "
         "T; vllm-prog-kv: the engine's KV pool), as tools/bench/flood.py names its arms",
     )
@@ -582,14 +589,15 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def arms_from_args(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    known = (*ARMS, *ABLATED_ARMS, *VLLM_ROUTER_ARMS)
+    known = (*ARMS, *ABLATED_ARMS, *OPTION_ARMS, *VLLM_ROUTER_ARMS)
     unknown = [a for a in arms if a not in known and sized_arm(a) is None]
     if unknown or not arms:
         raise MixError(
             f"unknown arm(s) {', '.join(unknown) or '(none given)'}; arms are "
             f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, "
             "luftpause-paceMS for a decode pace target of MS ms per token, "
-            "luftpause-no-pace, vllm-router, vllm-prog, and vllm-prog-kv / vllm-prog-kvT "
+            "luftpause-no-pace, luftpause-vtc, luftpause-attained, luftpause-attained-time, "
+            "vllm-router, vllm-prog, and vllm-prog-kv / vllm-prog-kvT "
             "for a token capacity of the engine's KV pool / T tokens"
         )
     small = [a for a in arms if (s := sized_arm(a)) and s[0] == "smg-cap" and s[1] <= 4]
