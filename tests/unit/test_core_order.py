@@ -267,7 +267,7 @@ MAX_PROMPT, MAX_REPLY = 400, 100
 U = PW * MAX_PROMPT + CW * MAX_REPLY  # the most one turn advances a counter
 
 
-@settings(max_examples=50, deadline=None, derandomize=True)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     cap=st.integers(1, 4),
     callers=st.integers(2, 3),
@@ -280,7 +280,7 @@ U = PW * MAX_PROMPT + CW * MAX_REPLY  # the most one turn advances a counter
             st.integers(0, 2),  # extra turns its caller sends
         ),
         min_size=1,
-        max_size=50,
+        max_size=80,
     ),
 )
 def test_vtc_service_gap_bound(
@@ -340,7 +340,7 @@ ORDERS = [
 @pytest.mark.parametrize(
     "params", ORDERS, ids=["in_flight", "tokens", "attained", "attained-time", "both"]
 )
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(
     cap=st.integers(1, 3),
     ops=st.lists(
@@ -349,7 +349,7 @@ ORDERS = [
             st.integers(0, 10**6),
             st.booleans(),
         ),
-        max_size=40,
+        max_size=60,
     ),
 )
 def test_every_held_turn_is_admitted_or_abandoned(
