@@ -181,6 +181,20 @@ kind = "generator"
             "scheduler.link_max_unauthenticated",
             "greater than or equal to 1",
         ),
+        ('[scheduler]\nfairness="token"', "scheduler.fairness", "'in_flight' or 'tokens'"),
+        ('[scheduler]\nbatch_order="las"', "scheduler.batch_order", "'arrival' or 'attained'"),
+        (
+            '[scheduler]\nattained_measure="seconds"',
+            "scheduler.attained_measure",
+            "'tokens' or 'time'",
+        ),
+        ("[scheduler]\nprompt_weight=-1", "scheduler.prompt_weight", "greater than or equal to 0"),
+        ("[scheduler]\ncompletion_weight=nan", "scheduler.completion_weight", "finite number"),
+        (
+            "[scheduler]\nprompt_weight=0\ncompletion_weight=0",
+            "scheduler",
+            "prompt_weight and completion_weight are both 0",
+        ),
         ('[runtime]\nrun_id_headers=["Authorization"]', "runtime.run_id_headers", "itself"),
         ('[runtime]\nrun_id_headers=["Host"]', "runtime.run_id_headers", "request itself"),
         ('[runtime]\nclass_priority={batch="low"}', "runtime.class_priority.batch", "integer"),
@@ -265,6 +279,26 @@ def test_scheduler_table_reaches_the_core_and_zero_turns_a_limit_off(tmp_path: P
                        ("pace_min_tokens = 1", "pace_min_tokens")):  # fmt: skip
         with pytest.raises(ConfigError, match=field):
             load_config(write(tmp_path, f"[scheduler]\n{bad}\n"))
+
+
+def test_held_turn_order_options_reach_the_core(tmp_path: Path) -> None:
+    """B2, B3: the held-turn order's keys reach the core's params; by default the order
+    is S5's (fewest turns in flight) and arrival within the batch class."""
+    from luftpause.scheduler.service.main import core_params
+
+    plain, _ = load_config(write(tmp_path, "[scheduler]\n"))
+    assert core_params(plain.scheduler).fairness == "in_flight"
+    assert core_params(plain.scheduler).batch_order == "arrival"
+    on, _ = load_config(
+        write(
+            tmp_path,
+            '[scheduler]\nfairness = "tokens"\nprompt_weight = 0.5\ncompletion_weight = 4\n'
+            'batch_order = "attained"\nattained_measure = "time"\n',
+        )
+    )
+    params = core_params(on.scheduler)
+    assert (params.fairness, params.prompt_weight, params.completion_weight) == ("tokens", 0.5, 4)
+    assert (params.batch_order, params.attained_measure) == ("attained", "time")
 
 
 def test_strings_name_environment_variables(tmp_path: Path) -> None:

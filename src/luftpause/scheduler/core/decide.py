@@ -23,9 +23,17 @@ queue it waits only behind other interactive turns, while here it would wait for
 the cap to clear. The cap and the reservations still bound batch work there.
 
 Which held turn goes first when a replica has room (S4, S5): interactive before
-batch; within a class, the caller with the fewest in-flight turns; ties by
+batch; within a class, by the held-turn order (``order.py``, a policy unit whose
+docstring says what it reads and decides): the caller first (``Params.fairness``:
+fewest turns in flight, the default, or least virtual tokens, B3), then (prefix
+keeping) a turn whose run lives on that replica, then in the batch class (with
+``Params.batch_order = "attained"``, B2) the run with least attained service, then
 arrival order. The candidates are the heads of the caller FIFOs in the lanes
-that replica can serve: its own pin lane and the free lanes of its models.
+that replica can serve: its own pin lane and the free lanes of its models (under the
+attained order a caller has one FIFO per service level in each lane, so the heads
+still include each level's oldest turn). The counters the order reads are kept where
+turns are held (``_hold``), admitted (``_admit``), finish (``on_finished``) and end
+(``end_turn``), only while the option that reads them is on.
 
 Affinity (S3): a run that is generating or paused on a tool is pinned: its
 turns wait in that replica's pin lane even if another replica is idle. While the
