@@ -246,6 +246,16 @@ class SchedulerSettings(_Frozen):
     working_set: Literal["off", "replace", "both"] = "off"
     working_set_share: Annotated[float, Field(gt=0, le=1)] = 0.9
     working_set_kv_usage: Annotated[float, Field(ge=0, le=1)] = 0.0
+    # Held-turn order (docs/scheduling.md "Token fairness (B3)", "Attained service (B2)"):
+    # which caller's held turn goes first within a class ("in_flight": fewest turns in
+    # flight; "tokens": least weighted tokens served, prompt_weight x prompt +
+    # completion_weight x completion), and within the batch class which run's
+    # ("arrival", or "attained": least service so far, in attained_measure units).
+    fairness: Literal["in_flight", "tokens"] = "in_flight"
+    prompt_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    completion_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 2.0
+    batch_order: Literal["arrival", "attained"] = "arrival"
+    attained_measure: Literal["tokens", "time"] = "tokens"
     # S12: runtimes (base URLs, http(s)://host:port) the status page may show besides
     # loopback ones; the scheduler fetches their /status for the page.
     status_runtimes: tuple[
@@ -274,6 +284,14 @@ class SchedulerSettings(_Frozen):
         if self.interactive_target is None:
             return (self.interactive_pace_ms / 1000 or None), None
         return parse_interactive_target(self.interactive_target)
+
+    @model_validator(mode="after")
+    def _token_weights(self) -> Self:
+        if self.prompt_weight == 0 and self.completion_weight == 0:
+            raise ValueError(
+                "prompt_weight and completion_weight are both 0: token fairness would count nothing"
+            )
+        return self
 
     @field_validator("status_runtimes")
     @classmethod

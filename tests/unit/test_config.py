@@ -183,6 +183,20 @@ kind = "generator"
             "scheduler.link_max_unauthenticated",
             "greater than or equal to 1",
         ),
+        ('[scheduler]\nfairness="token"', "scheduler.fairness", "'in_flight' or 'tokens'"),
+        ('[scheduler]\nbatch_order="las"', "scheduler.batch_order", "'arrival' or 'attained'"),
+        (
+            '[scheduler]\nattained_measure="seconds"',
+            "scheduler.attained_measure",
+            "'tokens' or 'time'",
+        ),
+        ("[scheduler]\nprompt_weight=-1", "scheduler.prompt_weight", "greater than or equal to 0"),
+        ("[scheduler]\ncompletion_weight=nan", "scheduler.completion_weight", "finite number"),
+        (
+            "[scheduler]\nprompt_weight=0\ncompletion_weight=0",
+            "scheduler",
+            "prompt_weight and completion_weight are both 0",
+        ),
         ('[runtime]\nrun_id_headers=["Authorization"]', "runtime.run_id_headers", "itself"),
         ('[runtime]\nrun_id_headers=["Host"]', "runtime.run_id_headers", "request itself"),
         ('[runtime]\nclass_priority={batch="low"}', "runtime.class_priority.batch", "integer"),
@@ -361,6 +375,26 @@ def test_working_set_settings_reach_the_core_and_bad_ones_are_named(tmp_path: Pa
             write(tmp_path, '[[endpoints]]\nname="a"\nurl="http://x"\nmodels=["m"]\nkv_tokens=0\n')
         )
     assert "kv_tokens" in str(exc.value) and "greater than or equal to 1" in str(exc.value)
+
+
+def test_held_turn_order_options_reach_the_core(tmp_path: Path) -> None:
+    """B2, B3: the held-turn order's keys reach the core's params; by default the order
+    is S5's (fewest turns in flight) and arrival within the batch class."""
+    from luftpause.scheduler.service.main import core_params
+
+    plain, _ = load_config(write(tmp_path, "[scheduler]\n"))
+    assert core_params(plain.scheduler).fairness == "in_flight"
+    assert core_params(plain.scheduler).batch_order == "arrival"
+    on, _ = load_config(
+        write(
+            tmp_path,
+            '[scheduler]\nfairness = "tokens"\nprompt_weight = 0.5\ncompletion_weight = 4\n'
+            'batch_order = "attained"\nattained_measure = "time"\n',
+        )
+    )
+    params = core_params(on.scheduler)
+    assert (params.fairness, params.prompt_weight, params.completion_weight) == ("tokens", 0.5, 4)
+    assert (params.batch_order, params.attained_measure) == ("attained", "time")
 
 
 def test_strings_name_environment_variables(tmp_path: Path) -> None:

@@ -1592,8 +1592,10 @@ def test_status_view_shape() -> None:
         "tool_times",
         "interactive_target",
         "batch_withheld_by_target",
+        "held_order",
     }
     assert v["interactive_target"] == "100ms" and v["batch_withheld_by_target"] == 0
+    assert v["held_order"] == {"fairness": "in_flight", "batch_order": "arrival"}
     assert v["dataplanes_lost"] == {}
     assert v["tool_times"] == {}
     assert sum(v["in_flight_by_dataplane"].values()) == len(sim.state.turns) > 0

@@ -54,7 +54,14 @@ ABLATED_ARMS = ("luftpause-no-pace",)
 RETAIN_ARMS = ("luftpause-retain",)
 # luftpause with an optional policy on: working-set admission (``Params.working_set``)
 # instead of prefix keeping's run limit, and beside it
-OPTION_ARMS = {"luftpause-wset": WorkingSet.REPLACE, "luftpause-wset-both": WorkingSet.BOTH}
+WSET_ARMS = {"luftpause-wset": WorkingSet.REPLACE, "luftpause-wset-both": WorkingSet.BOTH}
+# luftpause with a held-turn order option on (scheduler/core/order.py): the Params
+# fields each arm sets. Token fairness (B3); attained service (B2), by tokens or time.
+ORDER_ARMS: dict[str, dict[str, str]] = {
+    "luftpause-vtc": {"fairness": "tokens"},
+    "luftpause-attained": {"batch_order": "attained"},
+    "luftpause-attained-time": {"batch_order": "attained", "attained_measure": "time"},
+}
 # Arms named with a number: SMG's priority scheduler with C slots, its legacy FIFO cap,
 # and luftpause with a decode pace target of MS milliseconds per token
 # (``interactive_pace_s``).

@@ -47,10 +47,11 @@ from luftpause.sim.agents import Agent, Records
 from luftpause.sim.arms import (
     ABLATED_ARMS,
     ARMS,
-    OPTION_ARMS,
+    ORDER_ARMS,
     RETAIN_ARMS,
     SIZED_ARMS,
     VLLM_ROUTER_ARMS,
+    WSET_ARMS,
     Arm,
     EnginePriorityArm,
     LuftpauseArm,
@@ -118,7 +119,7 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     paced = size is not None and size[0] == "luftpause-pace"
     slowdown = slowdown_arm(name)
     if (
-        name in ("luftpause", "luftpause-no-pace", "luftpause-retain", *OPTION_ARMS)
+        name in ("luftpause", "luftpause-no-pace", "luftpause-retain", *WSET_ARMS, *ORDER_ARMS)
         or paced
         or slowdown is not None
     ):
@@ -127,8 +128,10 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
             params = replace(params, interactive_slowdown=slowdown)
         if name == "luftpause-retain":  # B8: retention hints to the engines
             params = replace(params, kv_retention=True)
-        if name in OPTION_ARMS:  # luftpause-wset[-both]: working-set admission on
-            params = replace(params, working_set=OPTION_ARMS[name])
+        if name in WSET_ARMS:  # luftpause-wset[-both]: working-set admission on
+            params = replace(params, working_set=WSET_ARMS[name])
+        if name in ORDER_ARMS:  # a held-turn order option on
+            params = replace(params, **ORDER_ARMS[name])  # type: ignore[arg-type]
         elif name != "luftpause":
             pace = size[1] / 1000 if size is not None and paced else None
             params = replace(params, interactive_pace_s=pace)
@@ -165,7 +168,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
         "luftpause-paceMS, luftpause-no-pace, luftpause-retain, luftpause-wset, "
-        "luftpause-wset-both, vllm-router, vllm-prog, vllm-prog-kv[T]"
+        "luftpause-wset-both, luftpause-vtc, luftpause-attained, luftpause-attained-time, "
+        "vllm-router, vllm-prog, vllm-prog-kv[T]"
     )
 
 
@@ -457,7 +461,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prefix for its usual tool time: kv_retention), luftpause-wset (working-set "
         'admission instead of prefix keeping\'s run limit: working_set = "replace"), '
         'luftpause-wset-both (beside it: "both"), vllm-router (vLLM\'s router without '
-        "program scheduling), vllm-prog "
+        "program scheduling), luftpause-vtc (held turns ordered by token fairness: "
+        "fairness = tokens), luftpause-attained (batch runs by least attained service in "
+        "tokens: batch_order = attained; luftpause-attained-time: in turn time), vllm-prog "
         "(with it, its defaults) and vllm-prog-kvT (the same with token_capacity_per_target "
         "T; vllm-prog-kv: the engine's KV pool), as tools/bench/flood.py names its arms",
     )
@@ -630,7 +636,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def arms_from_args(text: str) -> list[str]:
     arms = [a.strip() for a in text.split(",") if a.strip()]
-    known = (*ARMS, *ABLATED_ARMS, *RETAIN_ARMS, *OPTION_ARMS, *VLLM_ROUTER_ARMS)
+    known = (*ARMS, *ABLATED_ARMS, *RETAIN_ARMS, *WSET_ARMS, *ORDER_ARMS, *VLLM_ROUTER_ARMS)
     unknown = [
         a for a in arms if a not in known and sized_arm(a) is None and slowdown_arm(a) is None
     ]
@@ -640,7 +646,8 @@ def arms_from_args(text: str) -> list[str]:
             f"{', '.join(ARMS)}, smg-capC / smg-fifoC for a capacity of C slots, "
             "luftpause-paceMS for a decode pace target of MS ms per token, luftpause-xS for "
             "an interactive target of S (> 1) times the floor, luftpause-no-pace, "
-            "luftpause-retain, luftpause-wset, luftpause-wset-both, vllm-router, vllm-prog, "
+            "luftpause-retain, luftpause-wset, luftpause-wset-both, luftpause-vtc, "
+            "luftpause-attained, luftpause-attained-time, vllm-router, vllm-prog, "
             "and vllm-prog-kv / vllm-prog-kvT "
             "for a token capacity of the engine's KV pool / T tokens"
         )

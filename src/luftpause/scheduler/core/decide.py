@@ -23,9 +23,17 @@ queue it waits only behind other interactive turns, while here it would wait for
 the cap to clear. The cap and the reservations still bound batch work there.
 
 Which held turn goes first when a replica has room (S4, S5): interactive before
-batch; within a class, the caller with the fewest in-flight turns; ties by
+batch; within a class, by the held-turn order (``order.py``, a policy unit whose
+docstring says what it reads and decides): the caller first (``Params.fairness``:
+fewest turns in flight, the default, or least virtual tokens, B3), then (prefix
+keeping) a turn whose run lives on that replica, then in the batch class (with
+``Params.batch_order = "attained"``, B2) the run with least attained service, then
 arrival order. The candidates are the heads of the caller FIFOs in the lanes
-that replica can serve: its own pin lane and the free lanes of its models.
+that replica can serve: its own pin lane and the free lanes of its models (under the
+attained order a caller has one FIFO per service level in each lane, so the heads
+still include each level's oldest turn). The counters the order reads are kept where
+turns are held (``_hold``), admitted (``_admit``), finish (``on_finished``) and end
+(``end_turn``), only while the option that reads them is on.
 
 Affinity (S3): a run that is generating or paused on a tool is pinned: its
 turns wait in that replica's pin lane even if another replica is idle. While the
@@ -130,7 +138,7 @@ from __future__ import annotations
 
 from immutables import Map
 
-from luftpause.scheduler.core import leases, target, working_set
+from luftpause.scheduler.core import leases, order, target, working_set
 from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject
 from luftpause.scheduler.core.events import (
     ClockTicked,
@@ -231,6 +239,7 @@ class _Tx:
 
     __slots__ = (
         "actions",
+        "caller_held",
         "caller_in_flight",
         "dirty",
         "held",
@@ -249,6 +258,7 @@ class _Tx:
         "turn_deadlines",
         "turns",
         "unhealthy",
+        "vtc",
         "waiting_callers",
     )
 
@@ -271,6 +281,8 @@ class _Tx:
         self.swept_until = s.swept_until
         self.lost_dataplanes = s.lost_dataplanes
         self.tool_times = s.tool_times
+        self.vtc = s.vtc
+        self.caller_held = s.caller_held
         self.actions: list[Action] = []
         self.dirty: set[str] = set()
 
@@ -294,6 +306,8 @@ class _Tx:
             self.swept_until,
             self.lost_dataplanes,
             self.tool_times,
+            self.vtc,
+            self.caller_held,
         )
 
     # ------------------------------------------------------------------ requests
@@ -455,13 +469,22 @@ class _Tx:
         lane: Lane,
         trace_id: str,
     ) -> None:
-        qkey = (lane, service_class, caller)
+        tier = 0
+        if (
+            service_class is ServiceClass.BATCH
+            and kind is EndpointKind.GENERATIVE
+            and self.params.batch_order == "attained"
+        ):
+            run = self.runs.get(run_id)
+            tier = 0 if run is None else order.tier(self.params, run.attained)
+        qcaller = caller if tier == 0 else order.queue_caller(caller, tier)
+        qkey = (lane, service_class, qcaller)
         fifo, slot = self.queues.get(qkey, _EMPTY_FIFO).push(turn_id)
         self.queues = self.queues.set(qkey, fifo)
         wkey = (lane, service_class)
         callers = self.waiting_callers.get(wkey, _EMPTY_SET)
-        if caller not in callers:
-            self.waiting_callers = self.waiting_callers.set(wkey, callers.set(caller, None))
+        if qcaller not in callers:
+            self.waiting_callers = self.waiting_callers.set(wkey, callers.set(qcaller, None))
         self.held = self.held.set(
             turn_id,
             new_held(
@@ -477,19 +500,24 @@ class _Tx:
                 lane,
                 slot,
                 trace_id,
+                tier,
             ),
         )
         if kind is EndpointKind.GENERATIVE:  # single-pass turns have no run (S13)
             mine = self.held_by_run.get(run_id, _EMPTY_SET)
             self.held_by_run = self.held_by_run.set(run_id, mine.set(turn_id, None))
+            if self.params.fairness == "tokens":
+                self._vtc_activate(caller)
+                self.caller_held = self.caller_held.set(caller, self.caller_held.get(caller, 0) + 1)
 
     def _unhold(self, held: HeldTurn) -> None:
-        qkey = (held.lane, held.service_class, held.caller)
+        qcaller = held.caller if held.tier == 0 else order.queue_caller(held.caller, held.tier)
+        qkey = (held.lane, held.service_class, qcaller)
         fifo = self.queues[qkey].remove(held.slot)
         if len(fifo) == 0:
             self.queues = self.queues.delete(qkey)
             wkey = (held.lane, held.service_class)
-            callers = self.waiting_callers[wkey].delete(held.caller)
+            callers = self.waiting_callers[wkey].delete(qcaller)
             self.waiting_callers = (
                 self.waiting_callers.set(wkey, callers)
                 if len(callers)
@@ -505,6 +533,14 @@ class _Tx:
                 if len(mine)
                 else self.held_by_run.delete(held.run_id)
             )
+            n = self.caller_held.get(held.caller) if self.caller_held else None
+            if n is not None:  # (token fairness; its counter stays: the turn is admitted,
+                # moved, or its caller is checked for anything left, on_abandoned)
+                self.caller_held = (
+                    self.caller_held.set(held.caller, n - 1)
+                    if n > 1
+                    else self.caller_held.delete(held.caller)
+                )
 
     def _move_run_held(self, run_id: str, replica: str | None) -> None:
         """Re-lane a run's held turns: to ``replica``'s pin lane, or free (None)."""
@@ -597,6 +633,8 @@ class _Tx:
             self._bump_replica(replica, 1)
             return
         batch = 1 if service_class is ServiceClass.BATCH else 0
+        if requested and self.params.fairness == "tokens":
+            self._vtc_activate(caller)
         self._count_caller(caller, 1)
         if requested:
             ended = False  # a new turn after RunEnded: the run lives on
@@ -646,6 +684,7 @@ class _Tx:
                 0,  # moves
                 (),  # paused_tools
                 False,  # lapsed
+                0.0,  # attained
             )
         else:
             run = new_run(
@@ -664,6 +703,7 @@ class _Tx:
                 run.moves + (run.replica is not None and run.replica != replica),
                 (),  # paused_tools: it is back
                 False,  # lapsed
+                run.attained,
             )
         self.runs = self.runs.set(run_id, run)
         self._move_run_held(run_id, replica)  # S3: it is generating there now
@@ -727,6 +767,8 @@ class _Tx:
         held = self.held.get(ev.turn_id)
         if held is not None:
             self._unhold(held)
+            if self.vtc:
+                self._vtc_drop_if_idle(held.caller)
             # A held turn was a turn: the idle clock starts now (S10). A single-pass turn
             # never enters run state (S13), even when it names a generative run.
             run = self.runs.get(held.run_id) if held.kind is EndpointKind.GENERATIVE else None
@@ -750,11 +792,16 @@ class _Tx:
             self.end_turn(ev.turn_id, paused_on_tool=False)
 
     def on_finished(self, ev: TurnFinished) -> None:
+        params = self.params
+        served = 0.0
+        if params.fairness == "tokens" or params.batch_order == "attained":
+            served = self._account(ev)
         turn = self.end_turn(
             ev.turn_id,
             paused_on_tool=ev.paused_on_tool,
             prompt_tokens=ev.prompt_tokens,
             tool_names=ev.tool_names,
+            served=served,
         )
         if turn is None:
             return
@@ -767,6 +814,46 @@ class _Tx:
             and turn.kind is EndpointKind.GENERATIVE
         ):
             self._pace_feedback(turn, ev.completion_tokens)
+
+    def _account(self, ev: TurnFinished) -> float:
+        """Held-turn order's bookkeeping for a finished turn (``order.py``): token
+        fairness advances its caller's counter; returns what attained service its run
+        gains (0 unless ``batch_order = "attained"``)."""
+        turn = self.turns.get(ev.turn_id)
+        if turn is None or turn.kind is not EndpointKind.GENERATIVE:
+            return 0.0
+        params = self.params
+        if params.fairness == "tokens":
+            caller = turn.caller
+            base = self.vtc.get(caller)
+            if base is None:  # (a turn adopted on resync, before any of it was held)
+                base = order.lift(self.vtc)
+            cost = order.turn_cost(params, caller, ev.prompt_tokens, ev.completion_tokens)
+            self.vtc = self.vtc.set(caller, base + cost)
+        if params.batch_order != "attained":
+            return 0.0
+        return order.served(
+            params,
+            ev.prompt_tokens,
+            ev.cached_tokens,
+            ev.completion_tokens,
+            self.now - turn.admitted_at,
+        )
+
+    def _vtc_activate(self, caller: str) -> None:
+        """Token fairness: a caller with nothing held or in flight starts from the least
+        counter of those that have (VTC's lift)."""
+        if caller not in self.vtc:
+            self.vtc = self.vtc.set(caller, order.lift(self.vtc))
+
+    def _vtc_drop_if_idle(self, caller: str) -> None:
+        """Token fairness: a caller with nothing held or in flight keeps no counter."""
+        if (
+            caller in self.vtc
+            and caller not in self.caller_in_flight
+            and caller not in self.caller_held
+        ):
+            self.vtc = self.vtc.delete(caller)
 
     def _pace_feedback(self, turn: TurnState, completion_tokens: int) -> None:
         """The interactive target (``target.py``) learns from a reply that ended."""
@@ -842,10 +929,12 @@ class _Tx:
         paused_on_tool: bool,
         prompt_tokens: int = 0,
         tool_names: tuple[str, ...] = (),
+        served: float = 0.0,
     ) -> TurnState | None:
         """Free an admitted turn's slot and move its run on (D5). ``prompt_tokens``: the
         finished turn's reported prompt, remembered for prefix keeping; ``tool_names``: the
-        tools it called, whose lease the run's pause gets."""
+        tools it called, whose lease the run's pause gets; ``served``: what it adds to its
+        run's attained service (``order.py``)."""
         turn = self.turns.get(turn_id)
         if turn is None:
             return None
@@ -855,6 +944,8 @@ class _Tx:
         batch = 0
         if turn.kind is EndpointKind.GENERATIVE:
             self._count_caller(turn.caller, -1)
+            if self.vtc:
+                self._vtc_drop_if_idle(turn.caller)
             run = self.runs.get(turn.run_id)
             batch = -1 if turn.service_class is ServiceClass.BATCH else 0
         if run is None or (run.ended and run.in_flight <= 1):
@@ -956,6 +1047,7 @@ class _Tx:
                 run.moves,
                 paused_tools,
                 False,  # lapsed
+                run.attained + served,
             ),
         )
         if phase is RunPhase.IDLE:
@@ -988,6 +1080,7 @@ class _Tx:
                 0,
                 (),
                 False,
+                0.0,
             )
         else:  # ended=False: a new turn after RunEnded, the run lives on; a run back from
             # a tool has been sampled (_back_from_tool)
@@ -1317,17 +1410,27 @@ class _Tx:
     def _best_held(
         self, rep: ReplicaState, cls: ServiceClass, new_runs: bool = True
     ) -> HeldTurn | None:
-        """Of the turns ``rep`` may serve in class ``cls``: fewest caller in-flight, then
-        (prefix keeping) a turn whose run's prefix is here, then oldest. ``new_runs``:
+        """Of the turns ``rep`` may serve in class ``cls``, the first by ``order.py``'s
+        key: the caller (fewest turns in flight, or least virtual tokens), then (prefix
+        keeping) a turn whose run's prefix is here, then (batch, ``batch_order =
+        "attained"``) the run with least attained service, then oldest. ``new_runs``:
         whether turns of runs not pinned here may be taken."""
-        best: tuple[int, int, int] | None = None
+        best: tuple[float, ...] | None = None
         best_turn: str | None = None
         own = pin_lane(rep.spec.name)
-        keep = self.params.keep_prefixes
+        params = self.params
+        keep = params.keep_prefixes
+        generative = rep.spec.kind is EndpointKind.GENERATIVE
+        ranks = (
+            order.caller_ranks(params, self.caller_in_flight, self.vtc)
+            if generative
+            else self.caller_in_flight  # (token fairness counts generative turns only)
+        )
+        attained = cls is ServiceClass.BATCH and params.batch_order == "attained"
         lanes = [own]
         if new_runs:
             lanes += [free_lane(rep.spec.kind, m) for m in rep.spec.models]
-        if new_runs and rep.spec.kind is EndpointKind.GENERATIVE and self.unhealthy:
+        if new_runs and generative and self.unhealthy:
             # S3: turns pinned to an unhealthy replica may move here (if we serve the model).
             lanes += [pin_lane(name) for name in sorted(self.unhealthy) if name != rep.spec.name]
         for lane in lanes:
@@ -1342,13 +1445,18 @@ class _Tx:
                 fifo, _, turn_id = first
                 if fifo is not self.queues[qkey]:
                     self.queues = self.queues.set(qkey, fifo)  # keep the hole-skipping
-                if self.held[turn_id].model not in rep.spec.models:
+                held = self.held[turn_id]
+                if held.model not in rep.spec.models:
                     continue  # a moved turn of another model: not ours to take
-                key = (
-                    self.caller_in_flight.get(caller, 0),
-                    0 if keep and lane == own else 1,
-                    self.held[turn_id].seq,
-                )
+                if attained:  # (the FIFO's caller part may carry a level: use the turn's)
+                    key: tuple[float, ...] = order.attained_key(
+                        ranks.get(held.caller, 0),
+                        0 if keep and lane == own else 1,
+                        held.tier,
+                        held.seq,
+                    )
+                else:
+                    key = (ranks.get(caller, 0), 0 if keep and lane == own else 1, held.seq)
                 if best is None or key < best:
                     best, best_turn = key, turn_id
         return None if best_turn is None else self.held[best_turn]
@@ -1634,6 +1742,7 @@ def _run_with(
         r.moves if isinstance(moves, _Keep) else moves,
         r.paused_tools if isinstance(paused_tools, _Keep) else paused_tools,
         r.lapsed if isinstance(lapsed, _Keep) else lapsed,
+        r.attained,
     )
 
 
@@ -1725,4 +1834,6 @@ def _state_with(s: State, now: float, turns: Map[str, TurnState]) -> State:
         s.swept_until,
         s.lost_dataplanes,
         s.tool_times,
+        s.vtc,
+        s.caller_held,
     )

@@ -6,6 +6,7 @@ obviously-correct definition they must always agree with.
 
 from __future__ import annotations
 
+from luftpause.scheduler.core import order
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.types import EndpointKind, RunPhase, ServiceClass
 
@@ -84,7 +85,10 @@ def violations(state: State) -> list[str]:
             held = state.held.get(turn_id)
             if held is None or held.slot != slot or held.lane != lane:
                 problems.append(f"queue {lane}/{cls.value}/{caller} slot {slot} is stale")
-            elif held.caller != caller or held.service_class is not cls:
+            elif (
+                order.queue_caller(held.caller, held.tier) != caller
+                or held.service_class is not cls
+            ):
                 problems.append(f"held turn {turn_id} is in the wrong queue")
             queued += 1
         if caller not in state.waiting_callers.get((lane, cls), {}):

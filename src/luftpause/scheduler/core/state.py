@@ -19,7 +19,9 @@ Layout of the held-turn index (what makes picking the next turn cheap):
   draw from that lane too (the run may move), and the moment it is healthy again
   the turns are its alone. A run's held turns follow it between lanes when it is
   admitted somewhere (pinned there) or goes idle (free): ``held_by_run`` finds them.
-* Each ``(lane, class, caller)`` has a FIFO of held turn IDs (``Fifo``).
+* Each ``(lane, class, caller)`` has a FIFO of held turn IDs (``Fifo``). (With
+  ``Params.batch_order = "attained"``, a batch turn whose run's attained service is above
+  the first level waits in its caller's FIFO for that level: ``order.queue_caller``.)
 * ``waiting_callers[(lane, class)]`` is the set of callers with a non-empty FIFO
   there, so the fairness pick (S5) scans callers, never turns or runs.
 
@@ -148,6 +150,9 @@ class RunState:
     # (S3's pinned count) and holds no reservation (S4) until it comes back.
     paused_tools: tuple[str, ...] = ()
     lapsed: bool = False
+    # Attained service (``Params.batch_order = "attained"``, order.py): what its finished
+    # turns were served, in ``Params.attained_measure`` units; 0 while that order is off.
+    attained: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +192,9 @@ class HeldTurn:
     lane: Lane
     slot: int  # position in its FIFO
     trace_id: str = ""  # the turn's trace (X1): a long wait in the status leads to it
+    # Attained service (order.py): its run's service level when it was held; a turn above
+    # level 0 waits in a FIFO of its own per level (``order.queue_caller``). 0 while off.
+    tier: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +228,11 @@ class State:
     # S11: dataplanes whose report stream ended -> when their admitted turns are released
     lost_dataplanes: Map[str, float] = field(default_factory=Map)
     tool_times: Map[str, ToolTime] = field(default_factory=Map)  # tool name -> estimate
+    # Token fairness (``Params.fairness = "tokens"``, order.py): each caller's virtual
+    # token counter and its held generative turns, kept only while the caller has a
+    # generative turn held or in flight (both empty while that order is off).
+    vtc: Map[str, float] = field(default_factory=Map)
+    caller_held: Map[str, int] = field(default_factory=Map)
 
 
 def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float = 0.0) -> State:
@@ -257,6 +270,8 @@ def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float 
         swept_until=int(now) - 1,
         lost_dataplanes=Map(),
         tool_times=Map(),
+        vtc=Map(),
+        caller_held=Map(),
     )
 
 
@@ -307,6 +322,8 @@ def new_state(
     swept_until: int,
     lost_dataplanes: Map[str, float],
     tool_times: Map[str, ToolTime],
+    vtc: Map[str, float],
+    caller_held: Map[str, int],
 ) -> State:
     s: Any = _new(_StateDraft)
     s.params = params
@@ -327,6 +344,8 @@ def new_state(
     s.swept_until = swept_until
     s.lost_dataplanes = lost_dataplanes
     s.tool_times = tool_times
+    s.vtc = vtc
+    s.caller_held = caller_held
     s.__class__ = State
     return s  # type: ignore[no-any-return]
 
@@ -402,6 +421,7 @@ def new_run(
     moves: int,
     paused_tools: tuple[str, ...],
     lapsed: bool,
+    attained: float,
 ) -> RunState:
     r: Any = _new(_RunDraft)
     r.run_id = run_id
@@ -419,6 +439,7 @@ def new_run(
     r.moves = moves
     r.paused_tools = paused_tools
     r.lapsed = lapsed
+    r.attained = attained
     r.__class__ = RunState
     return r  # type: ignore[no-any-return]
 
@@ -473,6 +494,7 @@ def new_held(
     lane: Lane,
     slot: int,
     trace_id: str,
+    tier: int,
 ) -> HeldTurn:
     h: Any = _new(_HeldDraft)
     h.turn_id = turn_id
@@ -487,5 +509,6 @@ def new_held(
     h.lane = lane
     h.slot = slot
     h.trace_id = trace_id
+    h.tier = tier
     h.__class__ = HeldTurn
     return h  # type: ignore[no-any-return]

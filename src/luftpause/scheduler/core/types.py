@@ -122,3 +122,16 @@ class Params:
     working_set: WorkingSet = WorkingSet.OFF
     working_set_share: float = 0.9
     working_set_kv_usage: float | None = None
+    # Held-turn order (``order.py``; docs/scheduling.md "Token fairness (B3)" and
+    # "Attained service (B2)"). ``fairness``: which caller's held turn goes first within a
+    # class: "in_flight" (S5: fewest turns in flight) or "tokens" (virtual token counters,
+    # VTC: least weighted service, ``prompt_weight`` x prompt + ``completion_weight`` x
+    # completion tokens per finished turn). ``batch_order``: within the batch class, after
+    # the caller, "arrival" or "attained" (the run with the least attained service first,
+    # measured by ``attained_measure``: "tokens", uncached prompt plus completion tokens of
+    # its finished turns, or "time", its finished turns' seconds from admission to end).
+    fairness: str = "in_flight"
+    prompt_weight: float = 1.0
+    completion_weight: float = 2.0
+    batch_order: str = "arrival"
+    attained_measure: str = "tokens"

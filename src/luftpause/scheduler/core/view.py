@@ -76,6 +76,14 @@ def status(state: State, now: float) -> dict[str, Any]:
         if entry["held"] == 1 or wait > entry["oldest_wait_s"]:
             entry["oldest_wait_s"] = max(wait, 0.0)
             entry["oldest_trace_id"] = h.trace_id or None
+    order: dict[str, Any] = {
+        "fairness": state.params.fairness,
+        "batch_order": state.params.batch_order,
+    }
+    if state.params.fairness == "tokens":
+        # token fairness: each caller's virtual token counter (weighted prompt +
+        # completion tokens of its finished turns), while it has a turn held or in flight
+        order["caller_virtual_tokens"] = {c: round(v, 1) for c, v in sorted(state.vtc.items())}
     runs: dict[str, dict[str, int]] = {}
     for r in state.runs.values():
         by_class = runs.setdefault(r.phase.value, {})
@@ -108,6 +116,8 @@ def status(state: State, now: float) -> dict[str, Any]:
         "batch_withheld_by_target": sum(
             target.withheld(rep) or 0 for rep in state.replicas.values()
         ),
+        # held-turn order (order.py): which caller and which batch run go first
+        "held_order": order,
     }
 
 
@@ -162,4 +172,8 @@ def run_status(state: State, run_id: str, now: float) -> dict[str, Any] | None:
         ),
         "idle_s": round(max(now - run.last_active, 0.0), 3),
         "last_prompt_tokens": run.last_prompt,
+        # held-turn order (batch_order = "attained"): what its finished turns were served,
+        # in attained_measure units (tokens or seconds); 0 while that order is off
+        "attained_service": round(run.attained, 3),
+        "attained_measure": state.params.attained_measure,
     }

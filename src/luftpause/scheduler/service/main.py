@@ -88,6 +88,11 @@ def core_params(settings: SchedulerSettings, endpoints: Sequence[Endpoint] = ())
         working_set=WorkingSet(settings.working_set),
         working_set_share=settings.working_set_share,
         working_set_kv_usage=settings.working_set_kv_usage or None,
+        fairness=settings.fairness,
+        prompt_weight=settings.prompt_weight,
+        completion_weight=settings.completion_weight,
+        batch_order=settings.batch_order,
+        attained_measure=settings.attained_measure,
     )
 
 

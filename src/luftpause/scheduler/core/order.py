@@ -1,0 +1,148 @@
+"""Held-turn order: which held turn a replica with room takes first, within a class.
+
+A policy unit of the core. ``decide.py``'s theory of operation says how it composes
+with the rest (class order first, S4; this module orders within a class).
+
+What it reads: ``Params.fairness``, ``prompt_weight``, ``completion_weight``,
+``batch_order`` and ``attained_measure``; per caller, its turns in flight
+(``State.caller_in_flight``) or its virtual token counter (``State.vtc``); per run, its
+attained service (``RunState.attained``); per held turn, whether it waits in the
+replica's own pin lane (prefix keeping), its service level (``HeldTurn.tier``) and its
+arrival number.
+
+What it decides: the sort key of a held turn (least first); the FIFO a held turn waits
+in (``queue_caller``); and the bookkeeping the key needs: how much a finished turn
+advances its caller's counter (``turn_cost``) and its run's attained service
+(``served``), the service level of a run (``tier``), and the counter a caller starts
+from (``lift``).
+
+The key, least first:
+
+1. the caller: ``fairness = "in_flight"`` (S5, the default): its turns in flight;
+   ``fairness = "tokens"`` (B3): its virtual token counter;
+2. (prefix keeping) 0 for a turn in the replica's own pin lane, else 1;
+3. ``batch_order = "attained"`` (B2), batch class only: its run's service level when
+   the turn was held;
+4. its arrival number (a total order: the pick is deterministic).
+
+Attained service is discretised, as Autellix discretises PLAS into a few queues: a run's
+level is 0 below ``ATTAINED_BASE`` and rises by one each time its service doubles. The
+held-turn index keeps one FIFO per (lane, class, caller), and the pick looks only at FIFO
+heads; a turn above level 0 waits in a FIFO of its caller and level, so the heads include
+the oldest turn of every level of every caller (a few dozen levels at most), and the pick
+stays a scan of heads, never of turns. A level is taken when the turn is held: a run's
+service grows when its turns end, and its next turn is held after that.
+
+Attained service comes after the prefix lane: a continuing run's turn keeps its cached
+prefix ahead of a new run's turn, which has attained nothing, so attained service orders
+the continuing runs among themselves and the new runs among themselves. Put first, it
+would start new runs ahead of every continuing one and undo prefix keeping. Least
+attained first favours runs early in their life; a run far along waits while younger
+runs of its caller keep arriving on that replica (no aging: a lasting stream of young
+runs can hold it back for as long as the stream lasts).
+
+Virtual token counters (VTC, Sheng et al., "Fairness in Serving Large Language Models",
+OSDI 2024). A caller's counter advances when a turn of it finishes, by
+``(prompt_weight x prompt_tokens + completion_weight x completion_tokens) / w`` where
+``w`` is the caller's weight (``caller_weight``: 1 for every caller until per-caller
+weights are configured). A caller is *active* while it has a generative turn held or in
+flight; only active callers have a counter (bounded state). A caller that becomes active
+starts at the least counter of the active callers (0 if there are none): VTC's lift, so
+time away earns no credit. (A caller that comes back with a counter above that minimum
+would be lowered to it; that gain is within the bound below.)
+
+The service-gap bound in our setting, where counters advance at a turn's end and a
+caller may have several turns in flight. Take one replica, or more where every held
+turn may take every freed slot (a single lane per class, or prefix keeping's run limit
+not in the way), and two callers f and g of one class, both with a held turn at every
+moment of [t1, t2]. Let U be the largest increment one turn makes and M_f the most turns
+of f in flight at once. Then at every t in [t1, t2]
+
+    c_f(t) - c_g(t) <= max(c_f(t1) - c_g(t1), 0) + M_f x U
+
+Proof: if f was admitted in [t1, t], let ta be its last admission. g's head was a
+candidate then and f's key was not greater: c_f(ta) <= c_g(ta). After ta, c_f grows only
+when the turns of f in flight just after ta end: at most M_f of them, each by at most U;
+c_g never falls (g stays active, so it is neither dropped nor lifted). So
+c_f(t) <= c_g(ta) + M_f U <= c_g(t) + M_f U. If f was not admitted in [t1, t], c_f grows
+only by its turns in flight at t1: c_f(t) <= c_f(t1) + M_f U. Hence the service f
+receives over [t1, t2] (its counter's advance) exceeds g's by at most
+max(c_g(t1) - c_f(t1), 0) + M_f U; once their counters are within M_f U of each other,
+by at most 2 M_f U. VTC's paper proves 2U for counters that advance as tokens are
+served; ending turns advance in steps of a whole turn, which is what M_f pays for.
+``tests/unit/test_core_order.py`` checks the counter bound over random histories.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from immutables import Map
+
+from luftpause.scheduler.core.types import Params
+
+FAIRNESS = ("in_flight", "tokens")
+# Attained service's first level, per measure: tokens (a few turns' uncached prompt and
+# reply), seconds of turn time; each level above it doubles.
+ATTAINED_BASE = {"tokens": 256.0, "time": 1.0}
+MAX_TIER = 40
+BATCH_ORDERS = ("arrival", "attained")
+ATTAINED_MEASURES = ("tokens", "time")
+
+
+def caller_weight(caller: str) -> float:
+    """A caller's share under token fairness (VTC's weight): 1 for every caller until
+    per-caller weights are configured; the one place that would read them."""
+    del caller
+    return 1.0
+
+
+def caller_ranks(
+    params: Params, in_flight: Map[str, int], vtc: Map[str, float]
+) -> Mapping[str, float]:
+    """The per-caller map the key's first part reads (``.get(caller, 0)``)."""
+    return vtc if params.fairness == "tokens" else in_flight
+
+
+def turn_cost(params: Params, caller: str, prompt_tokens: int, completion_tokens: int) -> float:
+    """How far a finished turn advances its caller's virtual counter."""
+    cost = params.prompt_weight * max(0, prompt_tokens) + params.completion_weight * max(
+        0, completion_tokens
+    )
+    return cost / caller_weight(caller)
+
+
+def served(
+    params: Params, prompt_tokens: int, cached_tokens: int, completion_tokens: int, turn_s: float
+) -> float:
+    """A finished turn's addition to its run's attained service: its uncached prompt
+    and completion tokens (the engine's work for it), or its seconds from admission to
+    end (``attained_measure = "time"``)."""
+    if params.attained_measure == "time":
+        return max(0.0, turn_s)
+    return float(max(0, prompt_tokens - max(0, cached_tokens)) + max(0, completion_tokens))
+
+
+def tier(params: Params, attained: float) -> int:
+    """A run's service level: 0 below ``ATTAINED_BASE``, one more per doubling."""
+    base = ATTAINED_BASE.get(params.attained_measure, 1.0)
+    if attained < base:
+        return 0
+    return min(MAX_TIER, 1 + int(math.log2(attained / base)))
+
+
+def queue_caller(caller: str, level: int) -> str:
+    """The caller part of a held turn's FIFO key: the caller itself at level 0 (always,
+    while ``batch_order`` is not "attained"), else the caller and its level."""
+    return caller if level == 0 else f"{caller}\x00{level}"
+
+
+def lift(vtc: Map[str, float]) -> float:
+    """The counter a caller becoming active starts from: the least active counter."""
+    return min(vtc.values()) if len(vtc) else 0.0
+
+
+def attained_key(rank: float, lane: int, level: int, seq: int) -> tuple[float, int, int, int]:
+    """The key of a batch turn under ``batch_order = "attained"``."""
+    return (rank, lane, level, seq)
