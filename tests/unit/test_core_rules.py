@@ -1042,6 +1042,25 @@ def test_s4_reservation_released_when_its_next_turn_is_admitted() -> None:
     assert admits(sim.finish("p2")) == {"b2": "a"}
 
 
+def test_s4_a_run_back_from_a_tool_as_batch_is_not_held_by_its_own_reservation() -> None:
+    """S4, liveness: an interactive run paused on a tool holds a slot for its return. If
+    its next turn comes back as batch (the client changed the class), that turn must not
+    wait for the run's own reservation: on a replica capped at 1 it would wait forever.
+    The run has returned, so the reservation ends and the turn takes the slot."""
+    sim = Sim(gen("a"))
+    capped(sim, "a", 1)
+    sim.req("p1", "P", cls=INT)
+    sim.finish("p1", paused=True)
+    assert sim.replica("a")["reserved_for_interactive"] == 1
+    assert admits(sim.req("p2", "P", cls=BAT)) == {"p2": "a"}
+    assert sim.replica("a")["reserved_for_interactive"] == 0
+    # ... and when the slot is taken by another run's turn, it waits for that, not itself
+    sim.finish("p2", paused=True)  # a batch run now: paused without a reservation
+    sim.req("q1", "Q", cls=INT)
+    assert sim.req("p3", "P", cls=BAT) == ()
+    assert admits(sim.finish("q1")) == {"p3": "a"}
+
+
 def test_s4_reservation_released_when_next_turn_goes_elsewhere() -> None:
     """S4/S3: a paused run whose replica went unhealthy moves, and drops its old reservation."""
     sim = Sim(gen("a"), gen("b"))

@@ -16,11 +16,13 @@ Room on a replica (S2, S4): an unhealthy replica has none. A replica with no cap
 (it reports no load, or its engine never queued) has unlimited room. Otherwise
 an interactive turn fits while ``in_flight < cap``; a batch turn fits while
 ``in_flight + reserved < cap``, where ``reserved`` counts interactive runs paused
-on a tool there: they will come back and find a slot. On a replica whose engine
-orders its own queue by class (``ReplicaSpec.orders_classes``: the dataplane
-sends a per-class ``priority``), an interactive turn always fits: in the engine's
-queue it waits only behind other interactive turns, while here it would wait for
-the cap to clear. The cap and the reservations still bound batch work there.
+on a tool there: they will come back and find a slot (a run that comes back as
+batch, its client having changed the class, gives its own slot up before it is
+placed). On a replica whose engine orders its own queue by class
+(``ReplicaSpec.orders_classes``: the dataplane sends a per-class ``priority``), an
+interactive turn always fits: in the engine's queue it waits only behind other
+interactive turns, while here it would wait for the cap to clear. The cap and the
+reservations still bound batch work there.
 
 Which held turn goes first when a replica has room (S4, S5): interactive before
 batch; within a class, by the held-turn order (``order.py``, a policy unit whose
@@ -333,6 +335,11 @@ class _Tx:
         run = self.runs.get(ev.run_id) if ev.kind is EndpointKind.GENERATIVE else None
         if run is not None and run.phase is RunPhase.PAUSED_ON_TOOL and run.in_flight == 0:
             run = self._back_from_tool(run)
+            if run.reserved_on is not None and ev.service_class is ServiceClass.BATCH:
+                # S4: the slot was kept for this run's return, and it has returned, as
+                # batch: its turn must not wait behind its own reservation.
+                self._release_reservation(run)
+                run = self.runs[ev.run_id]
         lane = self._lane_for(run, ev.kind, ev.model)
         self.seq += 1
         target = self._place(run, names, ev.kind, ev.service_class, lane, self.seq)
