@@ -197,6 +197,9 @@ class Plan:
     # Own-loop and coding floods: one more luftpause arm per interactive target, a
     # slowdown over the floor (luftpause-xS: ``interactive_target = "Sx"``).
     luftpause_targets: tuple[str, ...] = ()
+    # Own-loop and coding floods: one more luftpause arm with working-set admission
+    # instead of prefix keeping's run limit (luftpause-wset: ``working_set = "replace"``).
+    luftpause_wset: bool = False
 
     def real(self, model_s: float) -> float:
         return model_s / self.time_scale
@@ -295,6 +298,7 @@ def _config(
     initial_cap: int | None = None,
     pace: bool = True,
     target: str | None = None,
+    working_set: str = "off",
 ) -> Path:
     """A stack file for one scheduler and dataplane on the stack's engines;
     ``initial_cap`` None leaves the scheduler's default ramp from idle. The decode pace's
@@ -312,6 +316,7 @@ def _config(
             if target is None
             else f'interactive_target = "{target}x"\n'
         )
+        + ("" if working_set == "off" else f'working_set = "{working_set}"\n')
         + ("" if initial_cap is None else f"initial_cap = {initial_cap}\n")
         + "[dataplane]\nreport_reconnect_s = 0.2\n"
     )
@@ -521,6 +526,9 @@ def start_stack(
     if "pace" in ablate:
         config = _config(tmp / "stack-no-pace.toml", s, probe_s, pace=False)
         s.ablations["luftpause-no-pace"] = _luftpause(s, config, "-no-pace")
+    if plan.luftpause_wset:
+        config = _config(tmp / "stack-wset.toml", s, probe_s, working_set="replace")
+        s.ablations["luftpause-wset"] = _luftpause(s, config, "-wset")
     for slowdown in plan.luftpause_targets:
         config = _config(tmp / f"stack-x{slowdown}.toml", s, probe_s, target=slowdown)
         s.ablations[f"luftpause-x{slowdown}"] = _luftpause(s, config, f"-x{slowdown}")
@@ -1668,15 +1676,16 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) and value > 0 and text.strip() == text else None
 
 
-FRONTIER_ORDER = ("luftpause", "luftpause-x", "luftpause-no-pk", "luftpause-no-pace",
-                  "luftpause-pace", "smg", "smg-cap", "smg-fifo", "vllm-router", "vllm-prog",
-                  "vllm-prog-kv", "router", "engine-prio")  # fmt: skip
+FRONTIER_ORDER = ("luftpause", "luftpause-x", "luftpause-wset", "luftpause-no-pk",
+                  "luftpause-no-pace", "luftpause-pace", "smg", "smg-cap", "smg-fifo",
+                  "vllm-router", "vllm-prog", "vllm-prog-kv", "router", "engine-prio")  # fmt: skip
 FRONTIER_LABEL = {
     "luftpause": "luftpause",
     "luftpause-no-pk": "luftpause, no prefix keeping",
     "luftpause-no-pace": "luftpause, no decode pace",
     "luftpause-pace": "luftpause, decode pace target MS ms",
     "luftpause-x": "luftpause, interactive target S x the floor",
+    "luftpause-wset": "luftpause, working-set admission",
     "smg": "SMG (priority scheduler, engines' own capacity)",
     "smg-cap": "SMG priority scheduler, capacity C",
     "smg-fifo": "SMG FIFO cap (--max-concurrent-requests C)",
@@ -1843,6 +1852,7 @@ SVG_STYLE = {  # kind -> (colour, marker, filled)
     "luftpause-no-pace": ("#d62728", "square", False),
     "luftpause-pace": ("#d62728", "square", True),
     "luftpause-x": ("#d62728", "diamond", True),
+    "luftpause-wset": ("#d62728", "triangle", True),
     "smg": ("#1f77b4", "circle", False),
     "smg-cap": ("#1f77b4", "circle", True),
     "smg-fifo": ("#ff7f0e", "square", True),
@@ -2502,6 +2512,12 @@ def main() -> int:
         "e.g. 1.2,1.5,2: luftpause's frontier (default: none)",
     )
     parser.add_argument(
+        "--luftpause-wset",
+        action="store_true",
+        help="own-loop and coding floods: one more luftpause arm with working-set admission "
+        'instead of prefix keeping\'s run limit (luftpause-wset: working_set = "replace")',
+    )
+    parser.add_argument(
         "--ablate-pace",
         action="store_true",
         help="floods also run a luftpause arm with interactive_pace_ms = 0 (luftpause-no-pace)",
@@ -2616,6 +2632,8 @@ def main() -> int:
         overrides["coding_warmup_s"] = args.coding_warmup_s
     if args.vllm_router:
         overrides["vllm_router"] = True
+    if args.luftpause_wset:
+        overrides["luftpause_wset"] = True
     if args.luftpause_targets:
         targets = tuple(t.strip() for t in args.luftpause_targets.split(",") if t.strip())
         for t in targets:
