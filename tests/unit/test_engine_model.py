@@ -7,6 +7,7 @@ import itertools
 import json
 import shutil
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
@@ -36,6 +37,7 @@ from luftpause.fakes.engine.script import (
     answer_length,
     answer_median,
     classify,
+    directed_tools,
     extract_labels,
     fill_schema,
     label_distribution,
@@ -806,3 +808,76 @@ def test_number_arguments_are_whole() -> None:
         args = fill_schema(schema, seed)
         assert isinstance(args["session_id"], int) and 1 <= args["session_id"] <= 100
         assert isinstance(args["ratio"], int) and 1 <= args["ratio"] <= 3
+
+
+HARNESS_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "Bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+    {"type": "function", "function": {"name": "mcp__luftpause__spawn", "parameters": {
+        "type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}}},
+    {"type": "function", "function": {"name": "mcp__luftpause__await", "parameters": {
+        "type": "object",
+        "properties": {"handles": {"type": "array", "items": {"type": "string"}},
+                       "mode": {"type": "string", "enum": ["all", "any"]}},
+        "required": ["handles"]}}},
+]  # fmt: skip
+
+
+def test_a_tool_directive_calls_exactly_those_tools_in_order_then_answers() -> None:
+    """X-bench (#38): ``[tools:spawn,spawn,await]`` in the last user message makes the
+    reply call those tools, one per turn, matched by suffix among a harness's prefixed
+    names; ``await``'s ``handles`` gathers the ``handle`` each ``spawn`` returned (as a
+    JSON string or as text parts); afterwards it answers in text, whatever
+    ``tool_results`` says; earlier turns of the conversation do not count."""
+    opts = ScriptOptions(tool_results=0)  # without the directive: no tool call at all
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "an earlier question"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "old"}]},
+        {"role": "tool", "tool_call_id": "old", "content": '{"handle": "run-old"}'},
+        {"role": "assistant", "content": "an earlier answer"},
+        {"role": "user", "content": "fan out [tools: spawn, spawn ,await] and report"},
+    ]
+    called = []
+    for i, handle in enumerate(("run-a", "run-b", None)):
+        plan = plan_reply(messages, HARNESS_TOOLS, opts, prompt_text=render_messages(messages))
+        assert plan.kind is ReplyKind.TOOL_CALL and plan.tool_call is not None
+        called.append(plan.tool_call.name)
+        args = json.loads(plan.tool_call.arguments)
+        result: Any = json.dumps({"handle": handle, "state": "running"})
+        if i == 1:  # the second result as content parts, as harnesses send it
+            result = [{"type": "text", "text": result}]
+        if handle is None:
+            assert args["handles"] == ["run-old", "run-a", "run-b"]
+            result = json.dumps({"runs": [{"handle": "run-a", "result": "A"}]})
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}"}]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": result},
+        ]
+    assert called == ["mcp__luftpause__spawn", "mcp__luftpause__spawn", "mcp__luftpause__await"]
+    final = plan_reply(messages, HARNESS_TOOLS, opts, prompt_text=render_messages(messages))
+    assert final.kind is ReplyKind.TEXT
+
+
+def test_a_tool_directive_skips_names_not_offered_and_yields_to_none() -> None:
+    """X-bench (#38): a directed name no offered tool matches is skipped; exact names win
+    over suffixes; ``tool_choice = "none"`` and a conversation without the marker are
+    unchanged; the marker only counts in the last user message."""
+    opts = ScriptOptions(tool_results=1)
+    directed = [{"role": "user", "content": "[tool:nope] [x] then [tools:Bash]"}]
+    # the first marker found is [tool:nope]: nothing offered matches it, so: text
+    plan = plan_reply(directed, HARNESS_TOOLS, opts, prompt_text="p")
+    assert plan.kind is ReplyKind.TEXT
+    bash = [{"role": "user", "content": "run [tool:Bash]"}]
+    plan = plan_reply(bash, HARNESS_TOOLS, opts, prompt_text="p")
+    assert plan.tool_call is not None and plan.tool_call.name == "Bash"
+    none = plan_reply(bash, HARNESS_TOOLS, opts, prompt_text="p", tool_choice="none")
+    assert none.kind is ReplyKind.TEXT
+    old = [
+        {"role": "user", "content": "[tool:Bash]"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "now something else"},
+    ]
+    plain = plan_reply(old, HARNESS_TOOLS, opts, prompt_text="q")
+    assert plain.tool_call is not None and plain.tool_call.name == "Bash"  # round robin's first
+    assert directed_tools(old) is None
+    assert directed_tools([{"role": "user", "content": "[tools:a,b]"}]) == (["a", "b"], 0)

@@ -20,6 +20,18 @@ Rules
   (``{"name": ..., "parameters": {...}}``, with or without a leading
   ``<|python_tag|>``) instead of a structured call; ``wrong_types`` writes
   numbers and booleans as strings.
+* **Directed tool calls** (a test bench's script). A last user message holding
+  ``[tool:NAME]`` or ``[tools:NAME,NAME,...]`` makes the reply call exactly those
+  tools, one per turn in that order, counting the tool results after that
+  message, and then answer in text; ``tool_results`` and the round robin do not
+  apply to it. A name matches an offered tool of that name, or one that ends in
+  it after ``__``, ``.``, ``/`` or ``_`` (harnesses prefix MCP tools:
+  ``mcp__luftpause__spawn``); a name no offered tool matches is skipped. A required
+  argument whose name is a key of a JSON object in an earlier tool result takes the
+  latest such value; an array argument gathers every value of that key or of its
+  singular, so ``await``'s ``handles`` are the ``handle`` each ``spawn`` returned.
+  The rest are filled as above.
+  Without the marker nothing changes.
 * **Text answers** are filler of a deterministic *natural* length drawn from a
   log-normal distribution of chat reply lengths (``answer_length``; the fit and
   its sources are in docs/calibration.md, "Reply lengths"): its median grows with
@@ -252,6 +264,108 @@ def plan_key_in(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
+_DIRECTIVE = re.compile(
+    r"\[tools?:\s*([A-Za-z0-9_.\-/]{1,64}(?:\s*,\s*[A-Za-z0-9_.\-/]{1,64}){0,15})\s*\]"
+)
+_NAME_SEPARATORS = ("__", ".", "/", "_")
+
+
+def directed_tools(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], int] | None:
+    """The tool names a ``[tool:NAME]`` / ``[tools:A,B]`` marker in the last user message
+    asks for, and how many tool results the conversation holds after that message;
+    None without a marker."""
+    last = None
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user":
+            last = i
+            break
+    if last is None:
+        return None
+    found = _DIRECTIVE.search(_message_text(messages[last]))
+    if found is None:
+        return None
+    names = [n.strip() for n in found.group(1).split(",") if n.strip()]
+    return names, count_tool_results(messages[last + 1 :])
+
+
+def _matching_function(functions: list[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    """The offered function called ``name``, or one whose name ends in it after a
+    separator (``mcp__luftpause__spawn`` for ``spawn``)."""
+    for fn in functions:
+        if fn.get("name") == name:
+            return fn
+    for fn in functions:
+        full = str(fn.get("name", ""))
+        if any(full.endswith(sep + name) for sep in _NAME_SEPARATORS):
+            return fn
+    return None
+
+
+def _earlier_results(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """JSON objects in tool results (and nested one level in lists or ``content``
+    parts), the latest first."""
+    found: list[Mapping[str, Any]] = []
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            continue
+        try:
+            value = json.loads(_message_text(message))
+        except ValueError:
+            continue
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, Mapping):
+                found.append(item)
+                stack.extend(v for v in item.values() if isinstance(v, (Mapping, list)))
+            elif isinstance(item, list):
+                stack.extend(item)
+    return found
+
+
+def _directed_arguments(
+    fn: Mapping[str, Any], seed: str, results: list[Mapping[str, Any]], wrong_types: bool
+) -> dict[str, Any]:
+    """``fill_schema``'s arguments, where earlier tool results name them: a required
+    property that is a key of a result's JSON takes the latest value there; an array
+    property takes every value of that key, or of its singular (``handles`` gathers
+    each ``handle``), oldest first."""
+    schema = fn.get("parameters", {})
+    args = fill_schema(schema, seed, wrong_types=wrong_types)
+    if not isinstance(args, dict):
+        return {}
+    props = schema.get("properties", {}) if isinstance(schema, Mapping) else {}
+    for name in list(args):
+        spec = props.get(name, {}) if isinstance(props, Mapping) else {}
+        if isinstance(spec, Mapping) and spec.get("type") == "array":
+            keys = (name, name[:-1]) if name.endswith("s") and len(name) > 1 else (name,)
+            gathered: list[Any] = []
+            for result in reversed(results):  # (results come latest first)
+                for key in keys:
+                    if key in result:
+                        value = result[key]
+                        for item in value if isinstance(value, list) else [value]:
+                            if item not in gathered:
+                                gathered.append(item)
+            if gathered:
+                args[name] = gathered
+            continue
+        for result in results:
+            if name in result:
+                args[name] = result[name]
+                break
+    return args
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""
+
+
 def plan_reply(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
@@ -288,14 +402,25 @@ def plan_reply(
     as_text = options.text_tool_calls if text_tool_calls is None else text_tool_calls
     wrong = options.wrong_types if wrong_types is None else wrong_types
     functions = _tool_functions(tools or [])
-    fn = (
-        _chosen_function(functions, tool_choice, done)
-        if done < want_results or _demands_a_call(tool_choice)
-        else None
-    )
+    directed = directed_tools(messages) if functions and tool_choice != "none" else None
+    if directed is not None:  # the test bench's script: exactly these tools, in order
+        names, since = directed
+        calls = [f for f in (_matching_function(functions, n) for n in names) if f is not None]
+        fn = calls[since] if since < len(calls) else None
+        if fn is None and _demands_a_call(tool_choice):  # (constrained decoding still calls)
+            fn = _chosen_function(functions, tool_choice, done)
+    else:
+        fn = (
+            _chosen_function(functions, tool_choice, done)
+            if done < want_results or _demands_a_call(tool_choice)
+            else None
+        )
     if fn is not None:
         name = str(fn["name"])
-        args = fill_schema(fn.get("parameters", {}), f"{seed}/{name}", wrong_types=wrong)
+        if directed is not None:
+            args = _directed_arguments(fn, f"{seed}/{name}", _earlier_results(messages), wrong)
+        else:
+            args = fill_schema(fn.get("parameters", {}), f"{seed}/{name}", wrong_types=wrong)
         if not isinstance(args, dict):
             args = {}
         call = ToolCall(
