@@ -113,6 +113,7 @@ from luftpause.procs import (
 )
 from luftpause.scheduler.core import Params
 from luftpause.sim.arms import SMG_STARVATION_S
+from luftpause.sim.main import slowdown_arm
 
 MODEL = "llama-3.2-1b"
 ROOT = Path(__file__).resolve().parents[2]
@@ -2637,11 +2638,7 @@ def main() -> int:
     if args.luftpause_targets:
         targets = tuple(t.strip() for t in args.luftpause_targets.split(",") if t.strip())
         for t in targets:
-            try:
-                ok = 1 < float(t) < math.inf
-            except ValueError:
-                ok = False
-            if not ok:
+            if slowdown_arm(f"luftpause-x{t}") is None:
                 parser.error(f"--luftpause-targets takes slowdowns above 1, not {t!r}")
         overrides["luftpause_targets"] = targets
     if args.arms:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from luftpause.cliargs import non_negative_float, positive_float, positive_int
+from luftpause.config import parse_interactive_target
 from luftpause.fakes.engine.model import EngineParams, StepTally
 from luftpause.fakes.engine.script import ScriptOptions
 from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
@@ -174,16 +175,15 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
 
 
 def slowdown_arm(name: str) -> float | None:
-    """``luftpause-x1.3`` -> 1.3 (luftpause with ``interactive_slowdown``); None for
-    any other name."""
+    """``luftpause-x1.3`` -> 1.3 (luftpause with ``interactive_target = "1.3x"``, by the
+    config's own rule for a slowdown); None for any other name."""
     rest = name.removeprefix("luftpause-x")
     if rest == name:
         return None
     try:
-        value = float(rest)
+        return parse_interactive_target(f"{rest}x")[1]
     except ValueError:
         return None
-    return value if value > 1 and value < float("inf") else None
 
 
 def sized_arm(name: str) -> tuple[str, int] | None:

@@ -334,12 +334,7 @@ class _Tx:
         # single-pass turns never enter run state (S13), even when they name a run
         run = self.runs.get(ev.run_id) if ev.kind is EndpointKind.GENERATIVE else None
         if run is not None and run.phase is RunPhase.PAUSED_ON_TOOL and run.in_flight == 0:
-            run = self._back_from_tool(run)
-            if run.reserved_on is not None and ev.service_class is ServiceClass.BATCH:
-                # S4: the slot was kept for this run's return, and it has returned, as
-                # batch: its turn must not wait behind its own reservation.
-                self._release_reservation(run)
-                run = self.runs[ev.run_id]
+            run = self._back_from_tool(run, ev.service_class)
         lane = self._lane_for(run, ev.kind, ev.model)
         self.seq += 1
         target = self._place(run, names, ev.kind, ev.service_class, lane, self.seq)
@@ -717,21 +712,28 @@ class _Tx:
 
     # ------------------------------------------------------------ tool leases
 
-    def _back_from_tool(self, run: RunState) -> RunState:
-        """A run paused on a tool asks for its next turn: the pause's length is a sample
-        of its tools' times, and a lapsed run lives on its replica again, with its
-        reservation (S4) if it is interactive. The run's record keeps its
-        ``paused_tools`` here: the turn's admission (``_admit``) or hold (``_touch_run``)
-        clears them in the write it makes anyway, so the pause is sampled once."""
+    def _back_from_tool(self, run: RunState, service_class: ServiceClass) -> RunState:
+        """A run paused on a tool asks for its next turn, of ``service_class``: the pause's
+        length is a sample of its tools' times, and a lapsed run lives on its replica
+        again, with its reservation (S4) if it is interactive. A run that comes back as
+        batch (its client changed the class) keeps no reservation: its turn must not
+        wait behind its own slot. The run's record keeps its ``paused_tools`` here: the
+        turn's admission (``_admit``) or hold (``_touch_run``) clears them in the write it
+        makes anyway, so the pause is sampled once."""
         if run.paused_tools:  # (empty: sampled already, when a turn of it was first held)
             self.tool_times = leases.learn(
                 self.params, self.tool_times, run.paused_tools, self.now - run.last_active
             )
+        keeps_slot = service_class is ServiceClass.INTERACTIVE
         if not run.lapsed:
-            return run
+            if run.reserved_on is None or keeps_slot:
+                return run
+            self._release_reservation(run)
+            return self.runs[run.run_id]
         reserved_on = None
         if (
-            run.service_class is ServiceClass.INTERACTIVE
+            keeps_slot
+            and run.service_class is ServiceClass.INTERACTIVE
             and run.replica is not None
             and run.replica in self.replicas
         ):
@@ -1456,7 +1458,7 @@ class _Tx:
                 if held.model not in rep.spec.models:
                     continue  # a moved turn of another model: not ours to take
                 if attained:  # (the FIFO's caller part may carry a level: use the turn's)
-                    key: tuple[float, ...] = order.attained_key(
+                    key: tuple[float, ...] = (
                         ranks.get(held.caller, 0),
                         0 if keep and lane == own else 1,
                         held.tier,

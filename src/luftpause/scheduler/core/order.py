@@ -82,13 +82,10 @@ from immutables import Map
 
 from luftpause.scheduler.core.types import Params
 
-FAIRNESS = ("in_flight", "tokens")
 # Attained service's first level, per measure: tokens (a few turns' uncached prompt and
 # reply), seconds of turn time; each level above it doubles.
 ATTAINED_BASE = {"tokens": 256.0, "time": 1.0}
 MAX_TIER = 40
-BATCH_ORDERS = ("arrival", "attained")
-ATTAINED_MEASURES = ("tokens", "time")
 
 
 def caller_weight(caller: str) -> float:
@@ -141,8 +138,3 @@ def queue_caller(caller: str, level: int) -> str:
 def lift(vtc: Map[str, float]) -> float:
     """The counter a caller becoming active starts from: the least active counter."""
     return min(vtc.values()) if len(vtc) else 0.0
-
-
-def attained_key(rank: float, lane: int, level: int, seq: int) -> tuple[float, int, int, int]:
-    """The key of a batch turn under ``batch_order = "attained"``."""
-    return (rank, lane, level, seq)
