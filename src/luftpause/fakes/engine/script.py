@@ -254,10 +254,8 @@ def plan_key_in(messages: Sequence[Mapping[str, Any]]) -> str | None:
     """The plan key written in the first user message (:func:`plan_marker`), if any."""
     for message in messages:
         if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-            if isinstance(content, str) and "[plan:" in content:
+            content = _message_text(message)
+            if "[plan:" in content:
                 found = _PLAN_MARKER.search(content)
                 return found.group(1) if found else None
             return None
@@ -358,6 +356,7 @@ def _directed_arguments(
 
 
 def _message_text(message: Mapping[str, Any]) -> str:
+    """A message's text: its content, or the text of its content parts."""
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -505,13 +504,10 @@ def _tail(q: float) -> float:
 
 
 def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The text of the last user message that has any (text, or text parts)."""
     for message in reversed(messages):
-        if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):
-                return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        if message.get("role") == "user" and isinstance(message.get("content"), (str, list)):
+            return _message_text(message)
     return ""
 
 
