@@ -113,9 +113,7 @@ def status(state: State, now: float) -> dict[str, Any]:
         # B7: the interactive target the decode pace keeps, and what it costs batch work
         # now: the batch slots its limits keep empty on capped replicas
         "interactive_target": target_text(params),
-        "batch_withheld_by_target": sum(
-            target.withheld(rep) or 0 for rep in state.replicas.values()
-        ),
+        "batch_withheld_by_target": sum(r["batch_withheld_by_target"] or 0 for r in replicas),
         # held-turn order (order.py): which caller and which batch run go first
         "held_order": order,
     }
