@@ -816,3 +816,46 @@ def test_cli_flags_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit):
             parse(bad)
         assert "error" in capsys.readouterr().err
+
+
+async def test_parallel_tool_calls_streamed_and_plain() -> None:
+    """H1, X-bench (#38): a directive's group (``[tools:lookup+lookup]``) comes back as
+    two tool calls in one reply: indices 0 and 1, their own ids and arguments, in a
+    plain reply and in a stream as the openai package assembles it;
+    ``parallel_tool_calls: false`` gets one."""
+    async with running_engine(FAST) as (url, _):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=20)
+        go: list[ChatCompletionMessageParam] = [
+            {"role": "user", "content": "[tools:lookup+lookup]"}
+        ]
+        tools = cast(list[ChatCompletionToolParam], TOOLS)
+        plain = await client.chat.completions.create(
+            model=MODEL, messages=go, tools=tools, max_tokens=256
+        )
+        message = plain.choices[0].message
+        assert plain.choices[0].finish_reason == "tool_calls" and message.tool_calls
+        got = [(c.id, c.function.name, json.loads(c.function.arguments))  # type: ignore[union-attr]
+               for c in message.tool_calls]  # fmt: skip
+        assert [name for _, name, _ in got] == ["lookup", "lookup"]
+        assert got[0][0] != got[1][0] and got[0][2] != got[1][2]
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=go, tools=tools, max_tokens=256, stream=True
+        )
+        calls: dict[int, dict[str, str]] = {}
+        async for chunk in stream:
+            for choice in chunk.choices:
+                for delta in choice.delta.tool_calls or []:
+                    call = calls.setdefault(delta.index, {"id": "", "name": "", "args": ""})
+                    call["id"] += delta.id or ""
+                    if delta.function is not None:
+                        call["name"] += delta.function.name or ""
+                        call["args"] += delta.function.arguments or ""
+        assert sorted(calls) == [0, 1]
+        streamed = [(c["name"], json.loads(c["args"])) for c in calls.values()]
+        assert streamed == [(name, args) for _, name, args in got]  # (ids are per request)
+        assert calls[0]["id"] != calls[1]["id"]
+        one = await client.chat.completions.create(
+            model=MODEL, messages=go, tools=tools, max_tokens=256, parallel_tool_calls=False
+        )
+        assert len(one.choices[0].message.tool_calls or []) == 1
+        await client.close()

@@ -880,4 +880,91 @@ def test_a_tool_directive_skips_names_not_offered_and_yields_to_none() -> None:
     plain = plan_reply(old, HARNESS_TOOLS, opts, prompt_text="q")
     assert plain.tool_call is not None and plain.tool_call.name == "Bash"  # round robin's first
     assert directed_tools(old) is None
-    assert directed_tools([{"role": "user", "content": "[tools:a,b]"}]) == (["a", "b"], 0)
+    assert directed_tools([{"role": "user", "content": "[tools:a,b]"}]) == ([["a"], ["b"]], 0)
+    assert directed_tools([{"role": "user", "content": "[tools: a + b, c]"}]) == (
+        [["a", "b"], ["c"]],
+        0,
+    )
+
+
+def _reply(plan: Any) -> list[dict[str, Any]]:
+    """The assistant message a harness keeps for a tool-call reply."""
+    calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in plan.tool_calls
+    ]
+    return [{"role": "assistant", "content": None, "tool_calls": calls}]
+
+
+def test_a_tool_directive_group_calls_in_parallel_then_reports_the_results() -> None:
+    """X-bench (#38): ``[tools:spawn+spawn,await]`` makes one reply with two ``spawn``
+    calls (distinct ids and arguments), then ``await`` with both handles, then a text
+    answer that reports what the last tool returned; with ``parallel_tool_calls`` off
+    the same script takes one call per reply."""
+    opts = ScriptOptions(tool_results=0)
+    start: list[dict[str, Any]] = [{"role": "user", "content": "go [tools:spawn+spawn,await]"}]
+    for parallel in (True, False):
+        messages = list(start)
+        names: list[list[str]] = []
+        handles = iter(("run-a", "run-b"))
+        while True:
+            prompt = render_messages(messages)
+            plan = plan_reply(
+                messages, HARNESS_TOOLS, opts, prompt_text=prompt, parallel_tool_calls=parallel
+            )
+            if plan.kind is ReplyKind.TEXT:
+                break
+            names.append([c.name.rsplit("__", 1)[-1] for c in plan.tool_calls])
+            messages += _reply(plan)
+            for call in plan.tool_calls:
+                if call.name.endswith("await"):
+                    assert json.loads(call.arguments)["handles"] == ["run-a", "run-b"]
+                    out = json.dumps({"results": [{"handle": "run-a", "result": "RHINE"}]})
+                else:  # (Codex wraps each result in a note of its own)
+                    out = (
+                        f"Wall time: 0.1 seconds\nOutput:\n{json.dumps({'handle': next(handles)})}"
+                    )
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": out})
+            assert len(names) < 5
+        if parallel:
+            assert names == [["spawn", "spawn"], ["await"]]
+            first = plan_reply(start, HARNESS_TOOLS, opts, prompt_text=render_messages(start))
+            (a, b) = first.tool_calls
+            assert a.id != b.id and a.arguments != b.arguments
+            assert first.reply_tokens == len(first.pieces(10_000))
+        else:
+            assert names == [["spawn"], ["spawn"], ["await"]]
+        assert plan.text is not None and "RHINE" in plan.text
+        assert "".join(plan.pieces(plan.reply_tokens)) == plan.text
+
+
+DEFERRED = "Use ToolSearch to load these:\nmcp__luftpause__await\nmcp__luftpause__spawn\nWebFetch"
+SEARCH_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "ToolSearch", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+    HARNESS_TOOLS[0],
+]  # fmt: skip
+
+
+def test_a_tool_directive_loads_deferred_tools_with_the_harness_tool_search_once() -> None:
+    """X-bench (#38): where the directed tools are not offered but a tool search is
+    (Claude Code's ``ToolSearch``, MCP tools listed by name in a system message), the
+    first reply loads them by their full names, once; then the script runs as usual;
+    a name the search did not bring is skipped."""
+    opts = ScriptOptions(tool_results=0)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": DEFERRED},
+        {"role": "user", "content": "fan out [tools:spawn+spawn,await]"},
+    ]
+    plan = plan_reply(messages, SEARCH_TOOLS, opts, prompt_text=render_messages(messages))
+    (search,) = plan.tool_calls
+    assert search.name == "ToolSearch"
+    assert json.loads(search.arguments) == {
+        "query": "select:mcp__luftpause__spawn,mcp__luftpause__await"
+    }
+    messages += [*_reply(plan), {"role": "tool", "tool_call_id": search.id, "content": "ok"}]
+    loaded = plan_reply(messages, [*SEARCH_TOOLS, *HARNESS_TOOLS[1:]], opts, prompt_text="p")
+    assert [c.name for c in loaded.tool_calls] == ["mcp__luftpause__spawn"] * 2
+    # the search brought nothing: no second search, the names are skipped, it answers
+    nothing = plan_reply(messages, SEARCH_TOOLS, opts, prompt_text="q")
+    assert nothing.kind is ReplyKind.TEXT

@@ -122,16 +122,36 @@ class ReplyPlan:
     tool_call: ToolCall | None = None
     first_token: str | None = None  # label-scoring token replacing the first filler token
     first_token_top: tuple[tuple[str, float], ...] = ()
+    more_calls: tuple[ToolCall, ...] = ()  # parallel calls after ``tool_call`` (a directive)
+    text: str | None = None  # the answer's text, where it is not filler (a directive's report)
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return () if self.tool_call is None else (self.tool_call, *self.more_calls)
+
+    def call_spans(self) -> list[tuple[ToolCall, int, int]]:
+        """Each tool call with its tokens ``[start, end)``: its name, then its arguments."""
+        spans, at = [], 0
+        for call in self.tool_calls:
+            end = at + 1 + len(split_tokens(call.arguments))
+            spans.append((call, at, end))
+            at = end
+        return spans
 
     def pieces(self, n: int) -> list[str]:
         """The first ``n`` tokens of the reply (fewer if it is shorter)."""
         n = min(n, self.reply_tokens)
         if self.kind is ReplyKind.TOOL_CALL:
             assert self.tool_call is not None
-            return [self.tool_call.name, *split_tokens(self.tool_call.arguments)][:n]
+            out: list[str] = []
+            for call in self.tool_calls:
+                out += [call.name, *split_tokens(call.arguments)]
+            return out[:n]
         if self.kind is ReplyKind.TEXT_TOOL_CALL:
             assert self.tool_call is not None
             return split_tokens(_text_call(self.tool_call, self.seed))[:n]
+        if self.text is not None:
+            return split_tokens(self.text)[:n]
         out = filler_tokens(n, self.seed)
         if out and self.first_token is not None:
             out[0] = self.first_token
@@ -262,16 +282,19 @@ def plan_key_in(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
-_DIRECTIVE = re.compile(
-    r"\[tools?:\s*([A-Za-z0-9_.\-/]{1,64}(?:\s*,\s*[A-Za-z0-9_.\-/]{1,64}){0,15})\s*\]"
-)
+_NAME = r"[A-Za-z0-9_.\-/]{1,64}"
+_GROUP = rf"{_NAME}(?:\s*\+\s*{_NAME}){{0,7}}"
+_DIRECTIVE = re.compile(rf"\[tools?:\s*({_GROUP}(?:\s*,\s*{_GROUP}){{0,15}})\s*\]")
 _NAME_SEPARATORS = ("__", ".", "/", "_")
+# Tools that load other tools' schemas on demand (Claude Code offers MCP tools "deferred":
+# by name in a system message, callable once ``ToolSearch`` has fetched them).
+_TOOL_SEARCH = ("ToolSearch", "tool_search")
 
 
-def directed_tools(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], int] | None:
-    """The tool names a ``[tool:NAME]`` / ``[tools:A,B]`` marker in the last user message
-    asks for, and how many tool results the conversation holds after that message;
-    None without a marker."""
+def directed_tools(messages: Sequence[Mapping[str, Any]]) -> tuple[list[list[str]], int] | None:
+    """The tool names a ``[tool:NAME]`` / ``[tools:A,B+C]`` marker in the last user message
+    asks for, as groups called in one reply each (``+`` joins a group: parallel calls),
+    and the index of that message; None without a marker."""
     last = None
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") == "user":
@@ -282,8 +305,77 @@ def directed_tools(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], in
     found = _DIRECTIVE.search(_message_text(messages[last]))
     if found is None:
         return None
-    names = [n.strip() for n in found.group(1).split(",") if n.strip()]
-    return names, count_tool_results(messages[last + 1 :])
+    groups = [
+        [n.strip() for n in item.split("+") if n.strip()] for item in found.group(1).split(",")
+    ]
+    return [g for g in groups if g], last
+
+
+def _directed_step(
+    groups: list[list[str]],
+    messages: Sequence[Mapping[str, Any]],
+    since: int,
+    functions: list[Mapping[str, Any]],
+) -> tuple[list[Mapping[str, Any]], str | None]:
+    """What a directive asks of the next reply, the directive being in ``messages[since]``:
+    the functions to call now (one group), or none; and, when a directed name is not
+    offered but a tool search is, the query that loads it (asked once per directive)."""
+    after = messages[since + 1 :]
+    made = [
+        str((call.get("function") or {}).get("name", ""))
+        for m in after
+        if m.get("role") == "assistant"
+        for call in (m.get("tool_calls") or [])
+        if isinstance(call, Mapping)
+    ]
+    searches = sum(1 for name in made if _is_tool_search(name))
+    # calls made so far; a client that runs tool calls sent as text answers in tool messages
+    done = max(len(made), count_tool_results(after)) - searches
+    resolved = [[(n, _matching_function(functions, n)) for n in g] for g in groups]
+    missing = [n for g in resolved for n, fn in g if fn is None]
+    search = next((fn for fn in functions if _is_tool_search(str(fn.get("name")))), None)
+    if missing and search is not None and searches == 0:
+        names = dict.fromkeys(_deferred_name(messages, n) for n in missing)  # (once each)
+        return [search], "select:" + ",".join(names)
+    at = 0
+    for group in resolved:
+        fns = [fn for _, fn in group if fn is not None]
+        if done < at + len(fns):
+            return fns[max(0, done - at) :], None
+        at += len(fns)
+    return [], None
+
+
+def _listed(fn: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    return [] if fn is None else [fn]
+
+
+def _is_tool_search(name: str) -> bool:
+    return any(
+        name == s or any(name.endswith(sep + s) for sep in _NAME_SEPARATORS) for s in _TOOL_SEARCH
+    )
+
+
+def _deferred_name(messages: Sequence[Mapping[str, Any]], name: str) -> str:
+    """The full name of a deferred tool that ends in ``name`` (``mcp__luftpause__spawn``),
+    as the conversation lists it, else ``name`` itself."""
+    pattern = re.compile(
+        r"(?<![A-Za-z0-9_.\-/])([A-Za-z0-9_.\-/]*(?:__|[./_]))?" + re.escape(name) + r"(?![\w.\-/])"
+    )
+    for message in messages:
+        for found in pattern.finditer(_message_text(message)):
+            if found.group(1):
+                return found.group(0)
+    return name
+
+
+def _directed_report(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """A directive's answer: the text of the latest tool result, as it came back."""
+    for message in reversed(messages):
+        if message.get("role") == "tool":
+            text = _message_text(message).strip()
+            return f"The tools returned:\n{text}" if text else None
+    return None
 
 
 def _matching_function(functions: list[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
@@ -306,9 +398,8 @@ def _earlier_results(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str,
     for message in reversed(messages):
         if message.get("role") != "tool":
             continue
-        try:
-            value = json.loads(_message_text(message))
-        except ValueError:
+        value = _json_in(_message_text(message))
+        if value is None:
             continue
         stack = [value]
         while stack:
@@ -319,6 +410,24 @@ def _earlier_results(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str,
             elif isinstance(item, list):
                 stack.extend(item)
     return found
+
+
+def _json_in(text: str) -> Any:
+    """The JSON a tool result holds: all of it, or the first object or array in it
+    (harnesses wrap results: Codex writes ``Wall time: …\nOutput:\n{…}``); None if none."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    decoder = json.JSONDecoder()
+    for n, found in enumerate(re.finditer(r"[\[{]", text)):
+        if n == 16:  # (bounded: text with many brackets and no JSON is not parsed on and on)
+            break
+        try:
+            return decoder.raw_decode(text, found.start())[0]
+        except ValueError:
+            continue
+    return None
 
 
 def _directed_arguments(
@@ -372,6 +481,7 @@ def plan_reply(
     *,
     prompt_text: str,
     tool_choice: Any = None,
+    parallel_tool_calls: bool = True,
     tool_results: int | None = None,
     text_tool_calls: bool | None = None,
     wrong_types: bool | None = None,
@@ -402,37 +512,49 @@ def plan_reply(
     wrong = options.wrong_types if wrong_types is None else wrong_types
     functions = _tool_functions(tools or [])
     directed = directed_tools(messages) if functions and tool_choice != "none" else None
+    fns: list[Mapping[str, Any]] = []
+    query = None
     if directed is not None:  # the test bench's script: exactly these tools, in order
-        names, since = directed
-        calls = [f for f in (_matching_function(functions, n) for n in names) if f is not None]
-        fn = calls[since] if since < len(calls) else None
-        if fn is None and _demands_a_call(tool_choice):  # (constrained decoding still calls)
-            fn = _chosen_function(functions, tool_choice, done)
-    else:
-        fn = (
-            _chosen_function(functions, tool_choice, done)
-            if done < want_results or _demands_a_call(tool_choice)
-            else None
-        )
-    if fn is not None:
-        name = str(fn["name"])
-        if directed is not None:
-            args = _directed_arguments(fn, f"{seed}/{name}", _earlier_results(messages), wrong)
-        else:
-            args = fill_schema(fn.get("parameters", {}), f"{seed}/{name}", wrong_types=wrong)
-        if not isinstance(args, dict):
-            args = {}
-        call = ToolCall(
-            id=f"call_{stable_hash('call', prompt_text, str(done), call_nonce):016x}",
-            name=name,
-            arguments=json.dumps(args),
-        )
+        groups, since = directed
+        fns, query = _directed_step(groups, messages, since, functions)
+        if not fns and _demands_a_call(tool_choice):  # (constrained decoding still calls)
+            fns = _listed(_chosen_function(functions, tool_choice, done))
+        if as_text or not parallel_tool_calls:
+            fns = fns[:1]  # (calls written as text, or no parallel calls: one per reply)
+    elif done < want_results or _demands_a_call(tool_choice):
+        fns = _listed(_chosen_function(functions, tool_choice, done))
+    if fns:
+        calls = []
+        results = _earlier_results(messages) if directed is not None else []
+        for i, fn in enumerate(fns):
+            name = str(fn["name"])
+            if query is not None:
+                args: Any = {"query": query}
+            elif directed is not None:
+                at = f"{seed}/{name}" if i == 0 else f"{seed}/{name}/{i}"
+                args = _directed_arguments(fn, at, results, wrong)
+            else:
+                args = fill_schema(fn.get("parameters", {}), f"{seed}/{name}", wrong_types=wrong)
+            if not isinstance(args, dict):
+                args = {}
+            nonce = call_nonce if i == 0 else f"{call_nonce}/{i}"
+            calls.append(
+                ToolCall(
+                    id=f"call_{stable_hash('call', prompt_text, str(done), nonce):016x}",
+                    name=name,
+                    arguments=json.dumps(args),
+                )
+            )
+        call = calls[0]
         if as_text:
             text = _text_call(call, seed)
             return ReplyPlan(ReplyKind.TEXT_TOOL_CALL, -(-len(text) // CHARS_PER_TOKEN), seed, call)
-        return ReplyPlan(
-            ReplyKind.TOOL_CALL, 1 + -(-len(call.arguments) // CHARS_PER_TOKEN), seed, call
-        )
+        tokens = sum(1 + -(-len(c.arguments) // CHARS_PER_TOKEN) for c in calls)
+        return ReplyPlan(ReplyKind.TOOL_CALL, tokens, seed, call, more_calls=tuple(calls[1:]))
+    if directed is not None:
+        report = _directed_report(messages[directed[1] + 1 :])
+        if report is not None:
+            return ReplyPlan(ReplyKind.TEXT, len(split_tokens(report)), seed, text=report)
     h = stable_hash("length", seed)
     # Runaways are modelled where the calibration measured them: uncapped agent answers
     # that follow tool output. A plain chat answer ("hello") always ends on its own.

@@ -95,6 +95,7 @@ async def chat(request: Request, config: ServerConfig, driver: EngineDriver) -> 
         config.script,
         prompt_text=prompt_text,
         tool_choice=body.tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
         tool_results=tool_results,
         text_tool_calls=header_flag(request, "x-fake-text-tool-calls"),
         wrong_types=header_flag(request, "x-fake-wrong-types"),

@@ -112,6 +112,7 @@ class ChatCompletionBody(BaseModel):
     priority: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None  # false: at most one tool call per reply
     n: int | None = Field(default=None, ge=1, le=1)
     ignore_eos: bool | None = False  # SGLang/vLLM: a text answer runs until max_tokens
     vllm_xargs: VllmXargs | None = None  # read: agentic_context's retention hint
@@ -262,14 +263,14 @@ class Reply:
         produced = self.pieces[: done.completion_tokens]
         message: dict[str, Any] = {"role": "assistant", "content": None}
         if self.plan.kind is ReplyKind.TOOL_CALL:
-            call = self.plan.tool_call
-            assert call is not None
             message["tool_calls"] = [
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.name, "arguments": "".join(produced[1:])},
+                    "function": {"name": call.name, "arguments": "".join(produced[at + 1 : end])},
                 }
+                for call, at, end in self.plan.call_spans()
+                if at < len(produced)
             ]
         else:
             message["content"] = "".join(produced)
@@ -326,17 +327,21 @@ class Reply:
     def delta(self, start: int, end: int) -> dict[str, Any]:
         if self.plan.kind is not ReplyKind.TOOL_CALL:
             return {"content": "".join(self.pieces[start:end])}
-        call = self.plan.tool_call
-        assert call is not None
-        entry: dict[str, Any] = {"index": 0}
-        args = "".join(self.pieces[max(start, 1) : end])
-        if start == 0:
-            entry.update(
-                id=call.id, type="function", function={"name": call.name, "arguments": args}
-            )
-        else:
-            entry["function"] = {"arguments": args}
-        return {"tool_calls": [entry]}
+        entries: list[dict[str, Any]] = []
+        for index, (call, at, stop) in enumerate(self.plan.call_spans()):
+            lo, hi = max(start, at), min(end, stop)
+            if lo >= hi:
+                continue
+            entry: dict[str, Any] = {"index": index}
+            args = "".join(self.pieces[max(lo, at + 1) : hi])
+            if lo == at:  # the call's first token: its id and name
+                entry.update(
+                    id=call.id, type="function", function={"name": call.name, "arguments": args}
+                )
+            else:
+                entry["function"] = {"arguments": args}
+            entries.append(entry)
+        return {"tool_calls": entries}
 
 
 def classify_inputs(value: Any) -> list[str]:
