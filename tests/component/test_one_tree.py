@@ -148,8 +148,8 @@ async def test_tool_call_endpoint_needs_the_token_and_the_runtime_sends_it(
         "/v1/tool_calls/call_abc", headers={"authorization": f"Bearer {TOKEN}"}
     )
     assert ok.status_code == 200 and ok.json()["runId"] == harness
-    transport = httpx.ASGITransport(stack.app)  # type: ignore[arg-type]
-    async with runtime_on(tmp_path, transport, "http://dp", TOKEN) as (http, rt):
+    transport = httpx.ASGITransport(stack.app)
+    async with runtime_on(tmp_path, transport, "http://dp", TOKEN) as (http, _):
         made = await spawn(http, {"task": "sub"}, {"claudecode/toolUseId": "call_abc"})
         assert made["session"] == harness
         async with runtime_on(tmp_path / "no-token", transport, "http://dp", None) as (h2, _):
@@ -167,7 +167,7 @@ async def test_spawn_from_a_harness_tool_call_is_grouped_under_its_session(
     its parent, a run with no known call stays a root of its own; after a restart the
     journal gives every run its session again."""
     harness = await harness_turn(stack, "call_h1")
-    transport = httpx.ASGITransport(stack.app)  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(stack.app)
     async with runtime_on(tmp_path, transport, "http://dp", None) as (http, rt):
         first = await spawn(http, {"task": "one"}, {key: "call_h1"})
         second = await spawn(http, {"task": "two"}, {key: "call_h1", "threadId": "t"})
@@ -215,7 +215,7 @@ async def test_the_sub_agent_joins_the_harness_turns_trace(stack: Stack, tmp_pat
     assert origin is not None and origin.traceparent is not None
     _, turn_trace, turn_span, _ = origin.traceparent.split("-")
     own = "00-" + "c" * 32 + "-" + "d" * 16 + "-01"
-    transport = httpx.ASGITransport(stack.app)  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(stack.app)
     async with runtime_on(tmp_path, transport, "http://dp", None) as (http, rt):
         joined = await spawn(http, {"task": "one"}, {"claudecode/toolUseId": "call_t1"})
         kept = await spawn(
