@@ -287,6 +287,21 @@ def _tree_rows(node: Any, prefix: str, last: bool, depth: int, rows: list[list[s
     if isinstance(node, str):  # cut below 64 levels: only the handle
         rows.append([f"{prefix}{glyph}{node}", "(deeper)", "", *[""] * 6, ""])
         return
+    if "session" in node and "handle" not in node:  # an agent harness's session (#38)
+        sub = _usage(node.get("subtree") or {})
+        rows.append(
+            [
+                f"session {node['session']}",
+                "",
+                "",
+                *(f"-/{sub[k]}" for k in ("turns", "tools", "failed", "tokens", "turn", "tool")),
+                f"agent harness session: {node.get('runs', 0)} sub-agent run(s)",
+            ]
+        )
+        kids = node.get("children") or []
+        for i, child in enumerate(kids):
+            _tree_rows(child, "", i == len(kids) - 1, 1, rows)
+        return
     own, sub = _usage(node.get("own") or {}), _usage(node.get("subtree") or {})
     state = str(node.get("state", ""))
     if node.get("pendingApproval"):

@@ -368,3 +368,34 @@ def _flatten(nodes: list[Any]) -> Iterator[dict[str, Any]]:
         if isinstance(n, dict):
             yield n
             yield from _flatten(n.get("children", []))
+
+
+def test_page_groups_a_harness_sessions_sub_agents_under_it(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """S12, R9 (#38): a session node of the runtime's tree is a row of its own, naming the
+    harness's run, with the runs it spawned (and their children) under it."""
+    tree = json.loads((DATA / "runtime.json").read_text())
+    root = tree["tree"].pop(0)
+    session = {"session": "claude-code-s1@m", "runs": 1, "subtree": root["subtree"]}
+    tree["tree"].insert(0, {**session, "children": [root]})
+
+    async def runtime_status(_: Request) -> Response:
+        return JSONResponse(tree)
+
+    async def status(_: Request) -> Response:
+        return JSONResponse(json.loads((DATA / "scheduler.json").read_text()))
+
+    routes = [
+        Route("/status", status),
+        Route("/ui/runtime-status", runtime_status),
+        *page_routes(),
+    ]
+    with ThreadServer(Starlette(routes=routes)) as server:
+        dom = parse(browser.dump_dom(f"{server.url}/?runtime=http://127.0.0.1:7000"))
+    rows = _rows(dom, "run-tree")
+    keys = [r.attrs.get("data-session") or r.attrs.get("data-run") for r in rows]
+    assert keys[:5] == ["claude-code-s1@m", "run-root", "run-kid-1", "run-kid-2", "run-batch"]
+    head = rows[0]
+    assert "session claude-code-s1@m" in head.text() and "1 sub-agent run(s)" in head.text()
+    assert rows[1].attrs["data-depth"] == "1" and rows[2].attrs["data-depth"] == "2"

@@ -65,6 +65,29 @@ def test_the_run_tree_nests_children_and_pairs_own_with_subtree() -> None:
     assert tree[-1] == "  a/b: the run's own work / its whole subtree (T: time)"
 
 
+def test_an_agent_harness_session_groups_its_sub_agents() -> None:
+    """R9, S12 (#38): a session node (the harness's run) with the runs it spawned under it,
+    and their subtree totals on its row."""
+    tree = canned("runtime.json")
+    root = tree["tree"].pop(0)
+    tree["tree"].insert(
+        0,
+        {"session": "claude-code-s1@m", "runs": 1, "subtree": root["subtree"], "children": [root]},
+    )
+    text = render(None, "s", tree=tree, runtime="r")
+    lines = text[text.index("RUN TREE") :].splitlines()
+    handles = [ln[: ln.index("  ", len(ln) - len(ln.lstrip()))] for ln in lines[2:7]]
+    assert handles == [
+        "session claude-code-s1@m",
+        "`- run-root",
+        "   |- run-kid-1",
+        "   `- run-kid-2",
+        "run-batch",
+    ]
+    assert "agent harness session: 1 sub-agent run(s)" in lines[2]
+    assert lines[2].split()[2].startswith("-/")  # no work of its own: the subtree's
+
+
 def test_a_tree_cut_below_64_levels_and_an_empty_tree() -> None:
     tree = canned("runtime.json")
     tree["tree"][1]["children"] = ["run-deep"]

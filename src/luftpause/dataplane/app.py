@@ -1,7 +1,8 @@
 """The dataplane's HTTP surface (D1–D10).
 
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/decide``,
-``DELETE /v1/runs/{id}``, ``GET /metrics``, ``GET /health``.
+``DELETE /v1/runs/{id}``, ``GET /v1/tool_calls/{id}`` (which turn made a tool call:
+its run, class, caller and span, #38), ``GET /metrics``, ``GET /health``.
 
 A chat turn: authenticate (D9) → parse and validate every field the proxy reads
 or rewrites (``request.py``) → resolve run, class, caller (D2, D3) → unknown
@@ -41,7 +42,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -111,7 +112,7 @@ from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
 from luftpause.dataplane.turn import PlaceAgain, Turn, serve
 from luftpause.http_errors import Malformed
 from luftpause.telemetry import fastapi_telemetry
-from luftpause.tool_calls import ToolCallMemory
+from luftpause.tool_calls import TOOL_CALL_ORIGINS_MAX, ToolCallMemory, ToolCallOrigins
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -130,6 +131,9 @@ _DROP = {
     "cookie",
     "x-api-key",
 }
+# ``GET /v1/tool_calls/{id}``'s 404 says how many dataplane processes share the port
+# (``dataplane.workers``, B6): a lookup may have reached one that did not relay the reply.
+WORKERS_HEADER = "x-luftpause-dataplane-workers"
 RELEASE_TIMEOUT_S = 2.0  # B8: how long a run's end waits for an engine's release answer
 _CLASS_PB = {"interactive": pb.SERVICE_CLASS_INTERACTIVE, "batch": pb.SERVICE_CLASS_BATCH}
 
@@ -146,6 +150,10 @@ class Dataplane:
     memory: ToolCallMemory
     http: EngineClient  # towards engines: no read timeout, a connect timeout
     metrics: Metrics
+    # The turn behind each tool call, for GET /v1/tool_calls/{id} (#38).
+    origins: ToolCallOrigins = field(
+        default_factory=lambda: ToolCallOrigins(time.monotonic, 1800.0, TOOL_CALL_ORIGINS_MAX)
+    )
 
     @property
     def generative_models(self) -> set[str]:
@@ -486,6 +494,27 @@ def create_app(dp: Dataplane) -> DataplaneApp:
             {"run_id": run_id, "ended": True}, headers={identity.RUN_HEADER: run_id}
         )
 
+    @app.get("/v1/tool_calls/{tool_call_id}")
+    @_guarded
+    async def tool_call(request: Request) -> Response:
+        """Which turn made the tool call (#38): the runtime asks it on a ``spawn`` that a
+        harness's tool call made, to record the harness's run as the new run's session."""
+        call_id = request.path_params["tool_call_id"]
+        try:
+            _authorize(dp, request.headers)
+        except Unauthorized as exc:
+            return exc.response(None)
+        origin = dp.origins.lookup(call_id)
+        if origin is None:
+            return error_response(
+                404,
+                f"no tool call {shown(call_id)} in a reply this dataplane relayed in the "
+                f"last {dp.origins.ttl_s:g} s",
+                headers={WORKERS_HEADER: str(dp.settings.workers)},
+                code="tool_call_not_found",
+            )
+        return JSONResponse(origin.to_json())
+
     @app.get("/metrics")
     @_guarded
     async def metrics(request: Request) -> Response:
@@ -506,6 +535,7 @@ async def _sweep(dp: Dataplane) -> None:
     while True:
         await asyncio.sleep(dp.settings.tool_call_id_sweep_s)
         dp.memory.sweep()
+        dp.origins.sweep()
         dp.runs.prune()
 
 
@@ -538,7 +568,8 @@ def _authorize(dp: Dataplane, headers: Headers) -> None:
 
 _ROUTES = (
     "POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, POST /v1/decide, "
-    "GET /v1/models, DELETE /v1/runs/{run_id}, GET /metrics, GET /health"
+    "GET /v1/models, DELETE /v1/runs/{run_id}, GET /v1/tool_calls/{tool_call_id}, "
+    "GET /metrics, GET /health"
 )
 
 
@@ -784,6 +815,7 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
         runs=dp.runs,
         memory=dp.memory,
         span=span,
+        origins=dp.origins,
     )
 
     def forward(turn: Turn, admitted: Admitted) -> Awaitable[Response]:

@@ -21,7 +21,7 @@ from luftpause.serving import (
     bound_port,
     load_config_or_exit,
 )
-from luftpause.tool_calls import ToolCallMemory
+from luftpause.tool_calls import TOOL_CALL_ORIGINS_MAX, ToolCallMemory, ToolCallOrigins
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -93,6 +93,7 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
         memory=ToolCallMemory(clock, settings.tool_call_id_memory_s),
         http=http,
         metrics=Metrics(),
+        origins=ToolCallOrigins(clock, settings.run_idle_prune_s, TOOL_CALL_ORIGINS_MAX),
     )
 
 

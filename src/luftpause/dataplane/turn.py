@@ -39,7 +39,7 @@ from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.relay import TurnOutcome
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import SchedulerLink
-from luftpause.tool_calls import ToolCallMemory
+from luftpause.tool_calls import ToolCallMemory, ToolCallOrigin, ToolCallOrigins
 
 # Tool call IDs reported per turn, and their longest length (longer ones are not
 # remembered by the scheduler: no agent framework makes such IDs).
@@ -63,6 +63,7 @@ class Turn:
         runs: RunTable | None = None,
         memory: ToolCallMemory | None = None,
         span: Span = INVALID_SPAN,
+        origins: ToolCallOrigins | None = None,
     ) -> None:
         self.record = record
         self.span = span  # the turn's span (tracing.py); ended with the turn
@@ -70,6 +71,7 @@ class Turn:
         self._metrics = metrics
         self._runs = runs  # None: a single-pass turn, which never enters run state (S13)
         self._memory = memory
+        self._origins = origins  # the turn behind each tool call, for GET /v1/tool_calls
         self.started_at = time.monotonic()
         self.ended: Outcome | None = None
         if runs is not None:
@@ -115,6 +117,18 @@ class Turn:
             return
         if self._memory is not None:
             self._memory.remember(outcome.tool_call_ids, self.record.run_id)
+        if self._origins is not None and outcome.tool_call_ids:
+            record = self.record
+            self._origins.remember(
+                outcome.tool_call_ids,
+                ToolCallOrigin(
+                    "",
+                    record.run_id,
+                    record.service_class,
+                    record.caller,
+                    tracing.traceparent_of(self.span) or None,
+                ),
+            )
         self._report(finished=event)
         self._end(
             Outcome.PAUSED_ON_TOOL if paused else Outcome.FINISHED,
@@ -135,6 +149,7 @@ class Turn:
             runs=self._runs,
             memory=self._memory,
             span=span,
+            origins=self._origins,
         )
 
     def failed(

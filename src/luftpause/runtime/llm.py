@@ -51,6 +51,15 @@ Failures (R14):
 
 ``end_run`` (R15) and ``classify`` (R13, not OpenAI routes) use the same
 connection pool through plain httpx.
+
+``tool_call_origin`` (#38) asks ``GET /v1/tool_calls/{id}`` which run made a
+harness's tool call. It is bounded (``ORIGIN_LOOKUP_TIMEOUT_S`` in all) and never
+raises: any failure is logged once and answered None. Each try opens a connection
+of its own: when the 404 says several dataplane processes share the port
+(``x-luftpause-dataplane-workers: N``, B6), the kernel picks a process per
+connection and the one that relayed the reply may be another, so a 404 is tried
+again, up to ``8 × N`` times (16 tries miss both of two processes with probability
+2^-16); with one process a 404 is final.
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import openai
@@ -72,6 +82,7 @@ from openai.types.chat import ChatCompletion
 
 from luftpause.config import ServiceClass
 from luftpause.runtime.stream_reply import ReplyAssembler, SseLines, StreamError
+from luftpause.tool_calls import ToolCallOrigin
 
 log = logging.getLogger("luftpause.runtime.llm")
 
@@ -79,6 +90,11 @@ TRANSIENT_RETRIES = 3
 TRANSIENT_BACKOFF_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
 SIDE_CALL_TIMEOUT_S = 10.0  # the model list and a run's end
+ORIGIN_LOOKUP_TIMEOUT_S = 2.0  # all tries of one tool call lookup together (#38)
+ORIGIN_TRIES_PER_WORKER = 8
+ORIGIN_MAX_TRIES = 64
+WORKERS_HEADER = "x-luftpause-dataplane-workers"  # as the dataplane's (app.py)
+_MAX_RUN_ID = 256
 # Placeholder for the openai client's required key; never sent (see _openai_headers).
 _NO_KEY = "luftpause-no-token"
 _HeaderMap = Mapping[str, str | openai.Omit]
@@ -128,6 +144,32 @@ def _error_text(response: httpx.Response | Any) -> str:
     return str(body)[:300]
 
 
+def _origin(call_id: str, response: httpx.Response) -> ToolCallOrigin | None:
+    """A ``GET /v1/tool_calls/{id}`` answer as an origin; None (logged) when it is not one."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    run_id = body.get("runId") if isinstance(body, dict) else None
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= _MAX_RUN_ID:
+        log.info("tool call %s: the dataplane's answer names no run: %.200r", call_id, body)
+        return None
+    assert isinstance(body, dict)
+    traceparent = body.get("traceparent")
+
+    def text(key: str) -> str:
+        value = body.get(key)
+        return value if isinstance(value, str) else ""
+
+    return ToolCallOrigin(
+        call_id,
+        run_id,
+        text("serviceClass"),
+        text("caller"),
+        traceparent if isinstance(traceparent, str) and traceparent else None,
+    )
+
+
 def retry_after_s(value: str | None, default: float) -> float:
     """Seconds to wait per a ``Retry-After`` header (delta-seconds or HTTP date)."""
     if not value:
@@ -172,6 +214,7 @@ class DataplaneClient:
             str(k): v for k, v in (class_priority or {}).items()
         }
         self._token = token
+        self._transport = transport
         self.stream_turns = stream_turns
         self.turn_timeout_s = turn_timeout_s
         self.retry_after_default_s = retry_after_default_s
@@ -403,6 +446,46 @@ class DataplaneClient:
                 response.status_code,
                 _error_text(response),
             )
+
+    async def tool_call_origin(self, call_id: str) -> ToolCallOrigin | None:
+        """The turn whose reply made tool call ``call_id`` (its run, and its span's
+        ``traceparent``), per the dataplane; None when it does not know it or cannot be
+        asked (see the module docstring)."""
+        url = f"{self.base_url}/v1/tool_calls/{quote(call_id, safe='')}"
+        deadline = time.monotonic() + ORIGIN_LOOKUP_TIMEOUT_S
+        tries, most = 0, 1
+        # No kept-alive connections: each try is a new connection (see above).
+        async with httpx.AsyncClient(
+            transport=self._transport, limits=httpx.Limits(max_keepalive_connections=0)
+        ) as client:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.info("tool call %s: no answer from the dataplane in time", call_id)
+                    return None
+                tries += 1
+                try:
+                    response = await client.get(url, headers=self._headers(None), timeout=left)
+                except httpx.HTTPError as exc:
+                    log.info("tool call %s: cannot ask the dataplane: %r", call_id, exc)
+                    return None
+                if response.status_code == 404:
+                    workers = response.headers.get(WORKERS_HEADER, "1")
+                    if workers.isdigit() and int(workers) > 1:
+                        most = min(ORIGIN_TRIES_PER_WORKER * int(workers), ORIGIN_MAX_TRIES)
+                    if tries < most:
+                        continue
+                    log.info("tool call %s: the dataplane does not know it", call_id)
+                    return None
+                if response.status_code != 200:
+                    log.info(
+                        "tool call %s: dataplane answered %d: %s",
+                        call_id,
+                        response.status_code,
+                        _error_text(response),
+                    )
+                    return None
+                return _origin(call_id, response)
 
     async def models(self) -> list[str]:
         """The models ``GET /v1/models`` lists (cached after the first success)."""

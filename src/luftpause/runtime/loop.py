@@ -249,18 +249,40 @@ class Runtime:
             raise RuntimeError_("no model given, none configured, and the dataplane lists none")
         return models[0]
 
-    async def spawn(self, req: SpawnArgs, caller: str, traceparent: str | None = None) -> Run:
+    async def spawn(
+        self,
+        req: SpawnArgs,
+        caller: str,
+        traceparent: str | None = None,
+        *,
+        harness_call: str | None = None,
+        traced: bool = True,
+    ) -> Run:
         """Start a run (or, for a known idempotency key, find it); see :meth:`spawn_or_reuse`."""
-        run, _ = await self.spawn_or_reuse(req, caller, traceparent)
+        run, _ = await self.spawn_or_reuse(
+            req, caller, traceparent, harness_call=harness_call, traced=traced
+        )
         return run
 
     async def spawn_or_reuse(
-        self, req: SpawnArgs, caller: str, traceparent: str | None = None
+        self,
+        req: SpawnArgs,
+        caller: str,
+        traceparent: str | None = None,
+        *,
+        harness_call: str | None = None,
+        traced: bool = True,
     ) -> tuple[Run, bool]:
         """Start a run; True with the run when its idempotency key named an existing one.
 
         ``traceparent``: the trace context of the request that asked for it; a child
         run's span is the child of its parent's instead.
+
+        ``harness_call``: the ID of the agent harness's tool call that asked for it (the
+        request's ``_meta``, #38). A run without a parent asks the dataplane which run
+        made that call and records it as its ``session``; when the request brought no
+        trace context of its own (``traced`` false) the run's span joins that turn's
+        trace instead. A lookup that fails records nothing and fails nothing.
 
         A key is the runtime's, not a caller's: every client holding the runtime's token
         is the same principal, and a caller's identity (its MCP session) does not
@@ -270,8 +292,9 @@ class Runtime:
         With other arguments (:func:`request_digest`) the key is refused.
         """
         key = req.idempotency_key
+        origin = (harness_call, traced)
         if key is None:
-            return await self._spawn(req, caller, traceparent), False
+            return await self._spawn(req, caller, traceparent, origin=origin), False
         digest = request_digest(
             req,
             max_tool_calls=self.settings.default_max_tool_calls,
@@ -293,7 +316,8 @@ class Runtime:
         # The whole spawn runs on its own: a caller that goes away does not take it
         # down with it while a retry may be waiting on it.
         spawning = self._background_task(
-            self._spawn(req, caller, traceparent, key=key, digest=digest), "spawn-keyed"
+            self._spawn(req, caller, traceparent, key=key, digest=digest, origin=origin),
+            "spawn-keyed",
         )
         self._keyed[key] = (digest, spawning)
         spawning.add_done_callback(functools.partial(self._spawned, key))
@@ -316,6 +340,7 @@ class Runtime:
         *,
         key: str | None = None,
         digest: str | None = None,
+        origin: tuple[str | None, bool] = (None, True),
     ) -> Run:
         for label, text in (("task", req.task), ("model", req.model), ("system", req.system)):
             check_text(label, text)
@@ -364,6 +389,14 @@ class Runtime:
             budget_seconds=req.budget_seconds,
             approve_tools=tuple(req.approve_tools or ()),
         )
+        session: str | None = None
+        harness_call, traced = origin
+        if parent is None and harness_call is not None:
+            found = await self.llm.tool_call_origin(harness_call)
+            if found is not None:
+                session = found.run_id
+                if not traced and found.traceparent:
+                    traceparent = found.traceparent  # one trace: the harness turn's
         run_id = f"run-{uuid.uuid4().hex[:16]}"
         record = Spawn(
             run=run_id,
@@ -374,6 +407,7 @@ class Runtime:
             traceparent=self._parent_trace(parent, traceparent),
             idempotency_key=key,
             request_digest=digest,
+            session=session,
         )
 
         async def commit() -> Run:
@@ -775,6 +809,7 @@ class Runtime:
             "handle": run.id,
             "state": run.state.value,
             "parent": run.parent,
+            "session": run.session,
             "children": list(run.children),
             "model": run.spec.model,
             "serviceClass": run.spec.service_class,

@@ -39,6 +39,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from mcp.server.mcpserver import Context
@@ -94,6 +95,24 @@ def caller_of(ctx: Context[Any, Any]) -> str:
             return session
     params = ctx.session.client_params
     return caller_named(getattr(params, "client_info", None) if params is not None else None)
+
+
+# The ``_meta`` keys under which an agent harness names the tool call (in its model's
+# reply) that made an MCP ``tools/call`` (#38): Claude Code's ``toolUseId``, Codex's
+# ``callId``. The dataplane relayed that reply, so it knows the harness's run.
+HARNESS_CALL_ID_KEYS = ("claudecode/toolUseId", "callId")
+_MAX_CALL_ID = 256  # as the dataplane's bound on remembered tool call IDs
+
+
+def harness_call_id(meta: Mapping[str, Any] | None) -> str | None:
+    """The harness's tool call ID in a request's ``_meta`` (first known key), if any."""
+    if not meta:
+        return None
+    for key in HARNESS_CALL_ID_KEYS:
+        value = meta.get(key)
+        if isinstance(value, str) and 0 < len(value) <= _MAX_CALL_ID and value.isprintable():
+            return value
+    return None
 
 
 def caller_named(client_info: Any) -> str:

@@ -1,9 +1,17 @@
 """``GET /status`` (R9): the run tree with each run's own work and its subtree totals, and
-the lines of ``runs.jsonl`` and ``tasks.jsonl`` that replay could not use."""
+the lines of ``runs.jsonl`` and ``tasks.jsonl`` that replay could not use.
+
+Root runs that an agent harness's session spawned (the same ``session``, #38) are
+grouped under one node for that session: ``{"session": <the harness's run id>,
+"runs": <root runs under it>, "subtree": <their subtree totals summed>, "children":
+[<run nodes>]}``, in the place of its first root; every other root is listed as it is.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from luftpause.runtime.core import Usage
 
 if TYPE_CHECKING:
     from luftpause.runtime.core import Run
@@ -58,5 +66,26 @@ def status_tree(rt: Runtime, tasks: TaskStore | None = None) -> dict[str, Any]:
     }
     if tasks is not None:
         out["tasks"] = {"path": str(tasks.path), "problems": [str(p) for p in tasks.problems]}
-    out["tree"] = [_node(rt, r, now, 0) for r in roots]
+    out["tree"] = _grouped(rt, roots, now)
     return out
+
+
+def _grouped(rt: Runtime, roots: list[Run], now: float) -> list[dict[str, Any]]:
+    """The root nodes, those of one harness session under one session node."""
+    tree: list[dict[str, Any]] = []
+    sessions: dict[str, tuple[dict[str, Any], Usage]] = {}
+    for run in roots:
+        node = _node(rt, run, now, 0)
+        if run.session is None:
+            tree.append(node)
+            continue
+        group = sessions.get(run.session)
+        if group is None:
+            group = sessions[run.session] = ({"session": run.session, "children": []}, Usage())
+            tree.append(group[0])
+        group[0]["children"].append(node)
+        group[1].add(run.subtree)
+    for node, total in sessions.values():
+        node["runs"] = len(node["children"])
+        node["subtree"] = total.to_json()
+    return tree

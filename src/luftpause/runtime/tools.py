@@ -36,6 +36,7 @@ from luftpause.runtime.protocol import (
     caller_named,
     caller_of,
     describe_argument_errors,
+    harness_call_id,
     request_state_of,
     tool_result,
 )
@@ -112,7 +113,13 @@ class RuntimeTools:
         meta: Mapping[str, Any] | None = ctx.request_context.meta
         traceparent = tracing.request_traceparent(meta, ctx.headers)
         try:
-            return await self.rt.spawn_or_reuse(args, caller_of(ctx), traceparent)
+            return await self.rt.spawn_or_reuse(
+                args,
+                caller_of(ctx),
+                traceparent,
+                harness_call=harness_call_id(meta) if args.parent is None else None,
+                traced=tracing.brings_trace(meta, ctx.headers),
+            )
         except RuntimeError_ as exc:
             raise ToolError(str(exc)) from None
 
@@ -126,6 +133,7 @@ class RuntimeTools:
             "model": run.spec.model,
             "serviceClass": run.spec.service_class,
             "parent": run.parent,
+            "session": run.session,
         }
         if reused:
             payload["reused"] = True  # an earlier spawn with this idempotencyKey started it
@@ -293,6 +301,7 @@ class RuntimeTools:
                 "handle": r.id,
                 "state": r.state.value,
                 "parent": r.parent,
+                "session": r.session,
                 "children": len(r.children),
                 "task": r.spec.task[:80],
             }

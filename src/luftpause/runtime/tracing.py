@@ -3,7 +3,9 @@
 One ``invoke_agent`` span per run, a ``chat`` span per model turn and an
 ``execute_tool`` span per tool call below it. A run's span is the child of the
 span that spawned it: its parent run's ``invoke_agent`` span, or the MCP
-request's trace context. That context is journaled with the spawn
+request's trace context, or, for a request with none that an agent harness's
+tool call made, the dataplane's span of the harness turn that made the call
+(attribute ``luftpause.session``: that turn's run, #38). That context is journaled with the spawn
 (``traceparent``), so a run resumed after a restart joins the same trace.
 
 Only the OpenTelemetry API is used here: with no tracer provider configured
@@ -44,6 +46,16 @@ def request_traceparent(
     return traceparent_of()
 
 
+def brings_trace(meta: Mapping[str, Any] | None, headers: Mapping[str, str] | None) -> bool:
+    """Whether an MCP request carried a trace context of its own (``_meta.traceparent``
+    or a valid ``traceparent`` header): without one, a run it spawns for an agent
+    harness joins the harness turn's trace (#38)."""
+    if meta and isinstance(meta.get("traceparent"), str):
+        return True
+    header = headers.get("traceparent") if headers is not None else None
+    return bool(header) and trace.get_current_span(context_of(header)).get_span_context().is_valid
+
+
 @contextmanager
 def agent_span(run: Run) -> Iterator[Span]:
     """The run's ``invoke_agent`` span, current while the run's loop runs."""
@@ -60,6 +72,7 @@ def agent_span(run: Run) -> Iterator[Span]:
             gen_ai.GEN_AI_REQUEST_MODEL: run.spec.model,
             "luftpause.service_class": run.spec.service_class,
             **({"luftpause.parent_run": run.parent} if run.parent else {}),
+            **({"luftpause.session": run.session} if run.session else {}),
         },
     ) as span:
         yield span

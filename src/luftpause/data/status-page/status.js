@@ -308,6 +308,7 @@
   // ---- runtime -------------------------------------------------------------------------------
 
   function finished(node) {
+    if (isSession(node)) return (node.children || []).every(finished);
     if (!TERMINAL.has(node.state)) return false;
     return (node.children || []).every((c) => typeof c === "string" || finished(c));
   }
@@ -329,7 +330,34 @@
     ];
   }
 
+  // An agent harness's session (#38): the runs its tool calls spawned, grouped under it.
+  function isSession(node) {
+    return typeof node === "object" && node.session !== undefined && node.handle === undefined;
+  }
+
+  function sessionRows(node, out) {
+    const blank = () => Array.from({ length: 6 }, () => el("td", { class: "num", text: "" }));
+    out.push(
+      el(
+        "tr",
+        { "data-session": node.session, class: finished(node) ? "session done" : "session live" },
+        el("td", { class: "handle" }, el("span", { class: "glyph", text: "session " }), el("code", { text: node.session })),
+        el("td", {}, el("span", { class: "small", text: "agent harness" })),
+        el("td", {}),
+        ...blank(),
+        ...usageCells(node.subtree).map((td) => { td.classList.add("sub"); return td; }),
+        el("td", { class: "task", text: `${node.runs ?? 0} sub-agent run(s) it spawned` }),
+      ),
+    );
+    const kids = node.children || [];
+    kids.forEach((c, i) => treeRows(c, 1, "", i === kids.length - 1, out));
+  }
+
   function treeRows(node, depth, prefix, last, out) {
+    if (isSession(node)) {
+      sessionRows(node, out);
+      return;
+    }
     if (typeof node === "string") {
       out.push(el("tr", { "data-run": node, class: "cut" },
         el("td", { colspan: 16, text: `${prefix}${last ? "└─ " : "├─ "}${node} (deeper than 64 levels)` })));

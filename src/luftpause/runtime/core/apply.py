@@ -105,6 +105,7 @@ def _spawn(state: RuntimeState, record: Spawn) -> Run:
         traceparent=record.traceparent,
         idempotency_key=record.idempotency_key,
         request_digest=record.request_digest,
+        session=record.session,
     )
     state.runs[run.id] = run
     if record.idempotency_key is not None:

@@ -9,10 +9,12 @@ keyed by the run and, where the step repeats, a sequence number:
 ``t``         fields                                                  key
 ============  ======================================================  ===============
 ``spawn``     ``spec, parent, created, caller, traceparent,             run
-              idempotencyKey, requestDigest``: the run exists
+              idempotencyKey, requestDigest, session``: the run exists
               (``traceparent``: the trace its spans join; the key and
               the digest of the arguments it came with, when the
-              client gave a key: both absent in older journals)
+              client gave a key: both absent in older journals;
+              ``session``: the agent harness's run whose tool call
+              spawned it, when the dataplane knew it, #38)
 ``turn``      ``seq, message, usage``: model turn ``seq`` ended in      run, seq
               tool calls; ``message`` is the assistant message, its
               calls in structured form even when recovered from text
@@ -114,6 +116,9 @@ class Spawn(_Record):
     # spawn with the same key gets this run again, after a restart too (absent = none).
     idempotency_key: str | None = Field(default=None, min_length=1)
     request_digest: str | None = None
+    # The harness's run (the dataplane's run id) whose tool call spawned this run: the
+    # session the run tree groups it under (#38; absent = none, and in older journals).
+    session: str | None = Field(default=None, min_length=1)
 
 
 class Turn(_Record):

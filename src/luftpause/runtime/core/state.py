@@ -156,6 +156,7 @@ class Run:
     traceparent: str | None = None  # the trace context its spans continue (X1)
     idempotency_key: str | None = None  # the client's key, when it gave one
     request_digest: str | None = None  # digest of the arguments the key came with
+    session: str | None = None  # the harness's run whose tool call spawned it (#38)
 
     @property
     def done(self) -> bool:

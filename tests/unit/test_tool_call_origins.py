@@ -1,0 +1,80 @@
+"""D (#38): the dataplane's bounded map of the turn behind each tool call, and the
+``_meta`` keys under which agent harnesses name the tool call behind an MCP request."""
+
+from __future__ import annotations
+
+import pytest
+
+from luftpause.runtime.protocol import HARNESS_CALL_ID_KEYS, harness_call_id
+from luftpause.tool_calls import ToolCallOrigin, ToolCallOrigins
+
+ORIGIN = ToolCallOrigin("", "claude-code-s1@m", "interactive", "client:x", None)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_each_id_names_its_turn() -> None:
+    """D: every ID of a reply maps to that reply's run, class, caller and trace context."""
+    origins = ToolCallOrigins(Clock(), 60.0, 10)
+    traced = ToolCallOrigin("", "r1", "batch", "c", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    origins.remember(["a", "b", ""], traced)
+    found = origins.lookup("b")
+    assert found is not None and found.to_json() == {
+        "toolCallId": "b",
+        "runId": "r1",
+        "serviceClass": "batch",
+        "caller": "c",
+        "traceparent": traced.traceparent,
+    }
+    assert origins.lookup("nope") is None and len(origins) == 2  # the empty ID is skipped
+
+
+def test_the_map_is_bounded_oldest_dropped_first() -> None:
+    """D: past ``max_entries`` the oldest entries go; a repeated ID counts as new."""
+    origins = ToolCallOrigins(Clock(), 60.0, 3)
+    origins.remember(["a", "b", "c"], ORIGIN)
+    origins.remember(["a"], ORIGIN)  # moves to the back
+    origins.remember(["d"], ORIGIN)
+    assert len(origins) == 3
+    assert origins.lookup("b") is None
+    assert [i for i in "acd" if origins.lookup(i) is not None] == ["a", "c", "d"]
+    with pytest.raises(ValueError, match="max_entries"):
+        ToolCallOrigins(Clock(), 60.0, 0)
+
+
+def test_entries_expire_and_are_swept() -> None:
+    """D: an entry older than the run idle expiry is not found, and a sweep drops it."""
+    clock = Clock()
+    origins = ToolCallOrigins(clock, 60.0, 100)
+    origins.remember(["old"], ORIGIN)
+    clock.now += 30
+    origins.remember(["new"], ORIGIN)
+    clock.now += 30  # "old" is 60 s old now
+    assert origins.lookup("old") is None and origins.lookup("new") is not None
+    assert origins.sweep() == 1 and len(origins) == 1
+    clock.now += 30
+    assert origins.sweep() == 1 and len(origins) == 0
+
+
+def test_harness_call_ids_from_meta() -> None:
+    """R (#38): Claude Code's ``claudecode/toolUseId`` and Codex's ``callId``; anything
+    else, empty, too long or unprintable is no ID."""
+    assert HARNESS_CALL_ID_KEYS == ("claudecode/toolUseId", "callId")
+    assert harness_call_id({"claudecode/toolUseId": "call_c84"}) == "call_c84"
+    assert harness_call_id({"callId": "call_afd3", "threadId": "t"}) == "call_afd3"
+    assert harness_call_id({"claudecode/toolUseId": "x", "callId": "y"}) == "x"
+    for meta in (
+        None,
+        {},
+        {"callId": ""},
+        {"callId": 5},
+        {"callId": "a\nb"},
+        {"callId": "x" * 257},
+    ):
+        assert harness_call_id(meta) is None
