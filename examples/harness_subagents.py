@@ -100,17 +100,26 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     proxy, runtime = args.proxy.rstrip("/"), args.runtime.rstrip("/")
     for name, url in (("proxy", f"{proxy}/health"), ("runtime", f"{runtime}/health")):
         try:
-            httpx.get(url, timeout=5, headers=auth())
+            answer = httpx.get(url, timeout=5, headers=auth())
         except httpx.HTTPError as exc:
             raise Failed(
                 f"no answer from the luftpause {name} at {url}: {exc} (is `make run` up?)"
             ) from None
+        if answer.status_code >= 400:
+            raise Failed(
+                f"the luftpause {name} at {url} answered {answer.status_code}: {answer.text}"
+            )
     home = Home(root, find(BINARIES[args.cli]))
-    if args.cli == "claude":
-        return claude(home, proxy, f"{runtime}/mcp", args.task, args.timeout)
-    if args.cli == "codex":
-        return codex(home, proxy, f"{runtime}/mcp", args.task, args.timeout)
-    return gemini(home, f"{runtime}/mcp", args.timeout)
+    try:
+        if args.cli == "claude":
+            return claude(home, proxy, f"{runtime}/mcp", args.task, args.timeout)
+        if args.cli == "codex":
+            return codex(home, proxy, f"{runtime}/mcp", args.task, args.timeout)
+        return gemini(home, f"{runtime}/mcp", args.task, args.timeout)
+    except (KeyError, TypeError, ValueError) as exc:  # (output of an unexpected shape)
+        raise Failed(
+            f"{args.cli} printed something this script does not understand: {exc!r}"
+        ) from None
 
 
 def auth() -> dict[str, str]:
@@ -248,9 +257,10 @@ def codex(home: Home, proxy: str, mcp: str, task: str, timeout: float) -> dict[s
     }
 
 
-def gemini(home: Home, mcp: str, timeout: float) -> dict[str, Any]:
+def gemini(home: Home, mcp: str, task: str, timeout: float) -> dict[str, Any]:
     """Gemini CLI: the runtime in ``mcpServers`` (trusted: its tools run without asking,
-    in a folder trusted for the run); its model turns scripted, two prompts."""
+    in a folder trusted for the run); its model turns scripted, two prompts (``task``
+    is the first one's text; the script decides the calls)."""
     server: dict[str, Any] = {"httpUrl": mcp, "trust": True}
     if os.environ.get("LUFTPAUSE_TOKEN"):
         server["headers"] = {"Authorization": "Bearer ${LUFTPAUSE_TOKEN}"}
@@ -282,7 +292,7 @@ def gemini(home: Home, mcp: str, timeout: float) -> dict[str, Any]:
         for r in ("Rhine", "Danube")
     ]
     first = ask(
-        "Research the Rhine and the Danube, one luftpause sub-agent each.",
+        task,
         [_gemini_turn(spawn), _gemini_turn([{"text": "Both sub-agents are running."}])],
     )
     spawned = _gemini_results(first, "spawn", 2)

@@ -1,13 +1,11 @@
 """Which run issued a tool call (D2): ``tool_call_id`` -> run, remembered for a while.
 
 An agent that names no run still echoes the IDs of the tool calls it answers; the
-run those calls were issued to is the run of its next turn. The dataplane keeps one
-of these for its own turns; the scheduler keeps one for every dataplane's, so the
-identity holds across dataplanes and across a dataplane's restart.
-
-:class:`ToolCallOrigins` is the dataplane's bounded record of the turn behind each
-tool call (run, class, caller, trace context), which ``GET /v1/tool_calls/{id}``
-serves: the runtime reads there which harness session spawned a sub-agent (#38).
+run those calls were issued to is the run of its next turn. Each dataplane keeps a
+:class:`ToolCallOrigins` for its own turns (the whole turn behind each call: run,
+class, caller, trace context, which ``GET /v1/tool_calls/{id}`` also serves, #38);
+the scheduler keeps a :class:`ToolCallMemory` for every dataplane's, so the identity
+holds across dataplanes and across a dataplane's restart.
 """
 
 from __future__ import annotations
@@ -15,8 +13,20 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 TOOL_CALL_ORIGINS_MAX = 10_000  # tool calls whose turn the dataplane keeps for lookups
+MAX_CALL_ID_CHARS = 256  # longer tool call IDs are neither reported nor remembered
+MAX_CALLS_PER_TURN = 64  # tool call IDs of one turn reported and remembered
+# ``GET /v1/tool_calls/{id}``'s 404 says how many dataplane processes share the port
+# (``dataplane.workers``, B6): a lookup may have reached one that did not relay the reply.
+WORKERS_HEADER = "x-luftpause-dataplane-workers"
+
+
+class RunsOfToolCalls(Protocol):
+    """What names a run by the tool calls it made (D2)."""
+
+    def lookup(self, tool_call_ids: Iterable[str]) -> str | None: ...
 
 
 class ToolCallMemory:
@@ -72,12 +82,18 @@ class ToolCallOrigin:
 
 
 class ToolCallOrigins:
-    """``tool_call_id`` -> :class:`ToolCallOrigin`, for ``GET /v1/tool_calls/{id}``: the
-    runtime asks which harness run made the tool call that spawned a sub-agent (#38).
+    """The dataplane's record of the turn behind each tool call: ``tool_call_id`` ->
+    :class:`ToolCallOrigin`. It names the run of an agent's next turn (D2, ``lookup``,
+    as :class:`ToolCallMemory` does for the scheduler) and answers
+    ``GET /v1/tool_calls/{id}`` (``origin``): the runtime asks there which harness run
+    made the tool call that spawned a sub-agent (#38).
 
     Bounded twice: at most ``max_entries`` (the oldest dropped first) and none older
-    than ``ttl_s`` (a run idle that long is forgotten anyway, S10). Entries are kept in
-    the order they were remembered, so both drops take from the front.
+    than ``ttl_s``. Entries are kept in the order they were remembered, so both drops
+    take from the front. An ID longer than ``MAX_CALL_ID_CHARS`` is not remembered, nor
+    more than ``MAX_CALLS_PER_TURN`` of one turn. An ID that two runs made (engines
+    whose IDs are not unique: ``functions.spawn:0``, ``call_0``) names neither: it is
+    *ambiguous* until it expires, so no run is taken for another.
     """
 
     def __init__(self, clock: Callable[[], float], ttl_s: float, max_entries: int) -> None:
@@ -86,24 +102,43 @@ class ToolCallOrigins:
         self.clock = clock
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._origins: OrderedDict[str, tuple[ToolCallOrigin, float]] = OrderedDict()
+        # (origin, remembered at); origin None: ambiguous
+        self._origins: OrderedDict[str, tuple[ToolCallOrigin | None, float]] = OrderedDict()
 
     def remember(self, tool_call_ids: Iterable[str], origin: ToolCallOrigin) -> None:
         """Remember ``origin`` under each ID (its ``tool_call_id`` is set per ID)."""
         at = self.clock()
-        for call_id in tool_call_ids:
-            if not call_id:
-                continue
-            self._origins.pop(call_id, None)  # a repeated ID: it moves to the back
-            self._origins[call_id] = (replace(origin, tool_call_id=call_id), at)
+        for call_id in reportable(tool_call_ids):
+            old = self._origins.pop(call_id, None)  # a repeated ID: it moves to the back
+            mine: ToolCallOrigin | None = replace(origin, tool_call_id=call_id)
+            if old is not None and old[1] + self.ttl_s > at:
+                other = old[0] is None or old[0].run_id != origin.run_id
+                mine = None if other else mine  # made by two runs: it names neither
+            self._origins[call_id] = (mine, at)
             if len(self._origins) > self.max_entries:
                 self._origins.popitem(last=False)
 
-    def lookup(self, tool_call_id: str) -> ToolCallOrigin | None:
-        hit = self._origins.get(tool_call_id)
-        if hit is None or hit[1] + self.ttl_s <= self.clock():
-            return None
-        return hit[0]
+    def _live(self, call_id: str) -> tuple[ToolCallOrigin | None, float] | None:
+        hit = self._origins.get(call_id)
+        return None if hit is None or hit[1] + self.ttl_s <= self.clock() else hit
+
+    def origin(self, tool_call_id: str) -> ToolCallOrigin | None:
+        """The turn that made ``tool_call_id``; None if unknown, expired or ambiguous."""
+        hit = self._live(tool_call_id)
+        return None if hit is None else hit[0]
+
+    def ambiguous(self, tool_call_id: str) -> bool:
+        """Whether more than one run made ``tool_call_id`` (within ``ttl_s``)."""
+        hit = self._live(tool_call_id)
+        return hit is not None and hit[0] is None
+
+    def lookup(self, tool_call_ids: Iterable[str]) -> str | None:
+        """The run of the first of ``tool_call_ids`` that names one (D2)."""
+        for call_id in tool_call_ids:
+            found = self.origin(call_id)
+            if found is not None:
+                return found.run_id
+        return None
 
     def sweep(self) -> int:
         """Drop the entries older than ``ttl_s``; how many were dropped."""
@@ -119,3 +154,11 @@ class ToolCallOrigins:
 
     def __len__(self) -> int:
         return len(self._origins)
+
+
+def reportable(tool_call_ids: Iterable[str]) -> list[str]:
+    """The IDs of a turn's tool calls that are reported and remembered: none empty or
+    longer than ``MAX_CALL_ID_CHARS`` (no agent framework makes such IDs), at most
+    ``MAX_CALLS_PER_TURN``."""
+    kept = [i for i in tool_call_ids if i and len(i) <= MAX_CALL_ID_CHARS]
+    return kept[:MAX_CALLS_PER_TURN]

@@ -33,7 +33,7 @@ from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, RunPhas
 from luftpause.scheduler.service.grpc_server import SchedulerServer, start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.serving import bind_socket, bound_port, uvicorn_server, wait_started
-from luftpause.tool_calls import ToolCallMemory
+from luftpause.tool_calls import TOOL_CALL_ORIGINS_MAX, ToolCallOrigins
 
 MODEL = "m"
 
@@ -212,7 +212,7 @@ def make_dataplane(
         secrets=Secrets(token=token, api_keys=api_keys or {}),
         link=SchedulerLink(scheduler, name, runs, reconnect_s=0.1),
         runs=runs,
-        memory=ToolCallMemory(time.monotonic, 1800),
+        memory=ToolCallOrigins(time.monotonic, 1800, TOOL_CALL_ORIGINS_MAX),
         http=EngineClient(settings.engine_connect_timeout_s),
         metrics=Metrics(),
     )

@@ -36,7 +36,7 @@ from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, initial
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.serving import bind_socket, bound_port, uvicorn_server, wait_started
-from luftpause.tool_calls import ToolCallMemory
+from luftpause.tool_calls import TOOL_CALL_ORIGINS_MAX, ToolCallOrigins
 
 PNG = "iVBORw0KGgo="  # base64 of the PNG signature
 SERVED = {"eyes": ("vlm", "both"), "blind": ("llm", "both")}
@@ -82,7 +82,7 @@ async def stack_fixture() -> AsyncIterator[VisionStack]:
         secrets=Secrets(),
         link=SchedulerLink(f"127.0.0.1:{grpc.port}", "dp-vision", runs, reconnect_s=0.1),
         runs=runs,
-        memory=ToolCallMemory(time.monotonic, 1800),
+        memory=ToolCallOrigins(time.monotonic, 1800, TOOL_CALL_ORIGINS_MAX),
         http=EngineClient(settings.engine_connect_timeout_s),
         metrics=Metrics(),
     )

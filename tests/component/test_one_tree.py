@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -46,7 +47,9 @@ async def harness_turn(stack: Stack, call_id: str = "call_abc", **headers: str) 
     sent = {"x-claude-code-session-id": "sess-1", **headers}
     first = await stack.client.post("/v1/chat/completions", json=chat(), headers=sent)
     assert first.status_code == 200, first.text
-    await until(lambda: stack.dp.origins.lookup(call_id) is not None, "tool call remembered")
+    memory = stack.dp.memory
+    remembered = lambda: memory.origin(call_id) is not None or memory.ambiguous(call_id)  # noqa: E731
+    await until(remembered, "tool call remembered")
     stack.engine.reply = lambda r: httpx.Response(200, json=COMPLETION)  # sub-agents answer
     return first.headers["x-luftpause-run-id"]
 
@@ -134,6 +137,24 @@ async def test_tool_call_endpoint_found_and_404(stack: Stack) -> None:
     assert error["code"] == "tool_call_not_found" and "call_nope" in error["message"]
 
 
+async def test_a_repeated_tool_call_id_names_no_run(stack: Stack, tmp_path: Path) -> None:
+    """D, D2 (#38): an engine whose tool call IDs repeat across runs (``functions.x:0``,
+    with a ``/`` too) does not put one harness's sub-agents under another's session: the
+    lookup of an ID two runs made is a 409 and the spawn gets no session."""
+    call_id = "functions/spawn:0"
+    first = await harness_turn(stack, call_id)
+    found = await stack.client.get(f"/v1/tool_calls/{quote(call_id, safe='')}")
+    assert found.status_code == 200 and found.json()["runId"] == first, found.text
+    await harness_turn(stack, call_id, **{"x-claude-code-session-id": "sess-2"})
+    clash = await stack.client.get(f"/v1/tool_calls/{quote(call_id, safe='')}")
+    assert clash.status_code == 409, clash.text
+    assert clash.json()["error"]["code"] == "tool_call_ambiguous"
+    transport = httpx.ASGITransport(stack.app)
+    async with runtime_on(tmp_path, transport, "http://dp", None) as (http, _):
+        made = await spawn(http, {"task": "sub"}, {"claudecode/toolUseId": call_id})
+        assert made["session"] is None
+
+
 @pytest.mark.parametrize("stack", [TOKEN], indirect=True)
 async def test_tool_call_endpoint_needs_the_token_and_the_runtime_sends_it(
     stack: Stack, tmp_path: Path
@@ -211,7 +232,7 @@ async def test_the_sub_agent_joins_the_harness_turns_trace(stack: Stack, tmp_pat
     the call, with ``luftpause.session``; one that brought its own keeps it."""
     spans = memory_spans()
     harness = await harness_turn(stack, "call_t1")
-    origin = stack.dp.origins.lookup("call_t1")
+    origin = stack.dp.memory.origin("call_t1")
     assert origin is not None and origin.traceparent is not None
     _, turn_trace, turn_span, _ = origin.traceparent.split("-")
     own = "00-" + "c" * 32 + "-" + "d" * 16 + "-01"

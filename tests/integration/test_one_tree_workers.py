@@ -74,6 +74,17 @@ async def test_a_lookup_finds_a_tool_call_whichever_worker_relayed_it(
         return call["id"], response.headers["x-luftpause-run-id"]
 
     turns = await asyncio.gather(*(harness_turn(i) for i in range(12)))
+    # Both processes relayed turns: some plain lookups (a new connection each) reach one
+    # that did not, which says that two processes share the port.
+    misses = 0
+    for call_id, _ in turns:
+        for _ in range(4):
+            async with httpx.AsyncClient(timeout=10) as c:
+                got = await c.get(f"{base}/v1/tool_calls/{call_id}")
+            if got.status_code == 404:
+                assert got.headers["x-luftpause-dataplane-workers"] == "2", got.headers
+                misses += 1
+    assert misses > 0, "every lookup reached the process that relayed the turn"
     client = DataplaneClient(base, token=None, turn_timeout_s=30, retry_after_default_s=1)
     try:
         for call_id, run_id in turns:

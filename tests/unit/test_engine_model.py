@@ -968,3 +968,17 @@ def test_a_tool_directive_loads_deferred_tools_with_the_harness_tool_search_once
     # the search brought nothing: no second search, the names are skipped, it answers
     nothing = plan_reply(messages, SEARCH_TOOLS, opts, prompt_text="q")
     assert nothing.kind is ReplyKind.TEXT
+    # calls written as text never search (they would not be counted as one); an MCP
+    # server's tool that happens to be called tool_search is not the harness's search
+    start = messages[:2]
+    as_text = plan_reply(
+        start, SEARCH_TOOLS, ScriptOptions(tool_results=0, text_tool_calls=True), prompt_text="t"
+    )
+    assert as_text.kind is ReplyKind.TEXT
+    theirs = [
+        {
+            "type": "function",
+            "function": {**SEARCH_TOOLS[0]["function"], "name": "mcp__gh__tool_search"},
+        }
+    ]
+    assert plan_reply(start, theirs, opts, prompt_text="u").kind is ReplyKind.TEXT

@@ -42,7 +42,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -112,7 +112,7 @@ from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
 from luftpause.dataplane.turn import PlaceAgain, Turn, serve
 from luftpause.http_errors import Malformed
 from luftpause.telemetry import fastapi_telemetry
-from luftpause.tool_calls import TOOL_CALL_ORIGINS_MAX, ToolCallMemory, ToolCallOrigins
+from luftpause.tool_calls import WORKERS_HEADER, ToolCallOrigins
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -131,9 +131,6 @@ _DROP = {
     "cookie",
     "x-api-key",
 }
-# ``GET /v1/tool_calls/{id}``'s 404 says how many dataplane processes share the port
-# (``dataplane.workers``, B6): a lookup may have reached one that did not relay the reply.
-WORKERS_HEADER = "x-luftpause-dataplane-workers"
 RELEASE_TIMEOUT_S = 2.0  # B8: how long a run's end waits for an engine's release answer
 _CLASS_PB = {"interactive": pb.SERVICE_CLASS_INTERACTIVE, "batch": pb.SERVICE_CLASS_BATCH}
 
@@ -147,13 +144,9 @@ class Dataplane:
     secrets: Secrets
     link: SchedulerLink
     runs: RunTable
-    memory: ToolCallMemory
+    memory: ToolCallOrigins  # the turn behind each tool call (D2; GET /v1/tool_calls, #38)
     http: EngineClient  # towards engines: no read timeout, a connect timeout
     metrics: Metrics
-    # The turn behind each tool call, for GET /v1/tool_calls/{id} (#38).
-    origins: ToolCallOrigins = field(
-        default_factory=lambda: ToolCallOrigins(time.monotonic, 1800.0, TOOL_CALL_ORIGINS_MAX)
-    )
 
     @property
     def generative_models(self) -> set[str]:
@@ -494,7 +487,7 @@ def create_app(dp: Dataplane) -> DataplaneApp:
             {"run_id": run_id, "ended": True}, headers={identity.RUN_HEADER: run_id}
         )
 
-    @app.get("/v1/tool_calls/{tool_call_id}")
+    @app.get("/v1/tool_calls/{tool_call_id:path}")
     @_guarded
     async def tool_call(request: Request) -> Response:
         """Which turn made the tool call (#38): the runtime asks it on a ``spawn`` that a
@@ -504,16 +497,23 @@ def create_app(dp: Dataplane) -> DataplaneApp:
             _authorize(dp, request.headers)
         except Unauthorized as exc:
             return exc.response(None)
-        origin = dp.origins.lookup(call_id)
-        if origin is None:
+        origin = dp.memory.origin(call_id)
+        if origin is not None:
+            return JSONResponse(origin.to_json())
+        if dp.memory.ambiguous(call_id):
             return error_response(
-                404,
-                f"no tool call {shown(call_id)} in a reply this dataplane relayed in the "
-                f"last {dp.origins.ttl_s:g} s",
-                headers={WORKERS_HEADER: str(dp.settings.workers)},
-                code="tool_call_not_found",
+                409,
+                f"tool call {shown(call_id)} was made by more than one run (the engine's "
+                "tool call IDs are not unique): it names none of them",
+                code="tool_call_ambiguous",
             )
-        return JSONResponse(origin.to_json())
+        return error_response(
+            404,
+            f"no tool call {shown(call_id)} in a reply this dataplane relayed in the "
+            f"last {dp.memory.ttl_s:g} s",
+            headers={WORKERS_HEADER: str(dp.settings.workers)},
+            code="tool_call_not_found",
+        )
 
     @app.get("/metrics")
     @_guarded
@@ -535,7 +535,6 @@ async def _sweep(dp: Dataplane) -> None:
     while True:
         await asyncio.sleep(dp.settings.tool_call_id_sweep_s)
         dp.memory.sweep()
-        dp.origins.sweep()
         dp.runs.prune()
 
 
@@ -815,7 +814,6 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
         runs=dp.runs,
         memory=dp.memory,
         span=span,
-        origins=dp.origins,
     )
 
     def forward(turn: Turn, admitted: Admitted) -> Awaitable[Response]:

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from luftpause.dataplane.errors import shown
-from luftpause.tool_calls import ToolCallMemory
+from luftpause.tool_calls import RunsOfToolCalls
 
 RUN_HEADER = "x-luftpause-run-id"
 CLASS_HEADER = "x-luftpause-class"
@@ -124,7 +124,7 @@ def _run_named(harness: str, session: str, model: str) -> str:
 def resolve_run_id(
     headers: Mapping[str, str],
     body: Mapping[str, Any],
-    memory: ToolCallMemory,
+    memory: RunsOfToolCalls,
     session_headers: Sequence[str] = (),
     model: str = "",
 ) -> tuple[str, list[str]]:

@@ -21,7 +21,7 @@ from luftpause.serving import (
     bound_port,
     load_config_or_exit,
 )
-from luftpause.tool_calls import TOOL_CALL_ORIGINS_MAX, ToolCallMemory, ToolCallOrigins
+from luftpause.tool_calls import TOOL_CALL_ORIGINS_MAX, ToolCallOrigins
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -90,10 +90,9 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
         secrets=secrets,
         link=link,
         runs=runs,
-        memory=ToolCallMemory(clock, settings.tool_call_id_memory_s),
+        memory=ToolCallOrigins(clock, settings.tool_call_id_memory_s, TOOL_CALL_ORIGINS_MAX),
         http=http,
         metrics=Metrics(),
-        origins=ToolCallOrigins(clock, settings.run_idle_prune_s, TOOL_CALL_ORIGINS_MAX),
     )
 
 

@@ -39,12 +39,7 @@ from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.relay import TurnOutcome
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import SchedulerLink
-from luftpause.tool_calls import ToolCallMemory, ToolCallOrigin, ToolCallOrigins
-
-# Tool call IDs reported per turn, and their longest length (longer ones are not
-# remembered by the scheduler: no agent framework makes such IDs).
-_MAX_CALLS = 64
-_MAX_CALL_ID = 256
+from luftpause.tool_calls import ToolCallOrigin, ToolCallOrigins, reportable
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -61,17 +56,15 @@ class Turn:
         link: SchedulerLink,
         metrics: Metrics,
         runs: RunTable | None = None,
-        memory: ToolCallMemory | None = None,
+        memory: ToolCallOrigins | None = None,
         span: Span = INVALID_SPAN,
-        origins: ToolCallOrigins | None = None,
     ) -> None:
         self.record = record
         self.span = span  # the turn's span (tracing.py); ended with the turn
         self._link = link
         self._metrics = metrics
         self._runs = runs  # None: a single-pass turn, which never enters run state (S13)
-        self._memory = memory
-        self._origins = origins  # the turn behind each tool call, for GET /v1/tool_calls
+        self._memory = memory  # the turn behind each tool call (D2; GET /v1/tool_calls)
         self.started_at = time.monotonic()
         self.ended: Outcome | None = None
         if runs is not None:
@@ -96,6 +89,7 @@ class Turn:
         if self.ended is not None:
             return
         paused = outcome.paused_on_tool
+        call_ids = reportable(outcome.tool_call_ids)
         try:
             event = pb.TurnFinished(
                 usage=pb.Usage(
@@ -105,22 +99,17 @@ class Turn:
                 ),
                 finish_reason=outcome.finish_reason,
                 paused_on_tool=paused,
-                # The scheduler remembers them for every dataplane (D2).
-                tool_call_ids=[i for i in outcome.tool_call_ids if len(i) <= _MAX_CALL_ID][
-                    :_MAX_CALLS
-                ],
+                tool_call_ids=call_ids,  # the scheduler remembers them for every dataplane (D2)
                 tool_names=outcome.tool_names,  # (bounded as they are read)
             )
         except (TypeError, ValueError) as exc:  # a reply value a report cannot carry
             log.exception("turn %s: cannot report its reply", self.record.turn_id)
             self.failed(InternalError.of(exc))
             return
-        if self._memory is not None:
-            self._memory.remember(outcome.tool_call_ids, self.record.run_id)
-        if self._origins is not None and outcome.tool_call_ids:
+        if self._memory is not None and call_ids:
             record = self.record
-            self._origins.remember(
-                outcome.tool_call_ids,
+            self._memory.remember(
+                call_ids,
                 ToolCallOrigin(
                     "",
                     record.run_id,
@@ -149,7 +138,6 @@ class Turn:
             runs=self._runs,
             memory=self._memory,
             span=span,
-            origins=self._origins,
         )
 
     def failed(

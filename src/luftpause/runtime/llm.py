@@ -82,7 +82,7 @@ from openai.types.chat import ChatCompletion
 
 from luftpause.config import ServiceClass
 from luftpause.runtime.stream_reply import ReplyAssembler, SseLines, StreamError
-from luftpause.tool_calls import ToolCallOrigin
+from luftpause.tool_calls import WORKERS_HEADER, ToolCallOrigin
 
 log = logging.getLogger("luftpause.runtime.llm")
 
@@ -93,7 +93,6 @@ SIDE_CALL_TIMEOUT_S = 10.0  # the model list and a run's end
 ORIGIN_LOOKUP_TIMEOUT_S = 2.0  # all tries of one tool call lookup together (#38)
 ORIGIN_TRIES_PER_WORKER = 8
 ORIGIN_MAX_TRIES = 64
-WORKERS_HEADER = "x-luftpause-dataplane-workers"  # as the dataplane's (app.py)
 _MAX_RUN_ID = 256
 # Placeholder for the openai client's required key; never sent (see _openai_headers).
 _NO_KEY = "luftpause-no-token"
@@ -215,6 +214,8 @@ class DataplaneClient:
         }
         self._token = token
         self._transport = transport
+        self._lookups: httpx.AsyncClient | None = None  # (see _lookup_client)
+        self._warned_lookup_auth = False
         self.stream_turns = stream_turns
         self.turn_timeout_s = turn_timeout_s
         self.retry_after_default_s = retry_after_default_s
@@ -243,6 +244,19 @@ class DataplaneClient:
     async def aclose(self) -> None:
         await self._openai.close()
         await self._http.aclose()
+        if self._lookups is not None:
+            await self._lookups.aclose()
+
+    def _lookup_client(self) -> httpx.AsyncClient:
+        """The client for tool call lookups, made at the first (building one costs tens
+        of milliseconds): no kept-alive connections, so each try is a new connection
+        that the kernel may hand to another dataplane worker. With a transport given
+        (tests), that transport, which the turns' client closes."""
+        if self._transport is not None:
+            return self._http
+        if self._lookups is None:
+            self._lookups = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0))
+        return self._lookups
 
     def _headers(self, identity: Identity | None) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -454,38 +468,46 @@ class DataplaneClient:
         url = f"{self.base_url}/v1/tool_calls/{quote(call_id, safe='')}"
         deadline = time.monotonic() + ORIGIN_LOOKUP_TIMEOUT_S
         tries, most = 0, 1
-        # No kept-alive connections: each try is a new connection (see above).
-        async with httpx.AsyncClient(
-            transport=self._transport, limits=httpx.Limits(max_keepalive_connections=0)
-        ) as client:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.info("tool call %s: no answer from the dataplane in time", call_id)
-                    return None
-                tries += 1
-                try:
-                    response = await client.get(url, headers=self._headers(None), timeout=left)
-                except httpx.HTTPError as exc:
-                    log.info("tool call %s: cannot ask the dataplane: %r", call_id, exc)
-                    return None
-                if response.status_code == 404:
-                    workers = response.headers.get(WORKERS_HEADER, "1")
-                    if workers.isdigit() and int(workers) > 1:
-                        most = min(ORIGIN_TRIES_PER_WORKER * int(workers), ORIGIN_MAX_TRIES)
-                    if tries < most:
-                        continue
-                    log.info("tool call %s: the dataplane does not know it", call_id)
-                    return None
-                if response.status_code != 200:
-                    log.info(
-                        "tool call %s: dataplane answered %d: %s",
-                        call_id,
+        client = self._lookup_client()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.info("tool call %s: no answer from the dataplane in time", call_id)
+                return None
+            tries += 1
+            try:
+                response = await client.get(url, headers=self._headers(None), timeout=left)
+            except httpx.HTTPError as exc:
+                log.info("tool call %s: cannot ask the dataplane: %r", call_id, exc)
+                return None
+            if response.status_code == 404:
+                workers = _count(response.headers.get(WORKERS_HEADER))
+                if workers > 1:
+                    most = min(ORIGIN_TRIES_PER_WORKER * workers, ORIGIN_MAX_TRIES)
+                if tries < most:
+                    continue
+                log.info("tool call %s: the dataplane does not know it", call_id)
+                return None
+            if response.status_code in (401, 403):
+                if not self._warned_lookup_auth:
+                    self._warned_lookup_auth = True
+                    log.warning(
+                        "the dataplane refused a tool call lookup (%d: %s): sub-agents of "
+                        "agent harnesses get no session until the runtime's token is the "
+                        "dataplane's",
                         response.status_code,
                         _error_text(response),
                     )
-                    return None
-                return _origin(call_id, response)
+                return None
+            if response.status_code != 200:
+                log.info(
+                    "tool call %s: dataplane answered %d: %s",
+                    call_id,
+                    response.status_code,
+                    _error_text(response),
+                )
+                return None
+            return _origin(call_id, response)
 
     async def models(self) -> list[str]:
         """The models ``GET /v1/models`` lists (cached after the first success)."""
@@ -577,3 +599,11 @@ def _is_luftpause_error(response: httpx.Response) -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and isinstance(body.get("error"), dict)
+
+
+def _count(value: str | None) -> int:
+    """A header's whole number, else 1 (the dataplane's workers)."""
+    try:
+        return max(1, int(value or "1"))
+    except ValueError:
+        return 1

@@ -249,19 +249,9 @@ class Runtime:
             raise RuntimeError_("no model given, none configured, and the dataplane lists none")
         return models[0]
 
-    async def spawn(
-        self,
-        req: SpawnArgs,
-        caller: str,
-        traceparent: str | None = None,
-        *,
-        harness_call: str | None = None,
-        traced: bool = True,
-    ) -> Run:
+    async def spawn(self, req: SpawnArgs, caller: str, traceparent: str | None = None) -> Run:
         """Start a run (or, for a known idempotency key, find it); see :meth:`spawn_or_reuse`."""
-        run, _ = await self.spawn_or_reuse(
-            req, caller, traceparent, harness_call=harness_call, traced=traced
-        )
+        run, _ = await self.spawn_or_reuse(req, caller, traceparent)
         return run
 
     async def spawn_or_reuse(

@@ -57,6 +57,7 @@ from pydantic import BaseModel, Field, ValidationError
 from luftpause.runtime.core import Run
 from luftpause.runtime.loop import Runtime, RuntimeError_
 from luftpause.shown import SHOWN_CHARS, shown
+from luftpause.tool_calls import MAX_CALL_ID_CHARS
 
 log = logging.getLogger("luftpause.runtime.protocol")
 
@@ -101,7 +102,6 @@ def caller_of(ctx: Context[Any, Any]) -> str:
 # reply) that made an MCP ``tools/call`` (#38): Claude Code's ``toolUseId``, Codex's
 # ``callId``. The dataplane relayed that reply, so it knows the harness's run.
 HARNESS_CALL_ID_KEYS = ("claudecode/toolUseId", "callId")
-_MAX_CALL_ID = 256  # as the dataplane's bound on remembered tool call IDs
 
 
 def harness_call_id(meta: Mapping[str, Any] | None) -> str | None:
@@ -110,7 +110,7 @@ def harness_call_id(meta: Mapping[str, Any] | None) -> str | None:
         return None
     for key in HARNESS_CALL_ID_KEYS:
         value = meta.get(key)
-        if isinstance(value, str) and 0 < len(value) <= _MAX_CALL_ID and value.isprintable():
+        if isinstance(value, str) and 0 < len(value) <= MAX_CALL_ID_CHARS and value.isprintable():
             return value
     return None
 

@@ -37,12 +37,9 @@ def request_traceparent(
     """The trace context of an MCP request: ``_meta.traceparent`` (the MCP SDK's span
     for the request continues it and is current), else an HTTP ``traceparent`` header,
     else whatever span is current."""
-    if meta and isinstance(meta.get("traceparent"), str):
-        return traceparent_of()
-    if headers is not None:
-        header = headers.get("traceparent")
-        if header and trace.get_current_span(context_of(header)).get_span_context().is_valid:
-            return traceparent_of(context_of(header))  # re-serialised: never the raw header
+    header = _valid_header(headers)
+    if not _meta_trace(meta) and header is not None:
+        return traceparent_of(context_of(header))  # re-serialised: never the raw header
     return traceparent_of()
 
 
@@ -50,10 +47,19 @@ def brings_trace(meta: Mapping[str, Any] | None, headers: Mapping[str, str] | No
     """Whether an MCP request carried a trace context of its own (``_meta.traceparent``
     or a valid ``traceparent`` header): without one, a run it spawns for an agent
     harness joins the harness turn's trace (#38)."""
-    if meta and isinstance(meta.get("traceparent"), str):
-        return True
+    return _meta_trace(meta) or _valid_header(headers) is not None
+
+
+def _meta_trace(meta: Mapping[str, Any] | None) -> bool:
+    return meta is not None and isinstance(meta.get("traceparent"), str)
+
+
+def _valid_header(headers: Mapping[str, str] | None) -> str | None:
+    """The request's ``traceparent`` header, if it names a valid span context."""
     header = headers.get("traceparent") if headers is not None else None
-    return bool(header) and trace.get_current_span(context_of(header)).get_span_context().is_valid
+    if header and trace.get_current_span(context_of(header)).get_span_context().is_valid:
+        return header
+    return None
 
 
 @contextmanager

@@ -316,10 +316,12 @@ def _directed_step(
     messages: Sequence[Mapping[str, Any]],
     since: int,
     functions: list[Mapping[str, Any]],
+    may_search: bool = True,
 ) -> tuple[list[Mapping[str, Any]], str | None]:
     """What a directive asks of the next reply, the directive being in ``messages[since]``:
     the functions to call now (one group), or none; and, when a directed name is not
-    offered but a tool search is, the query that loads it (asked once per directive)."""
+    offered but a tool search is, the query that loads it (asked once per directive;
+    never with ``may_search`` off: calls written as text are not counted as searches)."""
     after = messages[since + 1 :]
     made = [
         str((call.get("function") or {}).get("name", ""))
@@ -334,7 +336,9 @@ def _directed_step(
     resolved = [[(n, _matching_function(functions, n)) for n in g] for g in groups]
     missing = [n for g in resolved for n, fn in g if fn is None]
     search = next((fn for fn in functions if _is_tool_search(str(fn.get("name")))), None)
-    if missing and search is not None and searches == 0:
+    if search is not None and "query" not in (search.get("parameters") or {}).get("properties", {}):
+        search = None  # (a search this script cannot ask)
+    if missing and search is not None and searches == 0 and may_search:
         names = dict.fromkeys(_deferred_name(messages, n) for n in missing)  # (once each)
         return [search], "select:" + ",".join(names)
     at = 0
@@ -351,9 +355,7 @@ def _listed(fn: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
 
 
 def _is_tool_search(name: str) -> bool:
-    return any(
-        name == s or any(name.endswith(sep + s) for sep in _NAME_SEPARATORS) for s in _TOOL_SEARCH
-    )
+    return name in _TOOL_SEARCH  # (a harness's own, never an MCP server's tool of that name)
 
 
 def _deferred_name(messages: Sequence[Mapping[str, Any]], name: str) -> str:
@@ -516,7 +518,7 @@ def plan_reply(
     query = None
     if directed is not None:  # the test bench's script: exactly these tools, in order
         groups, since = directed
-        fns, query = _directed_step(groups, messages, since, functions)
+        fns, query = _directed_step(groups, messages, since, functions, may_search=not as_text)
         if not fns and _demands_a_call(tool_choice):  # (constrained decoding still calls)
             fns = _listed(_chosen_function(functions, tool_choice, done))
         if as_text or not parallel_tool_calls:
@@ -551,7 +553,7 @@ def plan_reply(
             return ReplyPlan(ReplyKind.TEXT_TOOL_CALL, -(-len(text) // CHARS_PER_TOKEN), seed, call)
         tokens = sum(1 + -(-len(c.arguments) // CHARS_PER_TOKEN) for c in calls)
         return ReplyPlan(ReplyKind.TOOL_CALL, tokens, seed, call, more_calls=tuple(calls[1:]))
-    if directed is not None:
+    if directed is not None and not ignore_eos:
         report = _directed_report(messages[directed[1] + 1 :])
         if report is not None:
             return ReplyPlan(ReplyKind.TEXT, len(split_tokens(report)), seed, text=report)
