@@ -340,3 +340,30 @@ def test_an_own_loop_flood_with_plan_keys_is_simulated_with_each_repetitions_rep
             }
         else:
             assert seen == [("luftpause", None, 0)]
+
+
+def test_a_floods_vllm_arms_are_simulated_at_its_time_scale(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """B1: sim_fidelity simulates a flood's vLLM router arms, and with the router's clock
+    at the flood's time scale (the flood speeds up the engines and tools, not the
+    router); other arms keep the model's clock."""
+    assert all(fidelity.simulated(a) for a in ("vllm-router", "vllm-prog", "vllm-prog-kv"))
+    scales: dict[str, float] = {}
+
+    def simulate(config: Any, arm: str) -> dict[str, Any]:
+        scales[arm] = config.vllm_clock_scale
+        raise SystemExit(0)  # seen what it was given; the rest is not under test
+
+    monkeypatch.setattr(fidelity, "simulate", simulate)
+    data = json.loads(Path("docs/data/benchmarks-target.json").read_text())
+    own = data["results"]["own"]
+    flood_file = tmp_path / "flood.json"
+    for arm in ("luftpause", "vllm-prog"):
+        data["results"] = {"own": {"48": {arm: own["48"][arm]}}}
+        flood_file.write_text(json.dumps(data))
+        monkeypatch.setattr(sys, "argv", ["sim_fidelity.py", "--flood", str(flood_file)])
+        with pytest.raises(SystemExit):
+            fidelity.main()
+    assert data["plan"]["time_scale"] == 5.0
+    assert scales == {"luftpause": 1.0, "vllm-prog": 5.0}

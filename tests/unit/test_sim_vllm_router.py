@@ -193,3 +193,61 @@ def test_the_arm_names_parse() -> None:
     default = make_arm("vllm-prog", world, replicas, config)  # type: ignore[arg-type]
     assert isinstance(default, VllmRouterArm) and default.scheduler.token_capacity is None
     assert make_arm("vllm-router", world, replicas, config).name == "vllm-router"  # type: ignore[arg-type]
+
+
+@dataclass
+class CountingReplica(StubReplica):
+    reads: int = 0
+
+    def metrics(self) -> object:
+        self.reads += 1
+        return super().metrics()
+
+
+def test_the_router_keeps_its_own_clock_at_a_floods_time_scale() -> None:
+    """B1: with ``clock_scale`` S (a flood's ``--time-scale``: engines and tools S times
+    faster, vLLM's router in real seconds) the router reads the engines' metrics every S
+    model seconds and a TTL of one of its seconds holds a program S model seconds; the
+    wait a turn is told is in model seconds."""
+    world = World()
+    replica = CountingReplica("e0")
+    arm = VllmRouterArm(world, [replica], token_capacity=2000, clock_scale=5.0)
+    arm.start()
+    world.run(until=10.5)
+    assert replica.reads == 3  # at 0, 5 and 10 model seconds (11 at scale 1)
+    waits: list[float] = []
+    ask = Ask("t1", "run-a", "m", "batch", "batch", 0, context_tokens=1000)
+    arm.request(ask, lambda r, waited: waits.append(waited), lambda why: None)
+    arm.scheduler.programs["run-a"].in_flight[0].kv_retention_ttl_s = 1.0
+    world.run(until=11.0)
+    arm.finished(ask, TurnEnd(True, "stop", 1000, 10, 0))
+    world.run(until=15.9)
+    assert arm.scheduler.programs["run-a"].active  # 1 router second: 5 model seconds
+    world.run(until=20.1)  # out at 16 model seconds, paused at the next read (20)
+    assert not arm.scheduler.programs["run-a"].active
+    assert waits == [0.0]
+
+
+def _admissions_of_a_steady_program(clock_scale: float) -> int:
+    """One program on one engine, 130 turns of 0.5 model seconds with a 1-second tool
+    call between: how many of its last 20 turns had to be admitted again."""
+    world = World()
+    arm = VllmRouterArm(world, [StubReplica("e0")], token_capacity=55000, clock_scale=clock_scale)
+    arm.start()
+    for k in range(130):
+        ask = Ask(f"t{k}", "run-a", "m", "batch", "batch", 0, context_tokens=2000)
+        arm.request(ask, lambda r, waited: None, lambda why: None)
+        world.run(until=world.now + 0.5)
+        arm.finished(ask, TurnEnd(True, "stop", 2000, 10, 0))
+        world.run(until=world.now + 1.0)
+    admits = [t for t, p, what in arm.scheduler.transitions if what == "admit"]
+    return sum(1 for t in admits if t * clock_scale >= world.now - 20 * 1.5)
+
+
+def test_the_progress_ttl_covers_a_tool_call_only_where_the_router_clock_is_slower() -> None:
+    """B1: the fitted TTL is capped at the recompute cost (about 0.37 router seconds for
+    2,000 uncached tokens). A 1-model-second tool call returns in 1 router second at
+    scale 1, past the TTL, so every turn is paused and admitted again; at a flood's time
+    scale 5 it returns in 0.2 router seconds, inside it, and the program stays active."""
+    assert _admissions_of_a_steady_program(1.0) == 20
+    assert _admissions_of_a_steady_program(5.0) == 0

@@ -53,7 +53,9 @@ SMG's arms are simulated with the placement policy the flood gave SMG (its plan'
 gave SMG: the ``--load-monitor-interval`` of the ``smg launch`` command each repetition
 recorded, SMG's default of 10 seconds where it passed none, times the flood's time scale
 (a flood before ``e8ceada`` left SMG reading every 10 real seconds: 50 model seconds at
-time scale 5, 100 at 10). Where the flood
+time scale 5, 100 at 10). vLLM's router arms are simulated with the router's own
+clock at the flood's time scale (``SimConfig.vllm_clock_scale``): the flood speeds up
+the engines and tools, not vLLM's router. Where the flood
 recorded how many requests each engine got, a second table sets the busiest engine's
 share of the requests in each repetition beside the simulator's: which engine is the
 busy one is a matter of which run came first, so the share is compared, not the engine.
@@ -90,7 +92,7 @@ from flood import CODING_CONTEXT, CODING_INTERACTIVE, CODING_KV_TOKENS, turn_fig
 
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen.mix import Group, MixError, parse_mix
-from luftpause.sim.arms import ABLATED_ARMS, ARMS
+from luftpause.sim.arms import ABLATED_ARMS, ARMS, VLLM_ROUTER_ARMS
 from luftpause.sim.main import SimConfig, simulate, sized_arm
 from luftpause.sim.placement import SMG_LOAD_POLL_S
 
@@ -106,7 +108,9 @@ def markers(part: str) -> tuple[str, str]:
 
 def simulated(arm: str) -> bool:
     """The simulator has this flood arm (``luftpause-no-pk`` and the like it has not)."""
-    return arm in ARMS or arm in ABLATED_ARMS or sized_arm(arm) is not None
+    return (
+        arm in ARMS or arm in ABLATED_ARMS or arm in VLLM_ROUTER_ARMS or sized_arm(arm) is not None
+    )
 
 
 def plan_for(plan: dict[str, Any], load: int) -> tuple[float, float, float]:
@@ -445,6 +449,7 @@ def main() -> int:
     # every arm: the engines' prefill share and decode batch, the flood's and the sim's
     engines: list[tuple[str, str, list[dict[str, Any]], list[dict[str, Any]]]] = []
     polls: set[float] = set()  # model seconds between SMG's load reads, as the flood had it
+    vllm_clock = False  # a vLLM router arm simulated with its clock at the flood's scale
     started = time.perf_counter()
     loads = sorted(own, key=int)
     for k, load in enumerate(loads, 1):
@@ -487,6 +492,10 @@ def main() -> int:
                     return 2
                 polls.add(poll)
                 arm_config = replace(config, smg_load_poll_s=poll)
+            if arm in VLLM_ROUTER_ARMS or arm.startswith("vllm-prog-kv"):
+                # the flood runs vLLM's router in real seconds, its engines ``scale`` faster
+                arm_config = replace(config, vllm_clock_scale=scale)
+                vllm_clock = True
             if coding or (load, arm) in keyed:
                 # each repetition's own runs (coding: one seed) or replies, under --seeds seeds
                 results = [
@@ -609,6 +618,12 @@ def main() -> int:
             f"SMG read the engines' load every {' / '.join(f'{p:g}' for p in sorted(polls))} "
             "model seconds, in the flood and in the simulator. "
             if polls
+            else ""
+        )
+        + (
+            f"vLLM's router kept real seconds in the flood (its metrics read, progress TTL "
+            f"and timeouts), {scale:g} model seconds each: so in the simulator. "
+            if vllm_clock
             else ""
         )
         + (

@@ -136,6 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         "(vllm-prog-kv)",
     )
     p.add_argument(
+        "--vllm-clock-scale",
+        type=float,
+        default=1.0,
+        help="with --vllm: model seconds per second of vLLM's router's own clock (default "
+        "1: a real deployment); a flood's --time-scale to reproduce it (the flood speeds up "
+        "the engines and tools, not the router)",
+    )
+    p.add_argument(
         "--base-arms",
         default=",".join(BASE_ARMS),
         help=f"the arms besides the sweeps (default: {','.join(BASE_ARMS)})",
@@ -198,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--seeds must be at least 1")
     if args.replicas < 1 or (args.interactive is not None and args.interactive < 1):
         p.error("--replicas and --interactive must be at least 1")
+    if not args.vllm_clock_scale > 0:
+        p.error("--vllm-clock-scale must be positive")
     try:
         arms = arms_from_args(
             ",".join(
@@ -240,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.interactive:
                 people = replace(config.groups[0], count=args.interactive)
                 config = replace(config, groups=(people, *config.groups[1:]))
-        config = replace(config, smg_policy=args.smg_policy, replicas=args.replicas)
+        config = replace(
+            config, smg_policy=args.smg_policy, replicas=args.replicas,
+            vllm_clock_scale=args.vllm_clock_scale,
+        )  # fmt: skip
         if args.floor:  # the interactive agents alone: what no scheduler can beat
             alone = [
                 simulate(replace(config, groups=config.groups[:1], seed=seed), "luftpause")

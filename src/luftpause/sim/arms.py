@@ -530,6 +530,13 @@ class VllmRouterArm(_Unhosted):
     ``expected_resume`` (False on a run's last turn); the engines' metrics read every
     ``poll_s`` (``metrics_interval_seconds``), the periodic decisions run after each read.
     ``token_capacity``: ``token_capacity_per_target`` (None: unset, the default).
+    ``clock_scale``: model seconds per second of the router's own clock. The scheduler
+    runs on that clock (model time over ``clock_scale``): its metrics interval, progress
+    TTL, force-resume and queue timeouts, and the return intervals and latencies its
+    TTL fit reads. tools/bench/flood.py's ``--time-scale`` S runs the engines and tools S
+    times faster than real time and vLLM's router in real seconds, so a flood at S is
+    reproduced with ``clock_scale`` S (at 5 the fitted TTL covers a 1-model-second tool
+    call, at 1 it does not).
 
     Assumptions (``docs/simulator.md``): the requests carry no body ``priority`` for the
     engine (the class goes to the router only); a request the router gives up after its
@@ -546,10 +553,14 @@ class VllmRouterArm(_Unhosted):
         name: str = "vllm-prog",
         poll_s: float = METRICS_INTERVAL_S,
         stats_window: int | None = None,
+        clock_scale: float = 1.0,
     ) -> None:
         if not poll_s > 0:
             raise ValueError(f"vLLM router's metrics interval must be positive, not {poll_s}")
+        if not clock_scale > 0:
+            raise ValueError(f"vLLM router's clock scale must be positive, not {clock_scale}")
         self.world = world
+        self.clock_scale = clock_scale
         self.replicas = list(replicas)
         self.name = name
         self.poll_s = poll_s
@@ -557,34 +568,38 @@ class VllmRouterArm(_Unhosted):
         self.scheduler = ProgramScheduler(
             [r.name for r in self.replicas], self._dispatched, token_capacity, poll_s, **kwargs
         )
-        self._asks: dict[str, tuple[Ask, Admitted, Retained]] = {}
+        self._asks: dict[str, tuple[Ask, Admitted, float]] = {}
+
+    def _clock(self) -> float:
+        """The router's own clock: model time over ``clock_scale``."""
+        return self.world.now / self.clock_scale
 
     def start(self) -> None:
         self._poll()
 
     def _poll(self) -> None:
-        now = self.world.now
+        now = self._clock()
         for replica in self.replicas:
             m = replica.metrics()
             self.scheduler.observe(replica.name, m.token_usage, m.running_gauge, m.queue_gauge, now)
         self.scheduler.tick(now)
-        self.world.after(self.poll_s, self._poll)
+        self.world.after(self.poll_s * self.clock_scale, self._poll)
 
     def _dispatched(self, request: Retained, target: str) -> None:
-        _, admitted, _ = self._asks[request.token]
-        admitted(target, self.world.now - request.arrived_at)
+        _, admitted, since = self._asks[request.token]
+        admitted(target, self.world.now - since)
 
     def request(self, ask: Ask, admitted: Admitted, refused: Refused) -> None:
-        now = self.world.now
+        now = self._clock()
         retained = Retained(ask.turn_id, now, ask.context_tokens, PROGRAM_PRIORITY[ask.cls])
-        self._asks[ask.turn_id] = (ask, admitted, retained)
+        self._asks[ask.turn_id] = (ask, admitted, self.world.now)
 
         def timeout() -> None:
-            if self.scheduler.cancel(ask.run_id, retained, self.world.now):
+            if self.scheduler.cancel(ask.run_id, retained, self._clock()):
                 self._asks.pop(ask.turn_id, None)
                 refused(f"retained in vLLM router's request pool for {QUEUE_TIMEOUT_S:g} s")
 
-        self.world.at(now + QUEUE_TIMEOUT_S, timeout)
+        self.world.after(QUEUE_TIMEOUT_S * self.clock_scale, timeout)
         self.scheduler.acquire(ask.run_id, retained, now, ask.expected_resume)
 
     def priority(self, cls: str) -> int:
@@ -594,5 +609,5 @@ class VllmRouterArm(_Unhosted):
         self._asks.pop(ask.turn_id, None)
         self.scheduler.complete(
             ask.run_id, end.prompt_tokens, end.completion_tokens, end.cached_tokens,
-            self.world.now, success=end.finish_reason != "error", terminate=False,
+            self._clock(), success=end.finish_reason != "error", terminate=False,
         )  # fmt: skip

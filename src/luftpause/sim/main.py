@@ -104,6 +104,12 @@ class SimConfig:
     # Tokens in a reply's first streamed chunk (fleet.Replica): 1 as real engines and the
     # fake engine stream; sim_fidelity sets the --chunk-tokens of floods from before 47dc5bb.
     first_chunk_tokens: int = 1
+    # vLLM router arms: model seconds per second of the router's own clock (its metrics
+    # interval, progress TTL, force-resume and queue timeouts, the return intervals and
+    # latencies it measures). 1: a real deployment. tools/bench/flood.py runs the engines
+    # and tools ``--time-scale`` times faster than real time but vLLM's router in real
+    # seconds; to reproduce such a flood, its time scale.
+    vllm_clock_scale: float = 1.0
 
 
 @dataclass
@@ -152,14 +158,17 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
             poll_s=config.smg_load_poll_s,
         )  # fmt: skip
     if name == "vllm-prog":
-        return VllmRouterArm(world, replicas)
+        return VllmRouterArm(world, replicas, clock_scale=config.vllm_clock_scale)
     if name == "vllm-router":
         # Assumption: vLLM's router's default ``--policy cache_aware`` is the SGLang
         # router's (its source's lineage), with the same defaults (0.3, 64, 1.5).
         return RouterArm(replicas, name=name)
     if name == "vllm-prog-kv" or (size is not None and size[0] == "vllm-prog-kv"):
         capacity = config.engine.kv_tokens if size is None else size[1]
-        return VllmRouterArm(world, replicas, token_capacity=capacity, name=name)
+        return VllmRouterArm(
+            world, replicas, token_capacity=capacity, name=name,
+            clock_scale=config.vllm_clock_scale,
+        )  # fmt: skip
     if size is not None:
         return SmgArm(
             world, replicas, size[1], priority=size[0] == "smg-cap", name=name,
@@ -536,6 +545,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--load-monitor-interval), which cache_aware and least_load price engines by "
         f"(default: {SMG_LOAD_POLL_S:g}, SMG's own)",
     )
+    sim.add_argument(
+        "--vllm-clock-scale",
+        type=positive_float,
+        default=1.0,
+        help="vLLM router arms: model seconds per second of the router's own clock (its "
+        "metrics interval, progress TTL and timeouts); 1 (default): a real deployment; to "
+        "reproduce a tools/bench/flood.py run, its --time-scale (the flood speeds up the "
+        "engines and tools, not vLLM's router)",
+    )
     sim.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     plan = parser.add_argument_group("capacity planning")
     plan.add_argument(
@@ -631,6 +649,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         smg_policy=args.smg_policy,
         smg_load_poll_s=args.smg_load_poll_s,
         plan_seed=args.plan_seed,
+        vllm_clock_scale=args.vllm_clock_scale,
     )
 
 
@@ -760,6 +779,7 @@ def main(args: argparse.Namespace) -> int:
                 "plan_seed": config.plan_seed,
                 "smg_policy": config.smg_policy,
                 "smg_load_poll_s": config.smg_load_poll_s,
+                "vllm_clock_scale": config.vllm_clock_scale,
                 "context_length": config.engine.context_length,
                 "kv_tokens": config.engine.kv_tokens,
                 "trace": (

@@ -37,6 +37,15 @@ versions were read and what is left out. In short:
   releases a program at once only when told to terminate (``complete(..., terminate)``).
 * The router reads every engine's ``/metrics`` every second (``metrics_interval``) and
   runs its periodic decisions (TTL expiry, capacity repair, resume) after each read.
+* Every time here is on the router's own clock: a program's ``ttl_deadline``,
+  ``last_request_finished_at``, ``queued_at`` and ``force_resume_deadline`` are
+  ``Option<Instant>`` (``scheduler_state.rs``), the return intervals ``factors.rs`` fits
+  and the metrics loop's interval are real seconds. The arm (``sim/arms.py``,
+  ``clock_scale``) maps that clock to model time. A
+  flood at ``--time-scale`` S runs the engines and tools S times faster and the router in
+  real seconds: there a 1-model-second tool call returns in 0.2 router seconds, inside a
+  TTL capped at the recompute cost (about 0.37 s for 2,000 uncached tokens), where at
+  S = 1 it would return past it and the program would be paused every turn.
 
 Not modelled: the batch-gain bypass of the growth reserve, the segment-round yield
 (``max_segment_rounds``), cross-engine resume (``global_queue``, off by default), the
