@@ -44,6 +44,7 @@ from luftpause.loadgen.progress import LiveLine
 from luftpause.loadgen.trace import TraceRun, load_trace
 from luftpause.loadgen.workload import PROFILES, Profile
 from luftpause.scheduler.core import Admit, Event, Params
+from luftpause.scheduler.core.types import WorkingSet
 from luftpause.sim.agents import Agent, Records
 from luftpause.sim.arms import (
     ABLATED_ARMS,
@@ -125,6 +126,7 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     size = sized_arm(name)
     paced = size is not None and size[0] == "luftpause-pace"
     slowdown = slowdown_arm(name)
+    wset_target = name.startswith("luftpause-wset-x") and slowdown is not None
     if (
         name in ("luftpause", "luftpause-no-pace", "luftpause-retain", *WSET_ARMS, *ORDER_ARMS)
         or paced
@@ -135,8 +137,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
             params = replace(params, interactive_slowdown=slowdown)
         if name == "luftpause-retain":  # B8: retention hints to the engines
             params = replace(params, kv_retention=True)
-        if name in WSET_ARMS:  # luftpause-wset[-both]: working-set admission on
-            params = replace(params, working_set=WSET_ARMS[name])
+        if name in WSET_ARMS or wset_target:  # luftpause-wset[-both][-xS]: working-set admission
+            params = replace(params, working_set=WSET_ARMS.get(name, WorkingSet.REPLACE))
         if name in ORDER_ARMS:  # a held-turn order option on
             params = replace(params, **ORDER_ARMS[name])  # type: ignore[arg-type]
         elif name != "luftpause":
@@ -178,15 +180,16 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
         "luftpause-paceMS, luftpause-no-pace, luftpause-retain, luftpause-wset, "
-        "luftpause-wset-both, luftpause-vtc, luftpause-attained, luftpause-attained-time, "
-        "vllm-router, vllm-prog, vllm-prog-kv[T]"
+        "luftpause-wset-both, luftpause-wset-xS, luftpause-vtc, luftpause-attained, "
+        "luftpause-attained-time, vllm-router, vllm-prog, vllm-prog-kv[T]"
     )
 
 
 def slowdown_arm(name: str) -> float | None:
     """``luftpause-x1.3`` -> 1.3 (luftpause with ``interactive_target = "1.3x"``, by the
-    config's own rule for a slowdown); None for any other name."""
-    rest = name.removeprefix("luftpause-x")
+    config's own rule for a slowdown; ``luftpause-wset-x1.3``: the same with working-set
+    admission); None for any other name."""
+    rest = name.removeprefix("luftpause-wset-x").removeprefix("luftpause-x")
     if rest == name:
         return None
     try:
@@ -469,7 +472,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pace off), luftpause-retain (luftpause asking the engines to keep a paused run's "
         "prefix for its usual tool time: kv_retention), luftpause-wset (working-set "
         'admission instead of prefix keeping\'s run limit: working_set = "replace"), '
-        'luftpause-wset-both (beside it: "both"), vllm-router (vLLM\'s router without '
+        'luftpause-wset-both (beside it: "both"), luftpause-wset-xS (working-set admission '
+        "with a target of S times the floor), vllm-router (vLLM's router without "
         "program scheduling), luftpause-vtc (held turns ordered by token fairness: "
         "fairness = tokens), luftpause-attained (batch runs by least attained service in "
         "tokens: batch_order = attained; luftpause-attained-time: in turn time), vllm-prog "
