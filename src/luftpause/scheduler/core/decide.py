@@ -383,6 +383,8 @@ class _Tx:
                 rep is not None
                 and rep.spec.kind is EndpointKind.GENERATIVE
                 and model in rep.spec.models
+                # packing (target.py): a batch run on a starved replica may move
+                and not (rep.pace_cap == 0 and _starved_batch(run, rep))
             ):
                 return pin_lane(run.replica)  # S3: strict affinity
         return free_lane(kind, model)
@@ -417,6 +419,8 @@ class _Tx:
         # every replica of the model for each turn of a new run.
         interactive = service_class is ServiceClass.INTERACTIVE
         params = self.params
+        if interactive and generative and target.packs(params):
+            return self._pack(names, seq)  # a relative target packs them (target.py)
         limit_runs = generative and not interactive and params.keep_prefixes
         # Working-set admission (working_set.py): a filter beside the run limit, or
         # instead of it (Params.working_set)
@@ -456,6 +460,17 @@ class _Tx:
                     continue
             choice, best_pinned, best_load, best_rot = name, pinned, load, (i + 1 - seq) % n
         return choice
+
+    def _pack(self, names: tuple[str, ...], seq: int) -> str | None:
+        """Packing (``target.pack``): the replica of ``names`` a new interactive turn goes
+        to, of those with room for it."""
+        replicas = self.replicas
+        room = [
+            (i, rep)
+            for i, name in enumerate(names)
+            if _has_room(rep := replicas[name], ServiceClass.INTERACTIVE)
+        ]
+        return target.pack(room, len(names), seq, self.params)
 
     def _hold(
         self,
@@ -869,8 +884,16 @@ class _Tx:
         rep = self.replicas.get(turn.replica)
         if rep is None or turn.first_token_at is None:
             return
+        least = 1
+        if target.packs(self.params):  # the limit may reach 0 while batch keeps a replica
+            replicas = self.replicas
+            least = target.least_limit(
+                replicas[name]
+                for name in self.serving[(turn.kind, turn.model)]
+                if name != turn.replica
+            )
         cap, smoothed, set_at, best = target.feedback(
-            rep, turn, completion_tokens, self.now, self.params
+            rep, turn, completion_tokens, self.now, self.params, least
         )
         if cap != rep.pace_cap:
             self.dirty.add(turn.replica)  # (a raise makes room; a cut changes nothing held)
@@ -878,6 +901,58 @@ class _Tx:
             turn.replica,
             _replica_with(rep, pace_cap=cap, pace_s=smoothed, pace_set_at=set_at, pace_best_s=best),
         )
+        if cap == 0 and rep.pace_cap != 0:
+            self._unpin_batch(turn.replica)
+
+    def _unpin_batch(self, name: str) -> None:
+        """Packing: ``name`` is starved; the batch turns held in its pin lane move to their
+        free lanes, keeping their arrival order, where any replica may take them."""
+        lane = pin_lane(name)
+        if (lane, ServiceClass.BATCH) not in self.waiting_callers:
+            return
+        moved = sorted(
+            (
+                h
+                for h in self.held.values()
+                if h.lane == lane and h.service_class is ServiceClass.BATCH
+            ),
+            key=lambda h: h.seq,
+        )
+        for held in moved:
+            self._unhold(held)
+            self._hold(
+                held.turn_id,
+                held.run_id,
+                held.model,
+                held.service_class,
+                held.caller,
+                held.kind,
+                held.dataplane_id,
+                held.requested_at,
+                held.seq,
+                free_lane(held.kind, held.model),
+                held.trace_id,
+            )
+            self.dirty.update(self.serving[(held.kind, held.model)])
+
+    def _packing_tick(self) -> None:
+        """Packing's liveness, once a second (``target.py``): the batch turns held on a
+        starved replica move; a model whose every healthy replica is starved gets one
+        batch turn back on one of them (``target.relieve``)."""
+        replicas = self.replicas
+        for name in sorted(replicas):
+            if target.starved(replicas[name]):
+                self._unpin_batch(name)
+        for key in sorted(self.serving, key=lambda k: (k[0].value, k[1])):
+            if key[0] is not EndpointKind.GENERATIVE:
+                continue
+            relieved = target.relieve([self.replicas[n] for n in self.serving[key]])
+            if relieved is not None:
+                rep = self.replicas[relieved]
+                self.replicas = self.replicas.set(
+                    relieved, _replica_with(rep, pace_cap=1, pace_set_at=self.now)
+                )
+                self.dirty.add(relieved)
 
     def on_failed(self, ev: TurnFailed) -> None:
         turn = self.end_turn(ev.turn_id, paused_on_tool=False)
@@ -1509,6 +1584,8 @@ class _Tx:
                         self._check_pause(run_id, run.last_active, run.paused_tools)
             self.run_deadlines = self.run_deadlines.delete(second)
         self.swept_until = until
+        if target.packs(self.params):
+            self._packing_tick()
 
     # ------------------------------------------------------------------ resync
 
@@ -1674,6 +1751,11 @@ def _invalid(ev: TurnRequested) -> str | None:
     if not ev.model:
         return "model is required"
     return None
+
+
+def _starved_batch(run: RunState, rep: ReplicaState) -> bool:
+    """Packing: ``run`` is batch and ``rep``, its replica, is starved (``target.py``)."""
+    return run.service_class is ServiceClass.BATCH and target.starved(rep)
 
 
 def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:

@@ -50,9 +50,37 @@ The target, per replica:
 
 The batch cost of meeting the target is ``withheld``: the batch slots the limit keeps
 empty on a capped replica while its cap would allow them.
+
+Packing (a relative target with ``Params.target_packing``, the default). On a pool of
+replicas the limit alone plateaus: new interactive runs go where the fewest runs live,
+which is where the limit has already kept batch runs out, so every interactive run
+gathers on one replica; there the limit stops at one batch turn and the interactive
+runs crowd each other's decode steps and prefills, two thirds of the floor on 4-16
+replicas. Packing gives interactive runs as many replicas as they need to meet the
+target, and batch work the rest:
+
+- ``least_limit``: on a replica where an interactive run lives, a reply slower than the
+  target beside one batch turn cuts the limit to 0 (``starved``: no batch turn), but
+  only while another healthy replica serving the model is not starved, so batch work
+  always has a replica; else the limit stops at 1 as before.
+- ``crowded``: a starved replica whose smoothed pace still misses the target: its
+  interactive runs crowd it, and no batch turn is left to cut.
+- ``pack``: a new interactive run goes to a replica where interactive runs live and that
+  is not crowded, the fewest interactive turns first; else to a replica where none
+  lives, the fewest runs living first (today's key); else (every replica crowded) to the
+  fewest runs living.
+- Liveness (S3 bounded): a batch run pinned to a starved replica is pinned no more: its
+  next turn is placed as a new run's, and the turns it has held there move to the free
+  lane within one clock tick (``decide``'s tick). If every healthy replica of a model is
+  starved (the last one became so when an interactive run arrived on a replica whose
+  limit was already 0), ``relieve`` names the one that gets one batch turn back, at the
+  same tick. So a held batch turn waits at most one tick longer than it would behind a
+  limit of 1, and every limit of 0 leaves a replica that takes batch work.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 from luftpause.scheduler.core.state import ReplicaState, TurnState
 from luftpause.scheduler.core.types import Params, ServiceClass
@@ -119,12 +147,14 @@ def feedback(
     completion_tokens: int,
     now: float,
     params: Params,
+    least: int = 1,
 ) -> tuple[int | None, float, float | None, float | None]:
     """A reply of ``completion_tokens`` tokens (timed from ``turn.first_token_at`` to
     ``now``) ended on ``rep``: its new ``(pace_cap, pace_s, pace_set_at, pace_best_s)``.
     As S2's cap, the limit is only set on a replica whose last probe reported its load.
     ``pace_s`` smooths every reply for the status view; the limit follows single replies,
-    because a smoothed pace would still remember the turns before a cut and cut again."""
+    because a smoothed pace would still remember the turns before a cut and cut again.
+    ``least``: the lowest the limit may go (``least_limit``; 1 without packing)."""
     assert turn.first_token_at is not None
     pace = max(0.0, now - turn.first_token_at) / (completion_tokens - 1)
     smoothed = pace if rep.pace_s is None else rep.pace_s + WEIGHT * (pace - rep.pace_s)
@@ -148,7 +178,7 @@ def feedback(
     if reports_load and interactive_here and (set_at is None or turn.admitted_at >= set_at):
         batch = others + is_batch  # the batch turns of that moment, itself included
         if pace > target and others > 0:  # (alone, batch work did not slow it)
-            lowered = max(1, int(min(batch, batch if cap is None else cap) * BACKOFF))
+            lowered = max(least, int(min(batch, batch if cap is None else cap) * BACKOFF))
             if cap is None or lowered < cap:
                 cap = lowered
         elif cap is not None and pace < target * HEADROOM and batch >= cap:
@@ -156,3 +186,67 @@ def feedback(
     if cap != rep.pace_cap:
         set_at = now
     return cap, smoothed, set_at, best
+
+
+# ------------------------------------------------------------------ packing
+
+
+def packs(params: Params) -> bool:
+    """Packing is on: a relative target with ``target_packing``."""
+    return params.interactive_slowdown is not None and params.target_packing
+
+
+def starved(rep: ReplicaState) -> bool:
+    """The limit is 0 and an interactive run lives on ``rep``: no batch turn may start
+    there, and the batch runs pinned there may move."""
+    return rep.pace_cap == 0 and interactive_lives_on(rep)
+
+
+def crowded(rep: ReplicaState, params: Params) -> bool:
+    """``rep`` is starved and its smoothed pace still misses the target: its interactive
+    runs crowd it, and there is no batch turn left to cut."""
+    if not starved(rep):
+        return False
+    goal = target_pace(params, rep.pace_best_s)
+    return goal is not None and rep.pace_s is not None and rep.pace_s > goal
+
+
+def least_limit(others: Iterable[ReplicaState]) -> int:
+    """The lowest limit a replica may take, given the ``others`` that serve its model: 0
+    while one of them is healthy and not starved (batch work keeps a replica), else 1."""
+    return 0 if any(r.healthy and not starved(r) for r in others) else 1
+
+
+def pack(
+    candidates: Sequence[tuple[int, ReplicaState]], n: int, seq: int, params: Params
+) -> str | None:
+    """Where a new interactive run (arrival number ``seq``) goes, of ``candidates``: the
+    replicas with room for it, each with its index among the ``n`` serving its model.
+    Where interactive runs live and the target holds, the fewest interactive turns
+    (in flight or paused) first; else where none lives, the fewest runs living first;
+    else the fewest runs living. Then the fewest turns in flight and reserved; ties
+    rotate with the arrival order, as ``decide._place``'s own key."""
+    best: tuple[int, int, int, int] | None = None
+    name = None
+    for i, rep in candidates:
+        load = rep.in_flight + rep.reserved
+        if not interactive_lives_on(rep):
+            key = (1, rep.pinned_runs, load, (i + 1 - seq) % n)
+        elif crowded(rep, params):
+            key = (2, rep.pinned_runs, load, (i + 1 - seq) % n)
+        else:
+            key = (0, load - rep.batch_in_flight, load, (i + 1 - seq) % n)
+        if best is None or key < best:
+            best, name = key, rep.spec.name
+    return name
+
+
+def relieve(reps: Sequence[ReplicaState]) -> str | None:
+    """Of the replicas serving one model: None while a healthy one is not starved (or
+    none is healthy); else the starved replica that gets one batch turn back, the one
+    with the fewest interactive turns (in flight or paused), then by name."""
+    healthy = [r for r in reps if r.healthy]
+    if not healthy or any(not starved(r) for r in healthy):
+        return None
+    pick = min(healthy, key=lambda r: (r.in_flight + r.reserved - r.batch_in_flight, r.spec.name))
+    return pick.spec.name
