@@ -228,6 +228,11 @@ class SchedulerSettings(_Frozen):
     # within 1.3 times the fastest pace the replica has shown (its floor); "80ms" is
     # interactive_pace_ms = 80; "off" turns the decode pace off. Unset: interactive_pace_ms.
     interactive_target: str | None = None
+    # With a relative interactive target: new interactive runs gather on the replicas where
+    # interactive runs live and meet it, where the batch limit may then reach 0 while
+    # another replica takes batch work (docs/scheduling.md "Packing"). false: spread as
+    # every run is (fewest runs living first), the batch limit never below 1.
+    target_packing: bool = True
     # Tool leases (docs/scheduling.md): a run paused on a tool for longer than its lease
     # stops counting as living on its replica (new batch runs stop waiting behind it) and
     # its interactive reservation lapses; both come back when it returns. The lease is

@@ -80,6 +80,7 @@ def core_params(settings: SchedulerSettings, endpoints: Sequence[Endpoint] = ())
         initial_cap=settings.initial_cap or None,
         interactive_pace_s=pace_s,
         interactive_slowdown=slowdown,
+        target_packing=settings.target_packing,
         pace_min_tokens=settings.pace_min_tokens,
         tool_lease_min_s=settings.tool_lease_min_s,
         tool_lease_default_s=settings.tool_lease_default_s,
