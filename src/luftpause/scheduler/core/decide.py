@@ -42,10 +42,20 @@ turns wait in that replica's pin lane even if another replica is idle. While the
 replica is unhealthy, every other replica serving the model may draw from that
 lane (the run may move); once it is healthy again the lane is its alone, so a
 probe blip costs no affinity. A run's held turns follow it: pinned where it is
-admitted, freed when it goes idle. A free turn prefers its run's last replica
-(its prefix may still be cached), else the least loaded replica: fewest runs
-living there (generating or paused on a tool, because they come back), then fewest
-turns in flight, ties rotating with arrival order.
+admitted, freed when it goes idle.
+
+Placement (``placement.py``, a policy unit whose docstring says what it reads and
+decides): a new turn is tried by three rules in order. The pinned-lane rule (S3: its
+run's healthy replica or nothing); last replica first (a free turn's run's last
+replica, its prefix may still be cached there, if it has room and may start the run);
+else filter → score → pick: the replicas passing every filter that applies to the
+turn (healthy; batch: under the interactive target's pace limit; room by the cap and
+class, S2/S4; a new batch run: prefix keeping's run limit and working-set admission,
+below), the least by ``placement.score``: fewest runs living there (generating or
+paused on a tool, because they come back), then fewest turns in flight, ties rotating
+with arrival order. The same filters say whether ``_fill`` may take a held turn on a
+replica: ``placement.has_room`` (health, pace limit, cap) and
+``placement.may_start_run`` (the new-run filters, for turns of runs not living there).
 
 Run lifetime (S10, D8): a held turn counts as activity, so a run waiting for a
 slot is not forgotten. ``RunEnded`` forgets a run at once unless turns of it are
@@ -64,8 +74,8 @@ The interactive target (``target.py``): while an interactive run lives on a repl
 its batch turns are limited (``ReplicaState.pace_cap``) so that replies there stream
 under a target pace, absolute (``interactive_pace_s``) or relative to the replica's
 floor (``interactive_slowdown``). Each reply that ends there may move the limit;
-``target.paced`` is how room (``_has_room``) and placement see it: a paced replica has
-no room for batch turns, as a full one has none.
+``target.paced`` is how room (``placement.has_room``) and placement see it: a paced
+replica has no room for batch turns, as a full one has none.
 
 Prefix keeping's run limit (``ReplicaState.run_limit``): new batch runs start on a
 capped replica only while fewer runs than it live there. It is never below the
@@ -80,7 +90,8 @@ instead of a count of runs. A new batch run starts on a replica only while the k
 contexts of the runs living there, plus an estimate of its own, fit in a share of the
 pool; with ``REPLACE`` the run limit no longer gates them, with ``BOTH`` both do. The
 sums are kept on each replica's record where runs pin, unpin and finish turns
-(``_bump_replica``), so the filter in ``_place`` and ``_may_start_run`` is O(1).
+(``_bump_replica``), so its filter in placement (``placement.least_loaded`` and
+``placement.may_start_run``) is O(1).
 
 The cap (S2): a queue seen on ``Params.queue_probes`` consecutive probes (default
 2: one probe period) sets ``cap = max(1, running)``; a passing queue, such as a
@@ -140,7 +151,7 @@ from __future__ import annotations
 
 from immutables import Map
 
-from luftpause.scheduler.core import leases, order, target, working_set
+from luftpause.scheduler.core import leases, order, placement, target, working_set
 from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject
 from luftpause.scheduler.core.events import (
     ClockTicked,
@@ -158,6 +169,8 @@ from luftpause.scheduler.core.events import (
     TurnSnapshot,
     TurnStarted,
 )
+from luftpause.scheduler.core.placement import has_room as _has_room
+from luftpause.scheduler.core.placement import may_start_run as _may_start_run
 from luftpause.scheduler.core.state import (
     Fifo,
     HeldTurn,
@@ -174,7 +187,6 @@ from luftpause.scheduler.core.state import (
     new_turn,
     pin_lane,
 )
-from luftpause.scheduler.core.target import paced as _paced
 from luftpause.scheduler.core.types import (
     DropReason,
     EndpointKind,
@@ -398,64 +410,10 @@ class _Tx:
     ) -> str | None:
         """The replica a new turn (arrival number ``seq``) can be admitted to right now,
         of ``names``, the replicas of its kind serving its model; ``run``: its run, if
-        generative and known."""
-        replicas = self.replicas
-        if lane[0] == "pin" and lane[1] not in self.unhealthy:
-            name = lane[1]
-            return name if _has_room(replicas[name], service_class) else None
-        # Free, or pinned to an unhealthy replica (S3: then the run may move).
-        generative = kind is EndpointKind.GENERATIVE
-        if run is not None:
-            last = run.replica
-            if last is not None and last in names:
-                rep = replicas[last]
-                if _has_room(rep, service_class) and self._may_start_run(rep, service_class):
-                    return last  # its prefix may still be cached there
-        # Least loaded: runs living there (generating or paused on a tool: they come
-        # back), then turns in flight; ties rotate with the arrival order. The room and
-        # new-run tests of _has_room and _may_start_run, inlined: this loop runs over
-        # every replica of the model for each turn of a new run.
-        interactive = service_class is ServiceClass.INTERACTIVE
-        params = self.params
-        limit_runs = generative and not interactive and params.keep_prefixes
-        # Working-set admission (working_set.py): a filter beside the run limit, or
-        # instead of it (Params.working_set)
-        wset = generative and not interactive and params.working_set is not WorkingSet.OFF
-        if wset and params.working_set is WorkingSet.REPLACE:
-            limit_runs = False
-        n = len(names)
-        choice = None
-        best_pinned = best_load = best_rot = 0
-        for i, name in enumerate(names):
-            rep = replicas[name]
-            if not rep.healthy:
-                continue
-            cap = rep.cap
-            load = rep.in_flight + rep.reserved
-            pinned = rep.pinned_runs
-            if not interactive and rep.pace_cap is not None and _paced(rep):
-                continue
-            if cap is not None:
-                if interactive:
-                    if rep.in_flight >= cap and not rep.spec.orders_classes:
-                        continue
-                elif load >= cap or (
-                    limit_runs and rep.run_limit is not None and pinned >= rep.run_limit
-                ):
-                    continue
-            if wset and not working_set.admits(rep, params):
-                continue
-            if choice is not None:  # (pinned, load, rotation) must be less than the best
-                if pinned != best_pinned:
-                    if pinned > best_pinned:
-                        continue
-                elif load != best_load:
-                    if load > best_load:
-                        continue
-                elif (i + 1 - seq) % n > best_rot:
-                    continue
-            choice, best_pinned, best_load, best_rot = name, pinned, load, (i + 1 - seq) % n
-        return choice
+        generative and known (``placement.py``: the rules, filters, score and pick)."""
+        return placement.place(
+            self.replicas, self.unhealthy, self.params, run, names, kind, service_class, lane, seq
+        )
 
     def _hold(
         self,
@@ -1369,7 +1327,7 @@ class _Tx:
             for cls in _CLASS_ORDER:
                 if not _has_room(rep, cls):
                     continue
-                held = self._best_held(rep, cls, self._may_start_run(rep, cls))
+                held = self._best_held(rep, cls, _may_start_run(rep, cls, self.params))
                 if held is not None:
                     self._unhold(held)
                     self._admit(
@@ -1397,24 +1355,6 @@ class _Tx:
         lanes = [free_lane(rep.spec.kind, m) for m in rep.spec.models]
         lanes.extend(pin_lane(u) for u in self.unhealthy if u != rep.spec.name)
         return any((lane, ServiceClass.BATCH) in self.waiting_callers for lane in lanes)
-
-    def _may_start_run(self, rep: ReplicaState, cls: ServiceClass) -> bool:
-        """Prefix keeping: a capped replica takes a batch run that is not already there
-        only while fewer runs than its run limit live there, so the prefixes of the runs
-        it serves stay in the engine's cache between their turns. Working-set admission
-        (``Params.working_set``): also, or instead, only while the runs' contexts leave
-        room for its own in the engine's KV pool (``working_set.admits``)."""
-        params = self.params
-        if params.working_set is not WorkingSet.OFF and cls is ServiceClass.BATCH:
-            if not working_set.admits(rep, params):
-                return False
-            if params.working_set is WorkingSet.REPLACE:
-                return True
-        if not params.keep_prefixes or rep.run_limit is None:
-            return True
-        if cls is ServiceClass.INTERACTIVE:
-            return True  # S4: interactive first, new runs included; they are few
-        return rep.pinned_runs < rep.run_limit
 
     def _best_held(
         self, rep: ReplicaState, cls: ServiceClass, new_runs: bool = True
@@ -1674,20 +1614,6 @@ def _invalid(ev: TurnRequested) -> str | None:
     if not ev.model:
         return "model is required"
     return None
-
-
-def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
-    if not rep.healthy:
-        return False
-    if cls is ServiceClass.BATCH and _paced(rep):
-        return False
-    if rep.cap is None:
-        return True
-    if cls is ServiceClass.INTERACTIVE:
-        # An engine that orders its queue by class puts the turn ahead of every batch
-        # request it has queued: holding it here could only add a wait.
-        return rep.spec.orders_classes or rep.in_flight < rep.cap
-    return rep.in_flight + rep.reserved < rep.cap
 
 
 Buckets = Map[int, Map[str, None]]
