@@ -30,12 +30,15 @@ docstring says what it reads and decides): the caller first (``Params.fairness``
 fewest turns in flight, the default, or least virtual tokens, B3), then (prefix
 keeping) a turn whose run lives on that replica, then in the batch class (with
 ``Params.batch_order = "attained"``, B2) the run with least attained service, then
-arrival order. The candidates are the heads of the caller FIFOs in the lanes
-that replica can serve: its own pin lane and the free lanes of its models (under the
-attained order a caller has one FIFO per service level in each lane, so the heads
-still include each level's oldest turn). The counters the order reads are kept where
-turns are held (``_hold``), admitted (``_admit``), finish (``on_finished``) and end
-(``end_turn``), only while the option that reads them is on.
+arrival order. ``_best_held`` gathers the candidates and keeps the least by
+``order.held_key`` (the key, built once per pick from the options and the class):
+the candidates are the heads of the caller FIFOs in the lanes that replica can serve,
+its own pin lane and (where ``placement.may_start_run`` lets it take new runs) the
+free lanes of its models and the pin lanes of unhealthy replicas (under the attained
+order a caller has one FIFO per service level in each lane, so the heads still include
+each level's oldest turn). The counters the order reads are kept where turns are held
+(``_hold``), admitted (``_admit``), finish (``on_finished``) and end (``end_turn``),
+only while the option that reads them is on.
 
 Affinity (S3): a run that is generating or paused on a tool is pinned: its
 turns wait in that replica's pin lane even if another replica is idle. While the
@@ -1359,33 +1362,32 @@ class _Tx:
     def _best_held(
         self, rep: ReplicaState, cls: ServiceClass, new_runs: bool = True
     ) -> HeldTurn | None:
-        """Of the turns ``rep`` may serve in class ``cls``, the first by ``order.py``'s
-        key: the caller (fewest turns in flight, or least virtual tokens), then (prefix
-        keeping) a turn whose run's prefix is here, then (batch, ``batch_order =
-        "attained"``) the run with least attained service, then oldest. ``new_runs``:
-        whether turns of runs not pinned here may be taken."""
+        """Of the turns ``rep`` may serve in class ``cls``, the first by ``order.held_key``
+        (the caller, then a turn whose run's prefix is here, then the run's level under
+        the attained order, then oldest): this gathers the candidates, the heads of the
+        caller FIFOs in the lanes ``rep`` may draw from. ``new_runs``: whether turns of
+        runs not pinned here may be taken (``placement.may_start_run``)."""
         best: tuple[float, ...] | None = None
         best_turn: str | None = None
         own = pin_lane(rep.spec.name)
-        params = self.params
-        keep = params.keep_prefixes
         generative = rep.spec.kind is EndpointKind.GENERATIVE
-        ranks = (
-            order.caller_ranks(params, self.caller_in_flight, self.vtc)
-            if generative
-            else self.caller_in_flight  # (token fairness counts generative turns only)
-        )
-        attained = cls is ServiceClass.BATCH and params.batch_order == "attained"
+        key: order.HeldKey | None = None  # built for the first lane with turns held
         lanes = [own]
         if new_runs:
             lanes += [free_lane(rep.spec.kind, m) for m in rep.spec.models]
         if new_runs and generative and self.unhealthy:
             # S3: turns pinned to an unhealthy replica may move here (if we serve the model).
             lanes += [pin_lane(name) for name in sorted(self.unhealthy) if name != rep.spec.name]
+        # The candidates: the head of each caller's FIFO (per service level, under the
+        # attained order) in those lanes.
         for lane in lanes:
             callers = self.waiting_callers.get((lane, cls))
             if callers is None:
                 continue
+            if key is None:
+                key = order.held_key(
+                    self.params, self.caller_in_flight, self.vtc, cls, generative, own
+                )
             for caller in callers:
                 qkey = (lane, cls, caller)
                 first = self.queues[qkey].first()
@@ -1397,17 +1399,9 @@ class _Tx:
                 held = self.held[turn_id]
                 if held.model not in rep.spec.models:
                     continue  # a moved turn of another model: not ours to take
-                if attained:  # (the FIFO's caller part may carry a level: use the turn's)
-                    key: tuple[float, ...] = (
-                        ranks.get(held.caller, 0),
-                        0 if keep and lane == own else 1,
-                        held.tier,
-                        held.seq,
-                    )
-                else:
-                    key = (ranks.get(caller, 0), 0 if keep and lane == own else 1, held.seq)
-                if best is None or key < best:
-                    best, best_turn = key, turn_id
+                k = key(lane, held)
+                if best is None or k < best:
+                    best, best_turn = k, turn_id
         return None if best_turn is None else self.held[best_turn]
 
     # ------------------------------------------------------------------ expiry
