@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from immutables import Map
 
 from luftpause.scheduler.core import (
     Action,
@@ -31,6 +32,7 @@ from luftpause.scheduler.core import (
 )
 from luftpause.scheduler.core.events import Event
 from luftpause.scheduler.core.invariants import violations
+from luftpause.scheduler.core.state import HeldTurn, free_lane, pin_lane
 from luftpause.scheduler.core.view import run_status, status
 
 GEN = EndpointKind.GENERATIVE
@@ -258,6 +260,90 @@ def test_attained_order_leaves_interactive_turns_in_arrival_order() -> None:
     host.req("new1", "new", cls=INT)  # held
     host.req("b1", "b")  # held batch
     assert host.finish("x1") == ("big2",)
+
+
+# ------------------------------------------------------------------ the key
+
+
+def _held(caller: str, seq: int, lane: tuple[str, ...], tier: int = 0) -> HeldTurn:
+    return HeldTurn(
+        f"t{seq}", f"run{seq}", "m", BAT, caller, GEN, "dp", 0.0, seq, lane, 0, "", tier
+    )
+
+
+OWN = pin_lane("g0")
+FREE = free_lane(GEN, "m")
+
+
+def test_held_key_orders_caller_then_prefix_lane_then_level_then_arrival() -> None:
+    """S5, B2, prefix keeping: the key's parts, each deciding only where the ones before
+    it tie; the level counts only for batch turns under the attained order."""
+    in_flight: Map[str, int] = Map({"busy": 2})
+    vtc: Map[str, float] = Map()
+    key = order.held_key(ATTAINED, in_flight, vtc, BAT, True, OWN)
+    # the caller with fewer turns in flight first, whatever else
+    assert key(FREE, _held("idle", 9, FREE, tier=5)) < key(OWN, _held("busy", 1, OWN))
+    # same caller: a turn whose run lives here (its own pin lane) before a new run's
+    assert key(OWN, _held("c", 9, OWN, tier=5)) < key(FREE, _held("c", 1, FREE))
+    # same lane: the lower level, then the older turn
+    assert key(FREE, _held("c", 9, FREE, tier=0)) < key(FREE, _held("c", 1, FREE, tier=1))
+    assert key(FREE, _held("c", 1, FREE, tier=1)) < key(FREE, _held("c", 2, FREE, tier=1))
+    # interactive turns and the arrival order ignore the level
+    for k in (
+        order.held_key(ATTAINED, in_flight, vtc, INT, True, OWN),
+        order.held_key(BASE, in_flight, vtc, BAT, True, OWN),
+    ):
+        assert k(FREE, _held("c", 1, FREE, tier=3)) < k(FREE, _held("c", 2, FREE, tier=0))
+        assert k(FREE, _held("idle", 9, FREE)) < k(OWN, _held("busy", 1, OWN))
+        assert k(OWN, _held("c", 9, OWN)) < k(FREE, _held("c", 1, FREE))
+
+
+def test_held_key_reads_the_rank_the_options_name() -> None:
+    """B3: token fairness ranks callers by their virtual counters on a generative
+    replica, by turns in flight on a single-pass one; without prefix keeping the
+    replica's own pin lane goes first no more."""
+    in_flight: Map[str, int] = Map({"a": 3})
+    vtc: Map[str, float] = Map({"a": 10.0, "b": 500.0})
+    a, b = _held("a", 2, FREE), _held("b", 1, FREE)
+    tokens = order.held_key(VTC, in_flight, vtc, BAT, True, OWN)
+    assert tokens(FREE, a) < tokens(FREE, b)
+    single_pass = order.held_key(VTC, in_flight, vtc, BAT, False, OWN)
+    assert single_pass(FREE, b) < single_pass(FREE, a)
+    by_flight = order.held_key(BASE, in_flight, vtc, BAT, True, OWN)
+    assert by_flight(FREE, b) < by_flight(FREE, a)
+    no_keep = order.held_key(replace(BASE, keep_prefixes=False), in_flight, vtc, BAT, True, OWN)
+    assert no_keep(FREE, _held("c", 1, FREE)) < no_keep(OWN, _held("c", 2, OWN))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    turns=st.lists(
+        st.tuples(st.sampled_from("abc"), st.booleans(), st.integers(0, 3)),
+        min_size=2,
+        max_size=12,
+    ),
+    fairness=st.sampled_from(["in_flight", "tokens"]),
+    batch_order=st.sampled_from(["arrival", "attained"]),
+    keep=st.booleans(),
+    cls=st.sampled_from(ServiceClass),
+)
+def test_held_key_is_a_total_order(
+    turns: list[tuple[str, bool, int]],
+    fairness: str,
+    batch_order: str,
+    keep: bool,
+    cls: ServiceClass,
+) -> None:
+    """Determinism: turns with distinct arrival numbers never tie, so the pick does not
+    depend on the order the candidates are visited in."""
+    params = replace(BASE, fairness=fairness, batch_order=batch_order, keep_prefixes=keep)
+    key = order.held_key(params, Map({"a": 1}), Map({"b": 3.0}), cls, True, OWN)
+    keys = [
+        key(OWN if here else FREE, _held(caller, seq, OWN if here else FREE, tier))
+        for seq, (caller, here, tier) in enumerate(turns)
+    ]
+    assert len(set(keys)) == len(keys)
+    assert min(keys) == min(reversed(keys))
 
 
 # ------------------------------------------------------ VTC's service-gap bound

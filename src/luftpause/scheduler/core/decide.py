@@ -30,22 +30,35 @@ docstring says what it reads and decides): the caller first (``Params.fairness``
 fewest turns in flight, the default, or least virtual tokens, B3), then (prefix
 keeping) a turn whose run lives on that replica, then in the batch class (with
 ``Params.batch_order = "attained"``, B2) the run with least attained service, then
-arrival order. The candidates are the heads of the caller FIFOs in the lanes
-that replica can serve: its own pin lane and the free lanes of its models (under the
-attained order a caller has one FIFO per service level in each lane, so the heads
-still include each level's oldest turn). The counters the order reads are kept where
-turns are held (``_hold``), admitted (``_admit``), finish (``on_finished``) and end
-(``end_turn``), only while the option that reads them is on.
+arrival order. ``_best_held`` gathers the candidates and keeps the least by
+``order.held_key`` (the key, built once per pick from the options and the class):
+the candidates are the heads of the caller FIFOs in the lanes that replica can serve,
+its own pin lane and (where ``placement.may_start_run`` lets it take new runs) the
+free lanes of its models and the pin lanes of unhealthy replicas (under the attained
+order a caller has one FIFO per service level in each lane, so the heads still include
+each level's oldest turn). The counters the order reads are kept where turns are held
+(``_hold``), admitted (``_admit``), finish (``on_finished``) and end (``end_turn``),
+only while the option that reads them is on.
 
 Affinity (S3): a run that is generating or paused on a tool is pinned: its
 turns wait in that replica's pin lane even if another replica is idle. While the
 replica is unhealthy, every other replica serving the model may draw from that
 lane (the run may move); once it is healthy again the lane is its alone, so a
 probe blip costs no affinity. A run's held turns follow it: pinned where it is
-admitted, freed when it goes idle. A free turn prefers its run's last replica
-(its prefix may still be cached), else the least loaded replica: fewest runs
-living there (generating or paused on a tool, because they come back), then fewest
-turns in flight, ties rotating with arrival order.
+admitted, freed when it goes idle.
+
+Placement (``placement.py``, a policy unit whose docstring says what it reads and
+decides): a new turn is tried by three rules in order. The pinned-lane rule (S3: its
+run's healthy replica or nothing); last replica first (a free turn's run's last
+replica, its prefix may still be cached there, if it has room and may start the run);
+else filter → score → pick: the replicas passing every filter that applies to the
+turn (healthy; batch: under the interactive target's pace limit; room by the cap and
+class, S2/S4; a new batch run: prefix keeping's run limit and working-set admission,
+below), the least by ``placement.score``: fewest runs living there (generating or
+paused on a tool, because they come back), then fewest turns in flight, ties rotating
+with arrival order. The same filters say whether ``_fill`` may take a held turn on a
+replica: ``placement.has_room`` (health, pace limit, cap) and
+``placement.may_start_run`` (the new-run filters, for turns of runs not living there).
 
 Run lifetime (S10, D8): a held turn counts as activity, so a run waiting for a
 slot is not forgotten. ``RunEnded`` forgets a run at once unless turns of it are
@@ -64,8 +77,8 @@ The interactive target (``target.py``): while an interactive run lives on a repl
 its batch turns are limited (``ReplicaState.pace_cap``) so that replies there stream
 under a target pace, absolute (``interactive_pace_s``) or relative to the replica's
 floor (``interactive_slowdown``). Each reply that ends there may move the limit;
-``target.paced`` is how room (``_has_room``) and placement see it: a paced replica has
-no room for batch turns, as a full one has none.
+``target.paced`` is how room (``placement.has_room``) and placement see it: a paced
+replica has no room for batch turns, as a full one has none.
 
 Prefix keeping's run limit (``ReplicaState.run_limit``): new batch runs start on a
 capped replica only while fewer runs than it live there. It is never below the
@@ -80,7 +93,8 @@ instead of a count of runs. A new batch run starts on a replica only while the k
 contexts of the runs living there, plus an estimate of its own, fit in a share of the
 pool; with ``REPLACE`` the run limit no longer gates them, with ``BOTH`` both do. The
 sums are kept on each replica's record where runs pin, unpin and finish turns
-(``_bump_replica``), so the filter in ``_place`` and ``_may_start_run`` is O(1).
+(``_bump_replica``), so its filter in placement (``placement.least_loaded`` and
+``placement.may_start_run``) is O(1).
 
 The cap (S2): a queue seen on ``Params.queue_probes`` consecutive probes (default
 2: one probe period) sets ``cap = max(1, running)``; a passing queue, such as a
@@ -140,7 +154,7 @@ from __future__ import annotations
 
 from immutables import Map
 
-from luftpause.scheduler.core import leases, order, target, working_set
+from luftpause.scheduler.core import leases, order, placement, target, working_set
 from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject
 from luftpause.scheduler.core.events import (
     ClockTicked,
@@ -158,6 +172,8 @@ from luftpause.scheduler.core.events import (
     TurnSnapshot,
     TurnStarted,
 )
+from luftpause.scheduler.core.placement import has_room as _has_room
+from luftpause.scheduler.core.placement import may_start_run as _may_start_run
 from luftpause.scheduler.core.state import (
     Fifo,
     HeldTurn,
@@ -174,7 +190,6 @@ from luftpause.scheduler.core.state import (
     new_turn,
     pin_lane,
 )
-from luftpause.scheduler.core.target import paced as _paced
 from luftpause.scheduler.core.types import (
     DropReason,
     EndpointKind,
@@ -400,77 +415,10 @@ class _Tx:
     ) -> str | None:
         """The replica a new turn (arrival number ``seq``) can be admitted to right now,
         of ``names``, the replicas of its kind serving its model; ``run``: its run, if
-        generative and known."""
-        replicas = self.replicas
-        if lane[0] == "pin" and lane[1] not in self.unhealthy:
-            name = lane[1]
-            return name if _has_room(replicas[name], service_class) else None
-        # Free, or pinned to an unhealthy replica (S3: then the run may move).
-        generative = kind is EndpointKind.GENERATIVE
-        if run is not None:
-            last = run.replica
-            if last is not None and last in names:
-                rep = replicas[last]
-                if _has_room(rep, service_class) and self._may_start_run(rep, service_class):
-                    return last  # its prefix may still be cached there
-        # Least loaded: runs living there (generating or paused on a tool: they come
-        # back), then turns in flight; ties rotate with the arrival order. The room and
-        # new-run tests of _has_room and _may_start_run, inlined: this loop runs over
-        # every replica of the model for each turn of a new run.
-        interactive = service_class is ServiceClass.INTERACTIVE
-        params = self.params
-        if interactive and generative and target.packs(params):
-            return self._pack(names, seq)  # a relative target packs them (target.py)
-        limit_runs = generative and not interactive and params.keep_prefixes
-        # Working-set admission (working_set.py): a filter beside the run limit, or
-        # instead of it (Params.working_set)
-        wset = generative and not interactive and params.working_set is not WorkingSet.OFF
-        if wset and params.working_set is WorkingSet.REPLACE:
-            limit_runs = False
-        n = len(names)
-        choice = None
-        best_pinned = best_load = best_rot = 0
-        for i, name in enumerate(names):
-            rep = replicas[name]
-            if not rep.healthy:
-                continue
-            cap = rep.cap
-            load = rep.in_flight + rep.reserved
-            pinned = rep.pinned_runs
-            if not interactive and rep.pace_cap is not None and _paced(rep):
-                continue
-            if cap is not None:
-                if interactive:
-                    if rep.in_flight >= cap and not rep.spec.orders_classes:
-                        continue
-                elif load >= cap or (
-                    limit_runs and rep.run_limit is not None and pinned >= rep.run_limit
-                ):
-                    continue
-            if wset and not working_set.admits(rep, params):
-                continue
-            if choice is not None:  # (pinned, load, rotation) must be less than the best
-                if pinned != best_pinned:
-                    if pinned > best_pinned:
-                        continue
-                elif load != best_load:
-                    if load > best_load:
-                        continue
-                elif (i + 1 - seq) % n > best_rot:
-                    continue
-            choice, best_pinned, best_load, best_rot = name, pinned, load, (i + 1 - seq) % n
-        return choice
-
-    def _pack(self, names: tuple[str, ...], seq: int) -> str | None:
-        """Packing (``target.pack``): the replica of ``names`` a new interactive turn goes
-        to, of those with room for it."""
-        replicas = self.replicas
-        room = [
-            (i, rep)
-            for i, name in enumerate(names)
-            if _has_room(rep := replicas[name], ServiceClass.INTERACTIVE)
-        ]
-        return target.pack(room, len(names), seq, self.params)
+        generative and known (``placement.py``: the rules, filters, score and pick)."""
+        return placement.place(
+            self.replicas, self.unhealthy, self.params, run, names, kind, service_class, lane, seq
+        )
 
     def _hold(
         self,
@@ -1444,7 +1392,7 @@ class _Tx:
             for cls in _CLASS_ORDER:
                 if not _has_room(rep, cls):
                     continue
-                held = self._best_held(rep, cls, self._may_start_run(rep, cls))
+                held = self._best_held(rep, cls, _may_start_run(rep, cls, self.params))
                 if held is not None:
                     self._unhold(held)
                     self._admit(
@@ -1473,54 +1421,35 @@ class _Tx:
         lanes.extend(pin_lane(u) for u in self.unhealthy if u != rep.spec.name)
         return any((lane, ServiceClass.BATCH) in self.waiting_callers for lane in lanes)
 
-    def _may_start_run(self, rep: ReplicaState, cls: ServiceClass) -> bool:
-        """Prefix keeping: a capped replica takes a batch run that is not already there
-        only while fewer runs than its run limit live there, so the prefixes of the runs
-        it serves stay in the engine's cache between their turns. Working-set admission
-        (``Params.working_set``): also, or instead, only while the runs' contexts leave
-        room for its own in the engine's KV pool (``working_set.admits``)."""
-        params = self.params
-        if params.working_set is not WorkingSet.OFF and cls is ServiceClass.BATCH:
-            if not working_set.admits(rep, params):
-                return False
-            if params.working_set is WorkingSet.REPLACE:
-                return True
-        if not params.keep_prefixes or rep.run_limit is None:
-            return True
-        if cls is ServiceClass.INTERACTIVE:
-            return True  # S4: interactive first, new runs included; they are few
-        return rep.pinned_runs < rep.run_limit
-
     def _best_held(
         self, rep: ReplicaState, cls: ServiceClass, new_runs: bool = True
     ) -> HeldTurn | None:
-        """Of the turns ``rep`` may serve in class ``cls``, the first by ``order.py``'s
-        key: the caller (fewest turns in flight, or least virtual tokens), then (prefix
-        keeping) a turn whose run's prefix is here, then (batch, ``batch_order =
-        "attained"``) the run with least attained service, then oldest. ``new_runs``:
-        whether turns of runs not pinned here may be taken."""
+        """Of the turns ``rep`` may serve in class ``cls``, the first by ``order.held_key``
+        (the caller, then a turn whose run's prefix is here, then the run's level under
+        the attained order, then oldest): this gathers the candidates, the heads of the
+        caller FIFOs in the lanes ``rep`` may draw from. ``new_runs``: whether turns of
+        runs not pinned here may be taken (``placement.may_start_run``)."""
         best: tuple[float, ...] | None = None
         best_turn: str | None = None
         own = pin_lane(rep.spec.name)
-        params = self.params
-        keep = params.keep_prefixes
         generative = rep.spec.kind is EndpointKind.GENERATIVE
-        ranks = (
-            order.caller_ranks(params, self.caller_in_flight, self.vtc)
-            if generative
-            else self.caller_in_flight  # (token fairness counts generative turns only)
-        )
-        attained = cls is ServiceClass.BATCH and params.batch_order == "attained"
+        key: order.HeldKey | None = None  # built for the first lane with turns held
         lanes = [own]
         if new_runs:
             lanes += [free_lane(rep.spec.kind, m) for m in rep.spec.models]
         if new_runs and generative and self.unhealthy:
             # S3: turns pinned to an unhealthy replica may move here (if we serve the model).
             lanes += [pin_lane(name) for name in sorted(self.unhealthy) if name != rep.spec.name]
+        # The candidates: the head of each caller's FIFO (per service level, under the
+        # attained order) in those lanes.
         for lane in lanes:
             callers = self.waiting_callers.get((lane, cls))
             if callers is None:
                 continue
+            if key is None:
+                key = order.held_key(
+                    self.params, self.caller_in_flight, self.vtc, cls, generative, own
+                )
             for caller in callers:
                 qkey = (lane, cls, caller)
                 first = self.queues[qkey].first()
@@ -1532,17 +1461,9 @@ class _Tx:
                 held = self.held[turn_id]
                 if held.model not in rep.spec.models:
                     continue  # a moved turn of another model: not ours to take
-                if attained:  # (the FIFO's caller part may carry a level: use the turn's)
-                    key: tuple[float, ...] = (
-                        ranks.get(held.caller, 0),
-                        0 if keep and lane == own else 1,
-                        held.tier,
-                        held.seq,
-                    )
-                else:
-                    key = (ranks.get(caller, 0), 0 if keep and lane == own else 1, held.seq)
-                if best is None or key < best:
-                    best, best_turn = key, turn_id
+                k = key(lane, held)
+                if best is None or k < best:
+                    best, best_turn = k, turn_id
         return None if best_turn is None else self.held[best_turn]
 
     # ------------------------------------------------------------------ expiry
@@ -1756,20 +1677,6 @@ def _invalid(ev: TurnRequested) -> str | None:
 def _starved_batch(run: RunState, rep: ReplicaState) -> bool:
     """Packing: ``run`` is batch and ``rep``, its replica, is starved (``target.py``)."""
     return run.service_class is ServiceClass.BATCH and target.starved(rep)
-
-
-def _has_room(rep: ReplicaState, cls: ServiceClass) -> bool:
-    if not rep.healthy:
-        return False
-    if cls is ServiceClass.BATCH and _paced(rep):
-        return False
-    if rep.cap is None:
-        return True
-    if cls is ServiceClass.INTERACTIVE:
-        # An engine that orders its queue by class puts the turn ahead of every batch
-        # request it has queued: holding it here could only add a wait.
-        return rep.spec.orders_classes or rep.in_flight < rep.cap
-    return rep.in_flight + rep.reserved < rep.cap
 
 
 Buckets = Map[int, Map[str, None]]

@@ -10,11 +10,12 @@ attained service (``RunState.attained``); per held turn, whether it waits in the
 replica's own pin lane (prefix keeping), its service level (``HeldTurn.tier``) and its
 arrival number.
 
-What it decides: the sort key of a held turn (least first); the FIFO a held turn waits
-in (``queue_caller``); and the bookkeeping the key needs: how much a finished turn
-advances its caller's counter (``turn_cost``) and its run's attained service
-(``served``), the service level of a run (``tier``), and the counter a caller starts
-from (``lift``).
+What it decides: the sort key of a held turn (least first; ``held_key`` builds it for
+one pick, ``decide._Tx._best_held`` iterates the candidates and keeps the least); the
+FIFO a held turn waits in (``queue_caller``); and the bookkeeping the key needs: how
+much a finished turn advances its caller's counter (``turn_cost``) and its run's
+attained service (``served``), the service level of a run (``tier``), and the counter a
+caller starts from (``lift``).
 
 The key, least first:
 
@@ -76,11 +77,15 @@ served; ending turns advance in steps of a whole turn, which is what M_f pays fo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from immutables import Map
 
-from luftpause.scheduler.core.types import Params
+from luftpause.scheduler.core.state import HeldTurn, Lane
+from luftpause.scheduler.core.types import Params, ServiceClass
+
+HeldKey = Callable[[Lane, HeldTurn], tuple[float, ...]]
+Rank = Callable[[str, int], float]
 
 # Attained service's first level, per measure: tokens (a few turns' uncached prompt and
 # reply), seconds of turn time; each level above it doubles.
@@ -100,6 +105,42 @@ def caller_ranks(
 ) -> Mapping[str, float]:
     """The per-caller map the key's first part reads (``.get(caller, 0)``)."""
     return vtc if params.fairness == "tokens" else in_flight
+
+
+def held_key(
+    params: Params,
+    in_flight: Map[str, int],
+    vtc: Map[str, float],
+    cls: ServiceClass,
+    generative: bool,
+    own: Lane,
+) -> HeldKey:
+    """The key, least first, of a held turn of class ``cls`` waiting in a lane (the
+    arguments of the returned function) that a replica whose pin lane is ``own`` may
+    take: its caller's rank (``caller_ranks``; on a single-pass replica always the
+    turns in flight: token fairness counts generative turns only), 0 if it waits in
+    ``own`` with prefix keeping on (else 1), its service level under the attained order
+    (batch only), its arrival number. Built once per pick: what the key reads of
+    ``params`` and the class is decided here, so that each candidate costs one call."""
+    ranks = caller_ranks(params, in_flight, vtc) if generative else in_flight
+    # a lane is never None: without prefix keeping no lane is the replica's own
+    here = own if params.keep_prefixes else None
+    if cls is ServiceClass.BATCH and params.batch_order == "attained":
+
+        def attained_key(
+            lane: Lane, held: HeldTurn, rank: Rank = ranks.get, here: Lane | None = here
+        ) -> tuple[float, ...]:
+            return (rank(held.caller, 0), 0 if lane == here else 1, held.tier, held.seq)
+
+        return attained_key
+
+    # (what it reads bound as defaults: locals, the fastest names to read)
+    def key(
+        lane: Lane, held: HeldTurn, rank: Rank = ranks.get, here: Lane | None = here
+    ) -> tuple[float, ...]:
+        return (rank(held.caller, 0), 0 if lane == here else 1, held.seq)
+
+    return key
 
 
 def turn_cost(params: Params, caller: str, prompt_tokens: int, completion_tokens: int) -> float:

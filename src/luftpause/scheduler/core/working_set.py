@@ -8,9 +8,10 @@ and the engine's last KV usage (``kv_usage``); the policy's ``Params``
 (``working_set_share``, ``working_set_kv_usage``).
 
 Decides: whether a batch run not living on the replica may start there now
-(``admits``). It does not place or order: ``decide._place`` filters replicas with it
-(beside the run limit, or instead of it: ``Params.working_set``) and scores what is left
-by load; ``decide._may_start_run`` asks it before a held turn of a new run is taken.
+(``admits``). It does not place or order: placement (``placement.py``) filters replicas
+with it (beside the run limit, or instead of it: ``Params.working_set``) and scores what
+is left by load; ``placement.may_start_run`` asks it before a held turn of a new run is
+taken.
 
 The rule. A run's *known context* is the prompt of its last finished turn
 (``RunState.last_prompt``): what its next turn brings back and the engine should still
@@ -31,7 +32,7 @@ replica only while runs live there, and each of those ends, goes idle, or lapses
 (``leases.py``), which frees its share.
 
 Cost: the sums are kept incrementally on the replica's record (``decide._bump_replica``,
-where runs pin, unpin and finish turns), so the filter is O(1) and ``_place`` stays
+where runs pin, unpin and finish turns), so the filter is O(1) and placement stays
 O(replicas); ``contribution`` is what one run adds to them (``invariants.py`` recomputes
 them from scratch).
 """
