@@ -460,3 +460,36 @@ def test_the_retain_arm_sends_hints_the_engines_keep_and_releases_at_run_end() -
     plain = simulate(SMALL, "luftpause", trace=Trace(events=[], admits=plain_admits))
     assert all(a.retain_s == 0 for a in plain_admits)
     assert "retention_evicted_tokens" not in plain["engines"]
+
+
+def test_target_arm_names_set_the_options_they_name() -> None:
+    """B1, B5, B7: ``luftpause-xS`` sets a relative target (packing on, as configured by
+    default), ``luftpause-spread-xS`` the same with ``target_packing = false``,
+    ``luftpause-wset-xS`` working-set admission beside the target; a name whose
+    slowdown is not one (``luftpause-x1``, a prefix twice) is no arm."""
+    from luftpause.scheduler.core import WorkingSet
+    from luftpause.sim.fleet import Replica
+    from luftpause.sim.main import make_arm, slowdown_arm
+    from luftpause.sim.world import World
+
+    config = SimConfig(groups=SMALL.groups)
+    world = World()
+    replicas = [Replica("engine-0", config.engine, world, config.first_chunk_tokens)]
+
+    def params(name: str) -> Params:
+        arm = make_arm(name, world, replicas, config)
+        return arm.state.params  # type: ignore[attr-defined,no-any-return]
+
+    packed, spread, wset = (
+        params("luftpause-x1.2"),
+        params("luftpause-spread-x1.2"),
+        params("luftpause-wset-x2"),
+    )
+    assert (packed.interactive_slowdown, packed.target_packing) == (1.2, True)
+    assert (spread.interactive_slowdown, spread.target_packing) == (1.2, False)
+    assert (wset.interactive_slowdown, wset.working_set) == (2.0, WorkingSet.REPLACE)
+    assert params("luftpause").working_set is WorkingSet.OFF
+    for bad in ("luftpause-x1", "luftpause-wset-xluftpause-x1.2", "luftpause-spread-x"):
+        assert slowdown_arm(bad) is None
+        with pytest.raises(ValueError, match="unknown arm"):
+            make_arm(bad, world, replicas, config)
