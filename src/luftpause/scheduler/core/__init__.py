@@ -1,9 +1,13 @@
 """The pure scheduling core (S1): ``decide(state, event) -> (state, actions)``.
 
 No I/O, no clock, no randomness: the host feeds events stamped with its clock
-and carries out the actions. Every policy of S2–S6, S10, S11 and S13 lives in
-``decide.py``; ``state.py`` explains the data layout; ``view.py`` renders the
-status snapshot; ``invariants.py`` recomputes derived counters for tests.
+and carries out the actions. ``decide.py`` handles every event (S2–S6, S10, S11,
+S13) and its theory-of-operation docstring says how the policy units compose:
+``placement.py`` (where a new turn may go: filter, score, pick), ``order.py``
+(which held turn goes first), ``target.py`` (the decode pace and the interactive
+target, packing included), ``working_set.py`` (admission by the KV pool) and
+``leases.py`` (tool leases). ``state.py`` explains the data layout; ``view.py``
+renders the status snapshot; ``invariants.py`` recomputes derived counters for tests.
 """
 
 from luftpause.scheduler.core.actions import Action, Admit, DropTurn, ForgetRun, Reject

@@ -26,7 +26,11 @@ The rules, in order:
    replica: then the run may move) goes to the run's last replica if that serves the
    model, has room and may start the run there (``may_start_run``): its prefix may still
    be cached there.
-3. **Least loaded** (``least_loaded``): filter, score, pick.
+3. **Packing** (``packing_rule``, B7; only with a relative interactive target and
+   ``Params.target_packing``): a new generative interactive turn goes where interactive
+   runs live and meet the target, else where none lives, else to a crowded replica
+   (``target.py``, "Packing").
+4. **Least loaded** (``least_loaded``): filter, score, pick.
 
 The filters a replica must pass, each a predicate of its own (``filters`` composes the
 ones that apply to a turn from its kind, its class and ``Params``):
