@@ -55,6 +55,18 @@ GEMINI_CLI = _npm.Bundle(
     bins=("gemini",),
 )
 
+# The stack the CLIs' own model turns go through (tests/integration/test_harness_*.py):
+# the dataplane maps their model names to the fake engines' one; the engines take their
+# prompts of several thousand tokens, make two tool rounds before an answer and never
+# run an answer to the reply limit.
+HARNESS_ALIASES = (
+    '[dataplane.model_aliases]\n"claude-*" = "llama-3.2-1b"\n"gpt-*" = "llama-3.2-1b"\n'
+)
+HARNESS_ENGINE_ARGS = (
+    "--time-scale", "20", "--context-length", "65536", "--kv-tokens", "400000",
+    "--tool-results", "2", "--runaway-per-mille", "0",
+)  # fmt: skip
+
 # A client that cannot be installed fails (instead of skipping) where any of these is set.
 REQUIRE_VARS = ("CI", "LUFTPAUSE_REQUIRE_CONFORMANCE", "LUFTPAUSE_REQUIRE_CLIENTS")
 RUN_TIMEOUT_S = 90.0

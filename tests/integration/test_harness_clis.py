@@ -26,6 +26,8 @@ import pytest
 from _clients import (
     CLAUDE_CODE,
     CODEX,
+    HARNESS_ALIASES,
+    HARNESS_ENGINE_ARGS,
     REQUIRE_VARS,
     Sandbox,
     codex_sandbox,
@@ -40,21 +42,6 @@ pytestmark = [
     pytest.mark.timeout(INSTALL_TIMEOUT_S + 300),
 ]
 
-ALIASES = '[dataplane.model_aliases]\n"claude-*" = "llama-3.2-1b"\n"gpt-*" = "llama-3.2-1b"\n'
-# The CLIs' prompts are several thousand tokens: a context long enough for them, two tool
-# rounds before the answer, and no answer that runs to the reply limit.
-ENGINE_ARGS = (
-    "--time-scale",
-    "20",
-    "--context-length",
-    "65536",
-    "--kv-tokens",
-    "400000",
-    "--tool-results",
-    "2",
-    "--runaway-per-mille",
-    "0",
-)
 TASK = "Look around this folder with your tools, then tell me what you found."
 RUN_TIMEOUT_S = 240.0
 
@@ -64,8 +51,8 @@ def stack(module_services: Any, tmp_path_factory: pytest.TempPathFactory) -> Sta
     return start_stack(
         module_services,
         tmp_path_factory.mktemp("clis"),
-        engine_args=ENGINE_ARGS,
-        extra_config=ALIASES,
+        engine_args=HARNESS_ENGINE_ARGS,
+        extra_config=HARNESS_ALIASES,
     )
 
 

@@ -36,7 +36,14 @@ from typing import Any
 
 import httpx
 import pytest
-from _clients import CLAUDE_CODE, CODEX, GEMINI_CLI, REQUIRE_VARS
+from _clients import (
+    CLAUDE_CODE,
+    CODEX,
+    GEMINI_CLI,
+    HARNESS_ALIASES,
+    HARNESS_ENGINE_ARGS,
+    REQUIRE_VARS,
+)
 from _npm import INSTALL_TIMEOUT_S, Bundle, installed_or_skip
 from conftest import Services
 from fullstack import Stack, start_stack, write_runtime_config
@@ -50,21 +57,6 @@ pytestmark = [
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "harness_subagents.py"
-ALIASES = '[dataplane.model_aliases]\n"claude-*" = "llama-3.2-1b"\n"gpt-*" = "llama-3.2-1b"\n'
-# Long enough contexts for the CLIs' prompts; no runaway answers. Sub-agents call the
-# fake tools twice, then answer.
-ENGINE_ARGS = (
-    "--time-scale",
-    "20",
-    "--context-length",
-    "65536",
-    "--kv-tokens",
-    "400000",
-    "--tool-results",
-    "2",
-    "--runaway-per-mille",
-    "0",
-)
 RUN_TIMEOUT_S = 240.0
 
 
@@ -87,7 +79,9 @@ class Journey:
 @pytest.fixture(scope="module")
 def journey(module_services: Services, tmp_path_factory: pytest.TempPathFactory) -> Journey:
     tmp = tmp_path_factory.mktemp("journey")
-    stack = start_stack(module_services, tmp, engine_args=ENGINE_ARGS, extra_config=ALIASES)
+    stack = start_stack(
+        module_services, tmp, engine_args=HARNESS_ENGINE_ARGS, extra_config=HARNESS_ALIASES
+    )
     tools = module_services.start("fake-mcp", "--port", "0", "--lookup-delay-s", "0.2")
     config = write_runtime_config(tmp, stack.dataplane.urls["http"], tools.urls["http"])
     runtime = module_services.start("runtime", "--config", str(config), "--port", "0")

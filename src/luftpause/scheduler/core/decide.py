@@ -507,6 +507,23 @@ class _Tx:
                     else self.caller_held.delete(held.caller)
                 )
 
+    def _rehold(self, held: HeldTurn, lane: Lane) -> None:
+        """Hold ``held`` in ``lane`` instead (its place in arrival order kept)."""
+        self._unhold(held)
+        self._hold(
+            held.turn_id,
+            held.run_id,
+            held.model,
+            held.service_class,
+            held.caller,
+            held.kind,
+            held.dataplane_id,
+            held.requested_at,
+            held.seq,
+            lane,
+            held.trace_id,
+        )
+
     def _move_run_held(self, run_id: str, replica: str | None) -> None:
         """Re-lane a run's held turns: to ``replica``'s pin lane, or free (None)."""
         mine = self.held_by_run.get(run_id)
@@ -519,20 +536,7 @@ class _Tx:
             else:
                 lane = free_lane(held.kind, held.model)
             if lane != held.lane:
-                self._unhold(held)
-                self._hold(
-                    held.turn_id,
-                    held.run_id,
-                    held.model,
-                    held.service_class,
-                    held.caller,
-                    held.kind,
-                    held.dataplane_id,
-                    held.requested_at,
-                    held.seq,
-                    lane,
-                    held.trace_id,
-                )
+                self._rehold(held, lane)
                 self.dirty.update(self.serving[(held.kind, held.model)])
 
     def _admit(
@@ -867,20 +871,7 @@ class _Tx:
             key=lambda h: h.seq,
         )
         for held in moved:
-            self._unhold(held)
-            self._hold(
-                held.turn_id,
-                held.run_id,
-                held.model,
-                held.service_class,
-                held.caller,
-                held.kind,
-                held.dataplane_id,
-                held.requested_at,
-                held.seq,
-                free_lane(held.kind, held.model),
-                held.trace_id,
-            )
+            self._rehold(held, free_lane(held.kind, held.model))
             self.dirty.update(self.serving[(held.kind, held.model)])
 
     def _packing_tick(self) -> None:
