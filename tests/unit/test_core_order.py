@@ -9,29 +9,23 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from _core_host import CoreHost
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from immutables import Map
 
 from luftpause.scheduler.core import (
-    Action,
     Admit,
     ClockTicked,
     EndpointKind,
     Params,
-    ReplicaProbed,
-    ReplicaSpec,
     ServiceClass,
-    State,
     TurnAbandoned,
     TurnFinished,
     TurnRequested,
-    decide,
     initial_state,
     order,
 )
-from luftpause.scheduler.core.events import Event
-from luftpause.scheduler.core.invariants import violations
 from luftpause.scheduler.core.state import HeldTurn, free_lane, pin_lane
 from luftpause.scheduler.core.view import run_status, status
 
@@ -44,27 +38,11 @@ VTC = replace(BASE, fairness="tokens")
 ATTAINED = replace(BASE, batch_order="attained")
 
 
-class Host:
+class Host(CoreHost):
     """Feeds ``decide`` one replica's events, checking the invariants after each."""
 
     def __init__(self, params: Params, cap: int = 1, replicas: int = 1) -> None:
-        self.names = [f"g{i}" for i in range(replicas)]
-        specs = tuple(ReplicaSpec(n, GEN, frozenset({"m"})) for n in self.names)
-        self.state: State = initial_state(specs, params)
-        self.t = 0.0
-        self.admitted: dict[str, str] = {}  # turn -> replica, while in flight
-        self.ever: set[str] = set()  # every turn admitted
-        for name in self.names:
-            self(ReplicaProbed(self.t, name, True, cap, 1))  # S2: a queue caps it at ``cap``
-
-    def __call__(self, ev: Event) -> tuple[Action, ...]:
-        self.state, actions = decide(self.state, ev)
-        assert violations(self.state) == []
-        for a in actions:
-            if isinstance(a, Admit):
-                self.admitted[a.turn_id] = a.replica
-                self.ever.add(a.turn_id)
-        return actions
+        super().__init__(params, cap, replicas)
 
     def req(
         self, turn: str, run: str, caller: str = "c", cls: ServiceClass = BAT

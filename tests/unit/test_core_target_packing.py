@@ -7,26 +7,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from _core_host import CoreHost
+
 from luftpause.loadgen.mix import Group
 from luftpause.scheduler.core import (
-    Action,
     Admit,
     ClockTicked,
     EndpointKind,
     FirstTokenReceived,
     Params,
-    ReplicaProbed,
     ReplicaSpec,
     ServiceClass,
-    State,
     TurnFinished,
     TurnRequested,
-    decide,
-    initial_state,
     target,
 )
-from luftpause.scheduler.core.events import Event
-from luftpause.scheduler.core.invariants import violations
 from luftpause.scheduler.core.state import ReplicaState, TurnState
 from luftpause.sim.main import SimConfig, simulate
 
@@ -93,27 +88,11 @@ def test_pack_prefers_hosts_that_meet_the_target_then_fresh_replicas() -> None:
     assert target.pack([], 5, 0, PACKING) is None
 
 
-class Host:
+class Host(CoreHost):
     """Feeds ``decide`` a pool's events, checking the invariants after each."""
 
     def __init__(self, params: Params, cap: int = 4, replicas: int = 2) -> None:
-        self.names = [f"g{i}" for i in range(replicas)]
-        specs = tuple(ReplicaSpec(n, GEN, frozenset({"m"})) for n in self.names)
-        self.state: State = initial_state(specs, params)
-        self.t = 0.0
-        self.admitted: dict[str, str] = {}  # turn -> replica, while in flight
-        self.ever: set[str] = set()
-        for name in self.names:
-            self(ReplicaProbed(self.t, name, True, cap, 1))
-
-    def __call__(self, ev: Event) -> tuple[Action, ...]:
-        self.state, actions = decide(self.state, ev)
-        assert violations(self.state) == []
-        for a in actions:
-            if isinstance(a, Admit):
-                self.admitted[a.turn_id] = a.replica
-                self.ever.add(a.turn_id)
-        return actions
+        super().__init__(params, cap, replicas)
 
     def req(self, turn: str, run: str, cls: ServiceClass = BAT) -> str | None:
         actions = self(TurnRequested(self.t, turn, run, "m", cls, "c", GEN, "dp"))
