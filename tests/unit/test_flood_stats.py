@@ -449,3 +449,23 @@ def test_frontier_goals_judge_each_peer_against_luftpauses_measured_points() -> 
     timed = [P("luftpause", 100.0, 20.0), P("smg-cap12", 90.0, 22.0)]
     (row,) = flood.frontier_goals(timed, None, lower_is_better=True)[2:]
     assert "| 20.0 | 1.10 (1.50) | 100 | 1.11 | 1.10 | 1/3 |" in row
+
+
+def test_an_arm_without_turns_in_the_window_aggregates_without_the_engines_side() -> None:
+    """B1: a simulated arm that finished no turn of a class in the window (the simulator
+    reports no engine side) aggregates to no rates instead of failing the report."""
+    starved = {
+        "classes": {
+            "batch": {
+                "runs_per_min": 0.0,
+                "run_s": {"p50": None, "p95": None},
+                "cached_share": None,
+                "error_count": 0,
+                "turn": {"turns": 0},
+                "runs": 0,
+            }
+        }
+    }
+    out = flood.aggregate([starved], "batch", 1.0)
+    assert out["rpm"] == [0.0] and out["p50"] == [] and out["runs"] == 0
+    assert out["queued_s"] is None and out["errors"] == 0

@@ -1310,7 +1310,7 @@ def aggregate(results: list[dict[str, Any]], cls: str, scale: float) -> dict[str
             elif k == "held_s" and held is not None:
                 parts[k].append(held * scale)
         if not turn["turns"]:  # sub-agents: the engine's side, all classes together
-            e = r["engine_side"]
+            e = r.get("engine_side", {})  # (the simulator has none: nothing to add)
             for k in ("queued_s", "prefill_s", "decode_s"):
                 if e.get(k) is not None:
                     parts[k].append(e[k])

@@ -287,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     for point, arms_at in results.items():
-        interactive = CODING_INTERACTIVE if args.profile else INTERACTIVE_AGENTS
+        interactive = args.interactive or (
+            CODING_INTERACTIVE if args.profile else INTERACTIVE_AGENTS
+        )
         lines += [f"### {point} batch + {interactive} interactive agents", ""]
         measured = (coding_points if args.profile else frontier_points)(arms_at, 1.0)
         if args.profile:
