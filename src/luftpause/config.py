@@ -230,9 +230,10 @@ class SchedulerSettings(_Frozen):
     interactive_target: str | None = None
     # With a relative interactive target: new interactive runs gather on the replicas where
     # interactive runs live and meet it, where the batch limit may then reach 0 while
-    # another replica takes batch work (docs/scheduling.md "Packing"). false: spread as
-    # every run is (fewest runs living first), the batch limit never below 1.
-    target_packing: bool = True
+    # another replica takes batch work (docs/scheduling.md "Packing"; an option: its gains
+    # in the simulator did not hold in the real-time flood). false: interactive runs are
+    # placed as every run is (fewest runs living first), the batch limit never below 1.
+    target_packing: bool = False
     # Tool leases (docs/scheduling.md): a run paused on a tool for longer than its lease
     # stops counting as living on its replica (new batch runs stop waiting behind it) and
     # its interactive reservation lapses; both come back when it returns. The lease is

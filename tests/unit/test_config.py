@@ -314,7 +314,7 @@ def test_interactive_target_names_a_slowdown_a_pace_or_off(tmp_path: Path) -> No
     absolute pace), ``"80ms"`` the absolute pace, ``"off"`` neither; unset, the
     ``interactive_pace_ms`` default governs. A slowdown of 1 or less, a pace of 0, a
     value without its unit, or both keys at once are refused with the reason.
-    ``target_packing`` (on by default) reaches the core's params."""
+    ``target_packing`` (off by default) reaches the core's params."""
     from luftpause.scheduler.service.main import core_params
 
     def params(text: str) -> Params:
@@ -329,9 +329,9 @@ def test_interactive_target_names_a_slowdown_a_pace_or_off(tmp_path: Path) -> No
     assert (off.interactive_slowdown, off.interactive_pace_s) == (None, None)
     default = params("")
     assert (default.interactive_slowdown, default.interactive_pace_s) == (None, 0.1)
-    assert relative.target_packing and default.target_packing  # (it acts on a slowdown only)
-    spread = params('interactive_target = "1.3x"\ntarget_packing = false')
-    assert spread.interactive_slowdown == 1.3 and not spread.target_packing
+    assert not relative.target_packing and not default.target_packing
+    packed = params('interactive_target = "1.3x"\ntarget_packing = true')
+    assert packed.interactive_slowdown == 1.3 and packed.target_packing
     for bad, reason in (
         ('target_packing = "yes please"', "target_packing"),
         ('interactive_target = "1x"', "must be above 1"),

@@ -35,6 +35,7 @@ PACKING = Params(
     interactive_pace_s=None,
     interactive_slowdown=1.2,
     pace_min_tokens=2,
+    target_packing=True,
 )
 ALONE = replace(PACKING, target_packing=False)
 
@@ -202,8 +203,8 @@ def test_in_the_simulator_packing_lifts_interactive_runs_on_four_replicas() -> N
         ramp_s=48.0,
         seed=0,
     )
-    on = simulate(config, "luftpause-x1.2")
-    off = simulate(replace(config, params=ALONE), "luftpause-x1.2")
+    on = simulate(config, "luftpause-pack-x1.2")
+    off = simulate(config, "luftpause-x1.2")
     rate = "runs_per_min_closed"
     assert on["classes"]["interactive"][rate] > off["classes"]["interactive"][rate]
     assert on["classes"]["batch"][rate] > 0

@@ -469,3 +469,17 @@ def test_an_arm_without_turns_in_the_window_aggregates_without_the_engines_side(
     out = flood.aggregate([starved], "batch", 1.0)
     assert out["rpm"] == [0.0] and out["p50"] == [] and out["runs"] == 0
     assert out["queued_s"] is None and out["errors"] == 0
+
+
+def test_packing_target_arms_are_a_sweep_of_their_own() -> None:
+    """B7: ``luftpause-pack-xS`` (a target with ``target_packing = true``) is swept over S
+    apart from the plain targets' ``luftpause-xS``, in the frontier's order and style;
+    only the plain targets make luftpause's frontier in the goal table."""
+    pack, plain = (
+        flood.Point("luftpause-pack-x1.3", 70.0, 24.0),
+        flood.Point("luftpause-x1.3", 1, 1),
+    )
+    assert (pack.kind, pack.cap) == ("luftpause-pack-x", 1.3)
+    assert (plain.kind, plain.cap) == ("luftpause-x", 1.3)
+    assert "luftpause-pack-x" in flood.FRONTIER_ORDER and "luftpause-pack-x" in flood.SVG_STYLE
+    assert flood.FRONTIER_LABEL["luftpause-pack-x"].endswith("packing")

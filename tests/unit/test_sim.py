@@ -463,8 +463,8 @@ def test_the_retain_arm_sends_hints_the_engines_keep_and_releases_at_run_end() -
 
 
 def test_target_arm_names_set_the_options_they_name() -> None:
-    """B1, B5, B7: ``luftpause-xS`` sets a relative target (packing on, as configured by
-    default), ``luftpause-spread-xS`` the same with ``target_packing = false``,
+    """B1, B5, B7: ``luftpause-xS`` sets a relative target (packing off, as configured by
+    default), ``luftpause-pack-xS`` the same with ``target_packing = true``,
     ``luftpause-wset-xS`` working-set admission beside the target; a name whose
     slowdown is not one (``luftpause-x1``, a prefix twice) is no arm."""
     from luftpause.scheduler.core import WorkingSet
@@ -480,16 +480,16 @@ def test_target_arm_names_set_the_options_they_name() -> None:
         arm = make_arm(name, world, replicas, config)
         return arm.state.params  # type: ignore[attr-defined,no-any-return]
 
-    packed, spread, wset = (
+    plain, packed, wset = (
         params("luftpause-x1.2"),
-        params("luftpause-spread-x1.2"),
+        params("luftpause-pack-x1.2"),
         params("luftpause-wset-x2"),
     )
+    assert (plain.interactive_slowdown, plain.target_packing) == (1.2, False)
     assert (packed.interactive_slowdown, packed.target_packing) == (1.2, True)
-    assert (spread.interactive_slowdown, spread.target_packing) == (1.2, False)
     assert (wset.interactive_slowdown, wset.working_set) == (2.0, WorkingSet.REPLACE)
     assert params("luftpause").working_set is WorkingSet.OFF
-    for bad in ("luftpause-x1", "luftpause-wset-xluftpause-x1.2", "luftpause-spread-x"):
+    for bad in ("luftpause-x1", "luftpause-wset-xluftpause-x1.2", "luftpause-pack-x"):
         assert slowdown_arm(bad) is None
         with pytest.raises(ValueError, match="unknown arm"):
             make_arm(bad, world, replicas, config)

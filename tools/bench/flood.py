@@ -198,6 +198,8 @@ class Plan:
     # Own-loop and coding floods: one more luftpause arm per interactive target, a
     # slowdown over the floor (luftpause-xS: ``interactive_target = "Sx"``).
     luftpause_targets: tuple[str, ...] = ()
+    # The same with packing (luftpause-pack-xS: ``target_packing = true`` beside it).
+    luftpause_pack_targets: tuple[str, ...] = ()
     # Own-loop and coding floods: one more luftpause arm with working-set admission
     # instead of prefix keeping's run limit (luftpause-wset: ``working_set = "replace"``).
     luftpause_wset: bool = False
@@ -300,13 +302,14 @@ def _config(
     pace: bool = True,
     target: str | None = None,
     working_set: str = "off",
+    packing: bool = False,
 ) -> Path:
     """A stack file for one scheduler and dataplane on the stack's engines;
     ``initial_cap`` None leaves the scheduler's default ramp from idle. The decode pace's
     default target is in model time: the engines run ``time_scale`` faster, so it is
     scaled as the probe period is (``pace`` False: off). ``target``: an interactive target
     relative to the floor instead (``"1.3"``: ``interactive_target = "1.3x"``), which
-    needs no scaling."""
+    needs no scaling; ``packing``: with it, ``target_packing = true``."""
     default = Params().interactive_pace_s or 0.0
     pace_ms = default * 1000 / stack.plan.time_scale if pace else 0.0
     text = (
@@ -317,6 +320,7 @@ def _config(
             if target is None
             else f'interactive_target = "{target}x"\n'
         )
+        + ("target_packing = true\n" if packing else "")
         + ("" if working_set == "off" else f'working_set = "{working_set}"\n')
         + ("" if initial_cap is None else f"initial_cap = {initial_cap}\n")
         + "[dataplane]\nreport_reconnect_s = 0.2\n"
@@ -533,6 +537,11 @@ def start_stack(
     for slowdown in plan.luftpause_targets:
         config = _config(tmp / f"stack-x{slowdown}.toml", s, probe_s, target=slowdown)
         s.ablations[f"luftpause-x{slowdown}"] = _luftpause(s, config, f"-x{slowdown}")
+    for slowdown in plan.luftpause_pack_targets:
+        path = tmp / f"stack-pack-x{slowdown}.toml"
+        config = _config(path, s, probe_s, target=slowdown, packing=True)
+        arm = f"luftpause-pack-x{slowdown}"
+        s.ablations[arm] = _luftpause(s, config, f"-pack-x{slowdown}")
     s.routers["cache_aware"] = launch_sglang_router(
         s.engines, "cache_aware", tmp / "router-cache_aware.log", MODEL
     )
@@ -1664,8 +1673,11 @@ class Point:
 
 
 # Arms swept over a setting written after their name: smg-cap16, luftpause-x1.3 ...
-SWEPT = ("smg-cap", "smg-fifo", "luftpause-pace", "luftpause-x", "vllm-prog-kv")
-SWEPT_LABEL = {"luftpause-pace": "MS", "luftpause-x": "S", "vllm-prog-kv": "T"}
+SWEPT = ("smg-cap", "smg-fifo", "luftpause-pace", "luftpause-x", "luftpause-pack-x",
+         "vllm-prog-kv")  # fmt: skip
+SWEPT_LABEL = {
+    "luftpause-pace": "MS", "luftpause-x": "S", "luftpause-pack-x": "S", "vllm-prog-kv": "T",
+}  # fmt: skip
 
 
 def _number(text: str) -> float | None:
@@ -1677,15 +1689,17 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) and value > 0 and text.strip() == text else None
 
 
-FRONTIER_ORDER = ("luftpause", "luftpause-x", "luftpause-wset", "luftpause-no-pk",
-                  "luftpause-no-pace", "luftpause-pace", "smg", "smg-cap", "smg-fifo",
-                  "vllm-router", "vllm-prog", "vllm-prog-kv", "router", "engine-prio")  # fmt: skip
+FRONTIER_ORDER = ("luftpause", "luftpause-x", "luftpause-pack-x", "luftpause-wset",
+                  "luftpause-no-pk", "luftpause-no-pace", "luftpause-pace", "smg", "smg-cap",
+                  "smg-fifo", "vllm-router", "vllm-prog", "vllm-prog-kv", "router",
+                  "engine-prio")  # fmt: skip
 FRONTIER_LABEL = {
     "luftpause": "luftpause",
     "luftpause-no-pk": "luftpause, no prefix keeping",
     "luftpause-no-pace": "luftpause, no decode pace",
     "luftpause-pace": "luftpause, decode pace target MS ms",
     "luftpause-x": "luftpause, interactive target S x the floor",
+    "luftpause-pack-x": "luftpause, interactive target S x the floor, packing",
     "luftpause-wset": "luftpause, working-set admission",
     "smg": "SMG (priority scheduler, engines' own capacity)",
     "smg-cap": "SMG priority scheduler, capacity C",
@@ -1853,6 +1867,7 @@ SVG_STYLE = {  # kind -> (colour, marker, filled)
     "luftpause-no-pace": ("#d62728", "square", False),
     "luftpause-pace": ("#d62728", "square", True),
     "luftpause-x": ("#d62728", "diamond", True),
+    "luftpause-pack-x": ("#d62728", "diamond", False),
     "luftpause-wset": ("#d62728", "triangle", True),
     "smg": ("#1f77b4", "circle", False),
     "smg-cap": ("#1f77b4", "circle", True),
@@ -1955,7 +1970,7 @@ def frontier_svg(
             f'<text x="{ox + 16}" y="{(y0 + y1) / 2:.0f}" text-anchor="middle" '
             f'transform="rotate(-90 {ox + 16} {(y0 + y1) / 2:.0f})">{_esc(y_label)}</text>'
         )
-        for kind in ("smg-cap", "smg-fifo", "luftpause-pace", "luftpause-x"):
+        for kind in ("smg-cap", "smg-fifo", "luftpause-pace", "luftpause-x", "luftpause-pack-x"):
             line = [p for p in points if p.kind == kind]
             if len(line) > 1:
                 colour = SVG_STYLE[kind][0]
@@ -2513,6 +2528,13 @@ def main() -> int:
         "e.g. 1.2,1.5,2: luftpause's frontier (default: none)",
     )
     parser.add_argument(
+        "--luftpause-pack-targets",
+        metavar="S,S,...",
+        default="",
+        help="the same with packing (luftpause-pack-xS: target_packing = true beside the "
+        "target; default: none)",
+    )
+    parser.add_argument(
         "--luftpause-wset",
         action="store_true",
         help="own-loop and coding floods: one more luftpause arm with working-set admission "
@@ -2641,6 +2663,12 @@ def main() -> int:
             if slowdown_arm(f"luftpause-x{t}") is None:
                 parser.error(f"--luftpause-targets takes slowdowns above 1, not {t!r}")
         overrides["luftpause_targets"] = targets
+    if args.luftpause_pack_targets:
+        packs = tuple(t.strip() for t in args.luftpause_pack_targets.split(",") if t.strip())
+        for t in packs:
+            if slowdown_arm(f"luftpause-x{t}") is None:
+                parser.error(f"--luftpause-pack-targets takes slowdowns above 1, not {t!r}")
+        overrides["luftpause_pack_targets"] = packs
     if args.arms:
         overrides["arms"] = tuple(
             dict.fromkeys(a.strip() for a in args.arms.split(",") if a.strip())

@@ -127,7 +127,7 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     paced = size is not None and size[0] == "luftpause-pace"
     slowdown = slowdown_arm(name)
     wset_target = name.startswith("luftpause-wset-x") and slowdown is not None
-    spread = name.startswith("luftpause-spread-x") and slowdown is not None
+    packed = name.startswith("luftpause-pack-x") and slowdown is not None
     if (
         name in ("luftpause", "luftpause-no-pace", "luftpause-retain", *WSET_ARMS, *ORDER_ARMS)
         or paced
@@ -136,8 +136,8 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
         params = config.params  # luftpause-paceMS: another target; luftpause-no-pace: none
         if slowdown is not None:  # luftpause-xS: the target S x the floor
             params = replace(params, interactive_slowdown=slowdown)
-        if spread:  # luftpause-spread-xS: the same without packing (target_packing = false)
-            params = replace(params, target_packing=False)
+        if packed:  # luftpause-pack-xS: the same with packing (target_packing = true)
+            params = replace(params, target_packing=True)
         if name == "luftpause-retain":  # B8: retention hints to the engines
             params = replace(params, kv_retention=True)
         if name in WSET_ARMS or wset_target:  # luftpause-wset[-both][-xS]: working-set admission
@@ -183,13 +183,13 @@ def make_arm(name: str, world: World, replicas: list[Replica], config: SimConfig
     raise ValueError(
         f"unknown arm {name!r}; arms are {', '.join(ARMS)}, smg-capC, smg-fifoC, "
         "luftpause-paceMS, luftpause-no-pace, luftpause-retain, luftpause-wset, "
-        "luftpause-wset-both, luftpause-wset-xS, luftpause-spread-xS, luftpause-vtc, "
+        "luftpause-wset-both, luftpause-wset-xS, luftpause-pack-xS, luftpause-vtc, "
         "luftpause-attained, "
         "luftpause-attained-time, vllm-router, vllm-prog, vllm-prog-kv[T]"
     )
 
 
-SLOWDOWN_PREFIXES = ("luftpause-wset-x", "luftpause-spread-x", "luftpause-x")
+SLOWDOWN_PREFIXES = ("luftpause-wset-x", "luftpause-pack-x", "luftpause-x")
 
 
 def slowdown_arm(name: str) -> float | None:
@@ -481,8 +481,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prefix for its usual tool time: kv_retention), luftpause-wset (working-set "
         'admission instead of prefix keeping\'s run limit: working_set = "replace"), '
         'luftpause-wset-both (beside it: "both"), luftpause-wset-xS (working-set admission '
-        "with a target of S times the floor), luftpause-spread-xS (a target of S without "
-        "packing: target_packing = false), vllm-router (vLLM's router without "
+        "with a target of S times the floor), luftpause-pack-xS (a target of S with "
+        "packing: target_packing = true), vllm-router (vLLM's router without "
         "program scheduling), luftpause-vtc (held turns ordered by token fairness: "
         "fairness = tokens), luftpause-attained (batch runs by least attained service in "
         "tokens: batch_order = attained; luftpause-attained-time: in turn time), vllm-prog "

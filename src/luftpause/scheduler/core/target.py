@@ -51,7 +51,7 @@ The target, per replica:
 The batch cost of meeting the target is ``withheld``: the batch slots the limit keeps
 empty on a capped replica while its cap would allow them.
 
-Packing (a relative target with ``Params.target_packing``, the default). On a pool of
+Packing (a relative target with ``Params.target_packing``, an option). On a pool of
 replicas the limit alone plateaus: new interactive runs go where the fewest runs live,
 which is where the limit has already kept batch runs out, so every interactive run
 gathers on one replica; there the limit stops at one batch turn and the interactive

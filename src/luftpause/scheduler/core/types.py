@@ -138,6 +138,7 @@ class Params:
     # Packing under a relative target (``target.py``, "Packing"): with
     # ``interactive_slowdown`` set, new interactive runs go where interactive runs already
     # live and meet the target, a replica's batch limit may reach 0 while another replica
-    # takes batch work, and batch runs pinned to a replica at 0 may move. Off: the target
-    # alone, as before packing; no effect without a relative target.
-    target_packing: bool = True
+    # takes batch work, and batch runs pinned to a replica at 0 may move. Off (the
+    # default: the simulator's gains did not hold in the real-time flood): the target
+    # alone; no effect without a relative target.
+    target_packing: bool = False
