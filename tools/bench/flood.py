@@ -2657,18 +2657,14 @@ def main() -> int:
         overrides["vllm_router"] = True
     if args.luftpause_wset:
         overrides["luftpause_wset"] = True
-    if args.luftpause_targets:
-        targets = tuple(t.strip() for t in args.luftpause_targets.split(",") if t.strip())
-        for t in targets:
-            if slowdown_arm(f"luftpause-x{t}") is None:
-                parser.error(f"--luftpause-targets takes slowdowns above 1, not {t!r}")
-        overrides["luftpause_targets"] = targets
-    if args.luftpause_pack_targets:
-        packs = tuple(t.strip() for t in args.luftpause_pack_targets.split(",") if t.strip())
-        for t in packs:
-            if slowdown_arm(f"luftpause-x{t}") is None:
-                parser.error(f"--luftpause-pack-targets takes slowdowns above 1, not {t!r}")
-        overrides["luftpause_pack_targets"] = packs
+    for flag in ("luftpause_targets", "luftpause_pack_targets"):
+        if getattr(args, flag):
+            targets = tuple(t.strip() for t in getattr(args, flag).split(",") if t.strip())
+            for t in targets:
+                if slowdown_arm(f"luftpause-x{t}") is None:
+                    option = "--" + flag.replace("_", "-")
+                    parser.error(f"{option} takes slowdowns above 1, not {t!r}")
+            overrides[flag] = targets
     if args.arms:
         overrides["arms"] = tuple(
             dict.fromkeys(a.strip() for a in args.arms.split(",") if a.strip())
