@@ -97,6 +97,20 @@ async def served_runtime(
     for it and the runtime, shut down on the way out; all of it within ``bound_s``."""
     rt, lines = runtime(state, hub)
     tasks = TasksExtension(TaskStore(state))
+    async with tasks.running(), mcp_client(rt, lines, bound_s, tasks) as http:
+        yield http, rt
+
+
+@asynccontextmanager
+async def mcp_client(
+    rt: Runtime,
+    lines: list[tuple[int, bytes]],
+    bound_s: float,
+    tasks: TasksExtension | None = None,
+) -> AsyncIterator[httpx.AsyncClient]:
+    """``rt``'s MCP server (``/mcp``, with ``tasks`` when given) over
+    ``httpx.ASGITransport``, the journal's ``lines`` recovered first: a client for it;
+    the runtime shut down on the way out; all of it within ``bound_s``."""
     mcp = build_mcp(rt, tasks=tasks, request_state_key=b"k" * 32)
     app = mcp.streamable_http_app(
         streamable_http_path="/mcp",
@@ -104,11 +118,11 @@ async def served_runtime(
         transport_security=transport_security_for("127.0.0.1"),
     )
     with anyio.fail_after(bound_s):
-        async with tasks.running(), mcp.session_manager.run():
+        async with mcp.session_manager.run():
             rt.recover(lines)
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
                 try:
-                    yield http, rt
+                    yield http
                 finally:
                     await rt.shutdown()

@@ -18,19 +18,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import anyio
 import httpx
 import pytest
 from _dataplane_stack import COMPLETION, MODEL, TOOL_COMPLETION, Stack, chat, stack_fixture
 from _otel import memory_spans, named
-from _runtime_fakes import Hub, until
+from _runtime_fakes import Hub, mcp_client, until
 
 from luftpause.config import RuntimeSettings
 from luftpause.procs import free_port
 from luftpause.runtime.journal import Journal
 from luftpause.runtime.llm import DataplaneClient
 from luftpause.runtime.loop import Runtime
-from luftpause.runtime.server import build_mcp, transport_security_for
 from luftpause.runtime.status import status_tree
 
 __all__ = ["stack_fixture"]
@@ -66,22 +64,11 @@ async def runtime_on(
         transport=dataplane, transient_retries=0,
     )  # fmt: skip
     rt = Runtime(RuntimeSettings(state_dir=str(state), default_model=MODEL), journal, llm, Hub())
-    mcp = build_mcp(rt)
-    app = mcp.streamable_http_app(
-        streamable_http_path="/mcp",
-        stateless_http=False,
-        transport_security=transport_security_for("127.0.0.1"),
-    )
-    with anyio.fail_after(20):
-        async with mcp.session_manager.run():
-            rt.recover(lines)
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
-                try:
-                    yield http, rt
-                finally:
-                    await rt.shutdown()
-                    await llm.aclose()
+    try:
+        async with mcp_client(rt, lines, 20) as http:
+            yield http, rt
+    finally:
+        await llm.aclose()
 
 
 async def spawn(
