@@ -10,7 +10,7 @@ CONFIG ?=
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,examples]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,examples,docs]'
 	@touch $(STAMP)
 
 run: $(STAMP)
