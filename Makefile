@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?=
 
-.PHONY: run test lint typecheck contracts proto proto-check unit component integration conformance clients bench-core clean
+.PHONY: run test docs docs-build docs-gen docs-check lint typecheck contracts proto proto-check unit component integration conformance clients bench-core clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ run: $(STAMP)
 
 # Unit and component tests run on two workers (they start no processes of their own);
 # the integration tier runs alone, its processes timed against each other.
-test: $(STAMP) lint typecheck contracts proto-check
+test: $(STAMP) lint typecheck contracts proto-check docs-check
 	$(PY) -m pytest -q -n 2 tests/unit tests/component
 	$(PY) -m pytest -q tests/integration
 
@@ -38,6 +38,22 @@ proto: $(STAMP)
 
 proto-check: $(STAMP)
 	$(PY) tools/gen_proto.py --check
+
+# The documentation site (mkdocs.yml, docs/): `make docs` serves it on http://127.0.0.1:8000
+# and rebuilds on every change. The suite builds it with --strict and checks every link
+# (tests/component/test_docs_site.py). The reference pages generated from the code
+# (configuration, CLI, metrics, gRPC) are committed; docs-check fails when one is stale.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
+docs-build: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-gen: $(STAMP)
+	$(PY) tools/gen_docs.py
+
+docs-check: $(STAMP)
+	$(PY) tools/gen_docs.py --check
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
@@ -62,4 +78,4 @@ bench-core: $(STAMP)
 	$(PY) tools/bench/core.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site

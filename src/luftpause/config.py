@@ -56,7 +56,9 @@ class ConfigError(Exception):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A field's docstring is its description: docs/reference/configuration.md is generated
+    # from them (tools/gen_docs.py), so the page and the code cannot disagree.
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 Port = Annotated[int, Field(ge=0, le=65535)]
@@ -92,7 +94,9 @@ class ClassPriority(_Frozen):
     """
 
     interactive: int
+    """The ``priority`` of interactive turns."""
     batch: int
+    """The ``priority`` of batch turns (must differ from ``interactive``)."""
 
     @model_validator(mode="after")
     def _differ(self) -> Self:
@@ -126,35 +130,61 @@ class Endpoint(_Frozen):
     """A replica: an engine, a router in front of engines, or a hosted API."""
 
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    """A unique name for the replica (letters, digits, ``_ . -``)."""
     url: str
+    """Its base URL, ``http://`` or ``https://``."""
     kind: EndpointKind = EndpointKind.GENERATIVE
+    """``"generative"`` (chat turns) or ``"single_pass"`` (classifiers, ``/v1/decide``)."""
     models: Annotated[tuple[str, ...], Field(min_length=1)]
+    """The model names it serves."""
     api_key_env: str | None = None
-    health_path: str = "/health"  # "" disables the health probe (always healthy)
+    """The environment variable holding its API key (sent as ``Authorization: Bearer``); a
+    named but unset variable is an error at start."""
+    health_path: str = "/health"
+    """The path probed for health; ``""``: always healthy."""
     metrics: MetricsFlavour = MetricsFlavour.AUTO
+    """How to read its load: ``"sglang"``, ``"vllm"``, ``"auto"`` (either family of names) or
+    ``"none"`` (it reports no load, so it is never capped)."""
     metrics_path: str = "/metrics"
-    load_from: tuple[str, ...] = ()  # base URLs whose /metrics describe this replica's load
-    # The engine orders its queue by request priority: send each turn its class's value
-    # (unless the client set one) and never hold interactive turns for the cap (S4).
+    """Where its Prometheus text is."""
+    load_from: tuple[str, ...] = ()
+    """Base URLs whose metrics describe this replica's load (a router in front of engines)."""
     class_priority: ClassPriority | None = None
-    # The engine writes `"usage": null` into each chunk only when a stream asks for usage
-    # (OpenAI's documented behaviour): the dataplane then cuts those it caused. False for
-    # an engine that writes them whether asked or not (they are passed on as sent).
+    """``{ interactive = 10, batch = 0 }``: the engine orders its own queue by request
+    ``priority`` (SGLang ``--enable-priority-scheduling``, higher first; vLLM
+    ``--scheduling-policy priority``, lower first: pick the values in your engine's
+    direction). The dataplane sends each turn its class's value (a client's own ``priority``
+    is kept), and the scheduler admits interactive turns there without holding them for the
+    cap (S4); batch is still capped. Generative endpoints only."""
     null_usage_when_asked: bool = True
-    # Client APIs besides Chat Completions this endpoint serves itself (B9): a turn on
-    # /v1/messages or /v1/responses placed here is passed through unchanged instead of
-    # being translated to Chat Completions.
+    """The engine writes ``"usage": null`` into each chunk only when a stream asks for usage
+    (OpenAI's documented behaviour): the dataplane cuts the ones its own usage request
+    caused. ``false`` for an engine that writes them whether asked or not (passed on as
+    sent)."""
     native_apis: tuple[NativeApi, ...] = ()
-    # The engine serves a model that takes images: images of /v1/messages and
-    # /v1/responses turns are translated into Chat Completions image_url parts (B9).
+    """Client APIs the endpoint serves itself besides Chat Completions: ``"messages"``
+    (``/v1/messages``), ``"responses"`` (``/v1/responses``). Turns on those routes placed
+    here pass through unchanged (only an alias's target model written in, no
+    ``class_priority`` added) instead of being translated (B9). When every endpoint serving
+    a model lists the API, requests the proxy cannot translate (stored responses, server
+    tools, images by file ID) are passed on too, and images go on as sent whatever
+    ``vision`` says. The endpoint's key also goes as ``x-api-key`` on ``/v1/messages``."""
     vision: bool = False
-    # B8: ask the engine to keep a run's prefix for about its usual tool time after each
-    # turn, through the mechanism named (``KvRetention``); released when the run ends.
+    """The models it serves take images: on ``/v1/messages`` and ``/v1/responses``, Anthropic
+    ``image`` blocks and Responses ``input_image`` parts become Chat Completions
+    ``image_url`` parts, in their order among the texts (B9). Images are forwarded only when
+    every endpoint serving the model sets it (or serves the API natively); otherwise they are
+    a ``400`` naming this setting. Generative endpoints only."""
     kv_retention: KvRetention = KvRetention.NONE
-    # Working-set admission: the engine's KV pool in tokens, for an engine whose metrics
-    # do not report it (SGLang's sglang:max_total_num_tokens, vLLM's cache_config_info);
-    # set, it overrides them. None: as the metrics say.
+    """B8: ask the engine to keep a run's prefix after each turn for about the run's usual
+    tool time. ``"vllm-router"``: the body gets ``vllm_xargs.agentic_context`` with the run as
+    ``program_id`` and ``kv_retention_ttl_seconds`` (read by vllm-router 0.1.17's program
+    scheduling); ``"fake"``: the same, and ending a run also sends the engine ``POST
+    /kv_retention/release`` (the fake engine honours both); ``"none"``: no hint. A client's
+    own ``vllm_xargs`` is passed on unchanged."""
     kv_tokens: Annotated[int, Field(ge=1)] | None = None
+    """The engine's KV pool in tokens, for working-set admission; set, it overrides what its
+    metrics report (SGLang ``sglang:max_total_num_tokens``, vLLM ``vllm:cache_config_info``)."""
 
     @field_validator("url")
     @classmethod
@@ -191,82 +221,106 @@ class Endpoint(_Frozen):
 
 class SchedulerSettings(_Frozen):
     host: str = "127.0.0.1"
+    """The address the scheduler listens on."""
     grpc_port: Port = 5000
+    """Its gRPC port (0: a free one)."""
     http_port: Port = 5001
-    # The Link over plain TCP (the admission round trip without HTTP/2), advertised to
-    # dataplanes on resync; off: dataplanes use the Link rpc on grpc_port.
+    """Its status port: ``/status``, the page, ``/metrics`` (0: a free one)."""
     tcp_link: bool = True
+    """Serve the Link over plain TCP on ``link_port`` (the admission round trip without
+    HTTP/2); dataplanes learn the port when they resync. ``false``: they use the Link rpc on
+    ``grpc_port``."""
     link_port: Port = 5002
-    # A Link connection whose hello has not arrived within this is closed; while this many
-    # connections wait for theirs, a new one is closed at once (welcomed ones not counted).
-    # (bounded: it is also grpc's handshake timeout in whole milliseconds, an int32)
+    """The port of the Link over TCP (0: a free one, as it is whenever ``grpc_port`` is 0 and
+    this is not set)."""
     link_hello_timeout_s: Annotated[float, Field(ge=0.01, le=3600)] = 5.0
+    """A Link connection whose whole ``LinkHello`` has not arrived within this is closed
+    (logged, naming the peer); also the time a connection to the gRPC port has to finish its
+    HTTP/2 handshake."""
     link_max_unauthenticated: Annotated[int, Field(ge=1)] = 64
-    probe_period_s: Seconds = 2.0  # also the probe timeout (S9)
-    clock_tick_s: Seconds = 1.0  # S10
-    turn_timeout_s: Seconds = 600.0  # a turn never reported finished is dropped (S10)
-    run_idle_expiry_s: Seconds = 1800.0  # a run with no turn is forgotten (S10)
-    # S11: a dataplane whose report stream ended and that does not come back within this
-    # has its admitted turns released (it died, or restarted under another ID)
+    """Link connections that may wait for their welcome at once; past it a new connection is
+    closed at once (logged at most every 10 s). Welcomed dataplanes are not counted."""
+    probe_period_s: Seconds = 2.0
+    """How often each replica's health and load are probed; also the probe's timeout (S9)."""
+    clock_tick_s: Seconds = 1.0
+    """The expiry clock's period (S10)."""
+    turn_timeout_s: Seconds = 600.0
+    """A turn never reported finished is dropped after this and its slot freed (S10)."""
+    run_idle_expiry_s: Seconds = 1800.0
+    """A run with no turn, admitted or held, for this long is forgotten (S10)."""
     dataplane_grace_s: Seconds = 15.0
-    cap_raise_step: Annotated[int, Field(ge=1)] = 1  # S2: slots added per quiet probe at the cap
-    queue_probes: Annotated[int, Field(ge=1)] = 2  # S2: probes in a row with a queue to cap
-    # S2, a flood from idle: turns a replica takes before its engine first queues, doubled
-    # per quiet probe that finds the engine running them all; 0 = unlimited until then
+    """When a dataplane stops reporting (its process died, or it restarted under another
+    ``--dataplane-id``), its admitted turns stay counted this long, then are released; one
+    that reconnects in time keeps them (S11)."""
+    cap_raise_step: Annotated[int, Field(ge=1)] = 1
+    """Slots added to a capped replica per quiet probe at the cap (S2)."""
+    queue_probes: Annotated[int, Field(ge=1)] = 2
+    """Probes in a row that must see a queue before a replica is capped (S2)."""
     initial_cap: Annotated[int, Field(ge=0)] = 16
-    # Prefix keeping (docs/scheduling.md): continuing turns first (after S5), new batch
-    # runs gated by the runs pinned to a capped replica, and a turn back from a tool that
-    # finds less than this share of its run's previous prompt cached lowers the cap.
+    """Turns a replica takes before its engine has first queued (batch turns only where the
+    engine orders its queue by class), doubled on every probe that finds the engine running
+    them all with an empty queue, until the first queue sets the cap. 0: no limit before the
+    first queue."""
     keep_prefixes: bool = True
+    """Prefix keeping: on a capped replica, continuing turns first (after S5), new batch runs
+    gated by the runs pinned there, and evicted prefixes lower the cap."""
     prefix_miss_share: Annotated[float, Field(gt=0, le=1)] = 0.5
-    # Decode pace (docs/decode-pace.md): while an interactive run lives on a replica, its
-    # batch turns are limited so that replies there stream at no more than this many
-    # milliseconds per token; 0 = off. Replies shorter than pace_min_tokens are not judged.
+    """A turn back from a tool that finds less than this share of its run's previous prompt
+    cached counts as an evicted prefix."""
     interactive_pace_ms: Annotated[float, Field(ge=0)] = 100.0
+    """The decode pace: while an interactive run lives on a replica, its batch turns are
+    limited so that replies there stream at no more than this many milliseconds per token.
+    0: off. With time-scaled fake engines, divide it by the time scale."""
     pace_min_tokens: Annotated[int, Field(ge=2)] = 16
-    # The interactive target (B7, docs/scheduling.md): "1.3x" keeps interactive replies
-    # within 1.3 times the fastest pace the replica has shown (its floor); "80ms" is
-    # interactive_pace_ms = 80; "off" turns the decode pace off. Unset: interactive_pace_ms.
+    """Replies shorter than this many tokens are not timed by the decode pace."""
     interactive_target: str | None = None
-    # With a relative interactive target: new interactive runs gather on the replicas where
-    # interactive runs live and meet it, where the batch limit may then reach 0 while
-    # another replica takes batch work (docs/scheduling.md "Packing"; an option: its gains
-    # in the simulator did not hold in the real-time flood). false: interactive runs are
-    # placed as every run is (fewest runs living first), the batch limit never below 1.
+    """The interactive target (B7) in one word: ``"1.3x"`` keeps interactive replies within
+    1.3 times the replica's floor (the fastest pace of a reply there with at most one other
+    batch turn beside it; above 1); ``"80ms"`` is ``interactive_pace_ms = 80``; ``"off"``
+    turns the decode pace off. Unset: ``interactive_pace_ms`` governs; setting both is an
+    error."""
     target_packing: bool = False
-    # Tool leases (docs/scheduling.md): a run paused on a tool for longer than its lease
-    # stops counting as living on its replica (new batch runs stop waiting behind it) and
-    # its interactive reservation lapses; both come back when it returns. The lease is
-    # tool_lease_factor x (smoothed time + 4 x deviation) of its slowest tool, learned from
-    # runs that came back, at least tool_lease_min_s; tool_lease_default_s for a tool never
-    # seen back.
+    """With a relative ``interactive_target`` only: new interactive runs go to the replicas
+    where interactive runs live and meet the target, where the batch limit may reach 0 while
+    another replica takes batch work (batch runs pinned there move at their next turn). An
+    option: its gains in the simulator did not hold in the real-time flood."""
     tool_lease_min_s: Annotated[float, Field(gt=0)] = 10.0
+    """The shortest lease a run's pause on a tool gets. A pause that outlives its lease stops
+    counting as living on its replica and its interactive reservation lapses, until the run
+    comes back."""
     tool_lease_default_s: Annotated[float, Field(gt=0)] = 120.0
+    """The lease of a pause on a tool no run has come back from yet."""
     tool_lease_factor: Annotated[float, Field(ge=1)] = 2.0
-    # Working-set admission (docs/scheduling.md "Working-set admission (B5)"): a new batch
-    # run starts on a replica only while the known contexts of the runs living there and
-    # an estimate of its own fit in working_set_share of the engine's KV pool (endpoint
-    # kv_tokens, or its metrics) and, if set above 0, the engine's KV usage is below
-    # working_set_kv_usage. "off": prefix keeping's run limit alone gates new runs;
-    # "replace": the working set instead of it; "both": both.
+    """A lease is this many times (smoothed time + 4 × its deviation) of the pause's slowest
+    tool, learned from the runs that came back from it."""
     working_set: Literal["off", "replace", "both"] = "off"
+    """Working-set admission (B5): ``"off"``; ``"replace"``: a new batch run starts on a
+    replica only while the known contexts of the runs living there plus an estimate of its
+    own fit in ``working_set_share`` of the engine's KV pool, instead of prefix keeping's run
+    limit; ``"both"``: beside it."""
     working_set_share: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """The share of the engine's KV pool the working set plus a new run's estimate may fill."""
     working_set_kv_usage: Annotated[float, Field(ge=0, le=1)] = 0.0
-    # Held-turn order (docs/scheduling.md "Token fairness (B3)", "Attained service (B2)"):
-    # which caller's held turn goes first within a class ("in_flight": fewest turns in
-    # flight; "tokens": least weighted tokens served, prompt_weight x prompt +
-    # completion_weight x completion), and within the batch class which run's
-    # ("arrival", or "attained": least service so far, in attained_measure units).
+    """With working-set admission on, no new batch run starts while the engine's last KV
+    usage is at or above this (0: not checked)."""
     fairness: Literal["in_flight", "tokens"] = "in_flight"
+    """Which caller's held turn goes first within a class: ``"in_flight"`` (fewest turns in
+    flight, S5) or ``"tokens"`` (least weighted tokens served: virtual token counters, B3)."""
     prompt_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    """With ``fairness = "tokens"``: what a prompt token adds to its caller's counter."""
     completion_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 2.0
+    """With ``fairness = "tokens"``: what a completion token adds (not both weights 0)."""
     batch_order: Literal["arrival", "attained"] = "arrival"
+    """Which batch run's held turn goes first after the caller: ``"arrival"``, or
+    ``"attained"`` (least attained service first, B2)."""
     attained_measure: Literal["tokens", "time"] = "tokens"
-    # S12: runtimes (base URLs, http(s)://host:port) the status page may show besides
-    # loopback ones; the scheduler fetches their /status for the page.
+    """With ``batch_order = "attained"``: a run's service as its finished turns' uncached
+    prompt + completion tokens (``"tokens"``) or seconds from admission to end (``"time"``)."""
     status_runtimes: tuple[
         Annotated[str, Field(pattern=r"^https?://[^/?#@\s]+(:[0-9]+)?/?$")], ...
     ] = ()
+    """Runtime base URLs (``http://host:port``) the status page may show besides loopback
+    ones; the scheduler fetches their ``/status`` for the page (S12)."""
 
     @field_validator("interactive_target")
     @classmethod
@@ -354,29 +408,45 @@ _CREDENTIAL_HEADERS = frozenset(
 
 class DataplaneSettings(_Frozen):
     host: str = "127.0.0.1"
+    """The address the dataplane listens on."""
     port: Port = 8080
-    scheduler: str = "127.0.0.1:5000"  # host:port of the scheduler's gRPC server
+    """Its port (0: a free one)."""
+    scheduler: str = "127.0.0.1:5000"
+    """``host:port`` of the scheduler's gRPC server."""
     engine_connect_timeout_s: Seconds = 2.0
+    """Connect timeout towards engines (there is no read timeout: replies may be long)."""
     report_reconnect_s: Seconds = 1.0
-    # Reports wait up to this long to share a write to the scheduler (0 = each at once).
+    """The pause before reconnecting to the scheduler."""
     report_flush_ms: Annotated[float, Field(ge=0, le=1000)] = 5.0
-    # Use the scheduler's Link over plain TCP where it offers one (false: the Link rpc).
+    """Turn reports wait up to this long to share one write to the scheduler with later ones
+    (0: every report at once). Admission requests never wait; a finished turn's slot is freed
+    at the scheduler up to this much later."""
     tcp_link: bool = True
+    """Use the scheduler's Link over plain TCP where it offers one (``false``: the gRPC
+    stream)."""
     tool_call_id_memory_s: Seconds = 1800.0
+    """How long echoed tool call IDs identify a run (D2); the scheduler uses the same value."""
     tool_call_id_sweep_s: Seconds = 60.0
+    """How often expired tool call IDs are swept."""
     run_idle_prune_s: Seconds = 1800.0
+    """Idle runs are forgotten by the dataplane after this."""
     caller_max_bytes: Annotated[int, Field(ge=1)] = 128
-    # A request body larger than this is refused with 413 before it reaches an engine.
+    """The caller header is cut to this many bytes."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
-    # `luftpause up` starts this many dataplane processes on the one port (SO_REUSEPORT):
-    # the kernel spreads connections over them; each links to the scheduler on its own.
+    """A larger request body is refused with 413 before it reaches an engine."""
     workers: Annotated[int, Field(ge=1, le=64)] = 1
-    # Model names clients ask for that no endpoint serves, mapped to one an endpoint does
-    # serve: exact names or shell-style patterns ("claude-*"), tried in file order (B9).
+    """``luftpause up`` starts this many dataplane processes on the one ``port``
+    (SO_REUSEPORT: the kernel spreads connections over them; each links to the scheduler on
+    its own). Needs a fixed ``port``."""
     model_aliases: Mapping[str, str] = Field(default_factory=dict)
-    # Headers that name a harness's session, tried in order when a turn has no
-    # x-luftpause-run-id and no Claude Code or Codex session header (B4).
+    """Model names clients ask for that no endpoint serves → a model a generative endpoint
+    serves: exact names or shell-style patterns, tried in file order (``"claude-haiku-*" =
+    "small"`` before ``"claude-*" = "big"``); a target no endpoint serves is an error at
+    start (B9)."""
     session_headers: tuple[str, ...] = ("x-session-affinity", "x-session-id")
+    """Request headers that name a harness's session (run ``session-<value>``), tried in order
+    when a turn has no ``x-luftpause-run-id`` and no Claude Code or Codex session header
+    (B4)."""
 
     @field_validator("model_aliases")
     @classmethod
@@ -430,9 +500,13 @@ class ToolServer(_Frozen):
     """An upstream MCP server the runtime's sub-agents may call."""
 
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]
-    url: str | None = None  # Streamable HTTP
-    command: tuple[str, ...] = ()  # stdio: argv
+    """Its name; sub-agents see its tools under it."""
+    url: str | None = None
+    """Its Streamable HTTP URL (set this or ``command``)."""
+    command: tuple[str, ...] = ()
+    """The argv of a stdio server (set this or ``url``)."""
     env: Mapping[str, str] = Field(default_factory=dict)
+    """Environment variables for a stdio server."""
 
     @model_validator(mode="after")
     def _one_transport(self) -> Self:
@@ -445,27 +519,47 @@ class ToolServer(_Frozen):
 
 class RuntimeSettings(_Frozen):
     host: str = "127.0.0.1"
+    """The address the runtime listens on."""
     port: Port = 7000
+    """Its port (0: a free one); MCP is served at ``/mcp``."""
     state_dir: str = "./state"
+    """Where ``runs.jsonl``, ``tasks.jsonl`` and ``request-state.key`` live."""
     dataplane_url: str = "http://127.0.0.1:8080"
+    """Where sub-agent turns go."""
     turn_timeout_s: Seconds = 600.0
+    """Runtime → dataplane timeout per request of a turn."""
     default_max_tokens: Annotated[int, Field(ge=0)] = 256
+    """Reply length per turn (0: the engine decides)."""
     default_max_tool_calls: Annotated[int, Field(ge=0)] = 8
+    """Tool-call budget per run."""
     await_timeout_s: Seconds = 60.0
+    """``await``'s default timeout."""
     await_max_s: Seconds = 600.0
+    """``await``'s longest timeout."""
     retry_after_default_s: Seconds = 1.0
-    # Stream each turn (and put the reply back together) so the dataplane times its
-    # decode; false: one non-streamed request per turn.
+    """The wait after an engine's 429 without ``Retry-After``."""
     stream_turns: bool = True
+    """Stream each turn (asking for usage) and put the reply back together, so the dataplane
+    times its decode and the decode pace covers sub-agents; ``false``: one non-streamed
+    request per turn. A stream that breaks off before ``[DONE]`` is retried as a 5xx is. An
+    upstream that streams no usage although asked leaves runs' token counts (and budgets) at
+    0, and the runtime logs a warning saying to set this to ``false``."""
     default_model: str | None = None
+    """The model of a ``spawn`` that names none (unset: the first model listed)."""
     tool_servers: tuple[ToolServer, ...] = ()
-    # For a dataplane_url that is not a luftpause dataplane (a gateway, a router, an
-    # engine that orders its queue by class): headers added to every turn of a class,
-    # headers that carry the run's ID (a sticky-session key), and a body "priority" per
-    # class (kept where a turn sets its own).
+    """Upstream MCP servers (``[[runtime.tool_servers]]``): ``name``, and either ``url``
+    (Streamable HTTP) or ``command`` (stdio argv) with optional ``env``."""
     class_headers: Mapping[ServiceClass, Mapping[str, str]] = Field(default_factory=dict)
+    """For a ``dataplane_url`` that is not a luftpause dataplane (a gateway or router that
+    orders turns by class): headers added to every turn of a class, e.g. ``interactive =
+    {"x-smg-priority" = "interactive"}``; not ``authorization``, ``x-luftpause-*`` or the
+    request's own framing headers."""
     run_id_headers: tuple[str, ...] = ()
+    """Headers that carry the run's ID on every turn, e.g. ``["x-smg-routing-key"]`` for a
+    gateway's sticky sessions."""
     class_priority: Mapping[ServiceClass, int] = Field(default_factory=dict)
+    """A body ``priority`` per class, e.g. ``{interactive = 10, batch = 0}``, for engines that
+    order their queue by it (a turn's own ``priority`` is kept)."""
 
     @field_validator("dataplane_url")
     @classmethod
@@ -494,19 +588,31 @@ class FakeEngine(_Frozen):
     """A fake engine `luftpause up` starts (see luftpause.fakes)."""
 
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]
+    """Its name (unique among the fake engines)."""
     port: Port
+    """Its port."""
     model: str = "llama-3.2-1b"
-    args: tuple[str, ...] = ()  # extra command-line flags for `luftpause fake-engine`
+    """The model it serves."""
+    args: tuple[str, ...] = ()
+    """Extra command-line flags for ``luftpause fake-engine``."""
 
 
 class FakeMcp(_Frozen):
+    """The fake MCP tool server `luftpause up` starts."""
+
     port: Port = 9000
+    """Its port."""
     args: tuple[str, ...] = ()
+    """Extra command-line flags for ``luftpause fake-mcp``."""
 
 
 class Fakes(_Frozen):
+    """What ``luftpause up`` starts besides the services."""
+
     engines: tuple[FakeEngine, ...] = ()
+    """Fake engines (``[[fakes.engines]]``)."""
     mcp: FakeMcp | None = None
+    """The fake MCP tool server (``[fakes.mcp]``)."""
 
 
 class StackConfig(_Frozen):
