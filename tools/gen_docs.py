@@ -561,6 +561,10 @@ PAGES: dict[str, Callable[[], str]] = {
 }
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -573,11 +577,11 @@ def main(argv: list[str] | None = None) -> int:
         path = OUT / name
         if args.check:
             if not path.exists() or path.read_text() != text:
-                stale.append(path.relative_to(ROOT))
+                stale.append(_shown(path))
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            print(f"wrote {path.relative_to(ROOT)}")
+            print(f"wrote {_shown(path)}")
     if stale:
         names = ", ".join(map(str, stale))
         print(f"stale: {names} (run `make docs-gen` and commit the result)", file=sys.stderr)
