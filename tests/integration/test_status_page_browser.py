@@ -8,7 +8,7 @@ flight and held while the page is looked at. Headless Chromium loads ``/`` and
 ``/?runtime=…`` and the rendered DOM must show the replicas, held turns, runs and the
 run tree with its subtree totals. Each page load leaves a screenshot in the test's
 temp dir; a failing test names it. ``LUFTPAUSE_STATUS_SCREENSHOT=PATH`` copies the
-run-tree screenshot there (that is how ``docs/status-page.png`` is made).
+run-tree screenshot there (that is how ``docs/assets/status-page.png`` is made).
 """
 
 from __future__ import annotations

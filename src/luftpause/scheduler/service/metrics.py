@@ -20,7 +20,9 @@ phase, reason, event type): callers and runs never become labels; held callers a
 counted per class instead.
 
 Each :class:`SchedulerMetrics` has its own registry, so several schedulers in one
-process (tests) do not share counters. The table of series is in the README.
+process (tests) do not share counters. The series are listed in
+docs/reference/metrics.md, generated from the registries; docs/reference/scheduler-api.md
+says what the help texts leave out.
 """
 
 from __future__ import annotations
