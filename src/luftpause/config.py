@@ -106,7 +106,7 @@ class ClassPriority(_Frozen):
 
 class KvRetention(StrEnum):
     """How the dataplane asks an endpoint to keep a paused run's prefix (B8;
-    docs/engine-kv-retention.md says which engines accept what)."""
+    docs/benchmarks/policies.md, "What engines accept", says which engines accept what)."""
 
     NONE = "none"  # no hint
     # ``vllm_xargs.agentic_context`` {program_id: run, kv_retention_ttl_seconds}: read by
@@ -214,27 +214,29 @@ class SchedulerSettings(_Frozen):
     # S2, a flood from idle: turns a replica takes before its engine first queues, doubled
     # per quiet probe that finds the engine running them all; 0 = unlimited until then
     initial_cap: Annotated[int, Field(ge=0)] = 16
-    # Prefix keeping (docs/scheduling.md): continuing turns first (after S5), new batch
+    # Prefix keeping (docs/concepts/affinity.md): continuing turns first (after S5), new batch
     # runs gated by the runs pinned to a capped replica, and a turn back from a tool that
     # finds less than this share of its run's previous prompt cached lowers the cap.
     keep_prefixes: bool = True
     prefix_miss_share: Annotated[float, Field(gt=0, le=1)] = 0.5
-    # Decode pace (docs/decode-pace.md): while an interactive run lives on a replica, its
+    # Decode pace (docs/concepts/decode-pace.md): while an interactive run lives on a replica, its
     # batch turns are limited so that replies there stream at no more than this many
     # milliseconds per token; 0 = off. Replies shorter than pace_min_tokens are not judged.
     interactive_pace_ms: Annotated[float, Field(ge=0)] = 100.0
     pace_min_tokens: Annotated[int, Field(ge=2)] = 16
-    # The interactive target (B7, docs/scheduling.md): "1.3x" keeps interactive replies
-    # within 1.3 times the fastest pace the replica has shown (its floor); "80ms" is
-    # interactive_pace_ms = 80; "off" turns the decode pace off. Unset: interactive_pace_ms.
+    # The interactive target (B7, docs/concepts/interactive-target.md): "1.3x" keeps
+    # interactive replies within 1.3 times the fastest pace the replica has shown (its
+    # floor); "80ms" is interactive_pace_ms = 80; "off" turns the decode pace off. Unset:
+    # interactive_pace_ms.
     interactive_target: str | None = None
     # With a relative interactive target: new interactive runs gather on the replicas where
     # interactive runs live and meet it, where the batch limit may then reach 0 while
-    # another replica takes batch work (docs/scheduling.md "Packing"; an option: its gains
-    # in the simulator did not hold in the real-time flood). false: interactive runs are
-    # placed as every run is (fewest runs living first), the batch limit never below 1.
+    # another replica takes batch work (docs/concepts/interactive-target.md "Packing"; an
+    # option: its gains in the simulator did not hold in the real-time flood). false:
+    # interactive runs are placed as every run is (fewest runs living first), the batch
+    # limit never below 1.
     target_packing: bool = False
-    # Tool leases (docs/scheduling.md): a run paused on a tool for longer than its lease
+    # Tool leases (docs/concepts/admission.md): a run paused on a tool for longer than its lease
     # stops counting as living on its replica (new batch runs stop waiting behind it) and
     # its interactive reservation lapses; both come back when it returns. The lease is
     # tool_lease_factor x (smoothed time + 4 x deviation) of its slowest tool, learned from
@@ -243,7 +245,7 @@ class SchedulerSettings(_Frozen):
     tool_lease_min_s: Annotated[float, Field(gt=0)] = 10.0
     tool_lease_default_s: Annotated[float, Field(gt=0)] = 120.0
     tool_lease_factor: Annotated[float, Field(ge=1)] = 2.0
-    # Working-set admission (docs/scheduling.md "Working-set admission (B5)"): a new batch
+    # Working-set admission (docs/concepts/admission.md, "Working-set admission"): a new batch
     # run starts on a replica only while the known contexts of the runs living there and
     # an estimate of its own fit in working_set_share of the engine's KV pool (endpoint
     # kv_tokens, or its metrics) and, if set above 0, the engine's KV usage is below
@@ -252,7 +254,7 @@ class SchedulerSettings(_Frozen):
     working_set: Literal["off", "replace", "both"] = "off"
     working_set_share: Annotated[float, Field(gt=0, le=1)] = 0.9
     working_set_kv_usage: Annotated[float, Field(ge=0, le=1)] = 0.0
-    # Held-turn order (docs/scheduling.md "Token fairness (B3)", "Attained service (B2)"):
+    # Held-turn order (docs/concepts/runs-and-classes.md "Token fairness", "Batch order"):
     # which caller's held turn goes first within a class ("in_flight": fewest turns in
     # flight; "tokens": least weighted tokens served, prompt_weight x prompt +
     # completion_weight x completion), and within the batch class which run's
