@@ -1,5 +1,5 @@
-"""Caps that follow the engine, and tool leases (docs/scheduling.md "Runs that do not
-come back"): the pure core's rules for runs a client left mid-tool.
+"""Caps that follow the engine, and tool leases (docs/concepts/admission.md "Tool
+leases"): the pure core's rules for runs a client left mid-tool.
 
 A run paused on a tool lives on its replica (S3's pinned count, which prefix keeping's
 run limit gates new batch runs by) and, when interactive, holds a slot there (S4). A

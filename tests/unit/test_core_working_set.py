@@ -320,8 +320,8 @@ def test_the_working_sets_equal_a_recomputation_after_any_history(
 
 def test_in_the_simulator_working_set_admission_serves_more_batch_runs_where_kv_binds() -> None:
     """B5, B1: two replicas with a 30,000-token pool, 4 interactive and 48 batch agents
-    (the KV-bound cell of docs/scheduling.md): prefix keeping's run limit, raised by quiet
-    probes, lets more runs live on a replica than its cache holds, and their prefixes are
+    (the KV-bound cell of docs/benchmarks/policies.md): prefix keeping's run limit, raised by
+    quiet probes, lets more runs live on a replica than its cache holds, and their prefixes are
     evicted; working-set admission keeps them cached and ends more batch runs in the
     window, with a larger cached share (an ordering, in virtual time)."""
     config = SimConfig(

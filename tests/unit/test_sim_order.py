@@ -1,4 +1,4 @@
-"""The held-turn order options in the simulator (B1, B2, B3; docs/scheduling.md): the
+"""The held-turn order options in the simulator (B1, B2, B3; docs/benchmarks/policies.md): the
 effect each documents appears as an ordering of outcomes between arms on the same load
 and seed, never as a timing."""
 

@@ -1,5 +1,6 @@
-"""A replay trace with tools slower than a second, for B8's evaluation (docs/scheduling.md,
-"KV retention on tool pause"): ``python tools/bench/retention_trace.py SEED OUT.jsonl``.
+"""A replay trace with tools slower than a second, for B8's evaluation
+(docs/benchmarks/policies.md, "KV retention on tool pause (B8)"):
+``python tools/bench/retention_trace.py SEED OUT.jsonl``.
 
 560 runs (one in 14 interactive) starting over 300 s, 4-8 turns each; the first prompt 1,400-2,200
 tokens (1,000 shared), each next one the previous + the reply + 150-500 tokens of tool result;

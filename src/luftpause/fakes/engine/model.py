@@ -57,8 +57,8 @@ hint while kept prefixes crowd out everyone else's cached ones first. That is
 SGLang's ``--enable-session-radix-cache`` order (unreferenced entries are evicted
 before session-referenced ones; ``/close_session`` drops the references) and the soft
 TTL class of vLLM RFC #52113; SGLang's hard pins were withdrawn because they wedge
-the pool (PRs #21884, #27025; docs/engine-kv-retention.md). Expiry is checked at the
-start of each ``step``.
+the pool (PRs #21884, #27025; docs/benchmarks/policies.md, "What engines accept").
+Expiry is checked at the start of each ``step``.
 
 One iteration (``step``)
 ------------------------

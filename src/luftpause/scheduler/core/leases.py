@@ -2,8 +2,8 @@
 
 Pure arithmetic over the state's ``tool_times`` (tool name -> ``ToolTime``); ``decide``
 applies it (``_back_from_tool`` learns, ``_lapse`` ends a pause, the clock tick checks
-leases) and ``view`` shows it. docs/scheduling.md, "Runs that do not come back", says
-why.
+leases) and ``view`` shows it. docs/concepts/admission.md, "Tool leases", says what
+it does and docs/benchmarks/policies.md, "Tool leases", why.
 
 * A pause's tools become estimate keys with ``tool_keys``: distinct, cut to
   ``MAX_TOOL_NAME`` characters, at most ``MAX_PAUSE_TOOLS``; a pause that named none is

@@ -83,20 +83,20 @@ class Params:
     # first queue sets the cap as S2 says and ends the ramp. None: no limit until then.
     initial_cap: int | None = 16
     queue_probes: int = 2  # S2: consecutive probes with a queue before the cap is set
-    # Prefix keeping (docs/scheduling.md): on a capped replica, turns of runs pinned there
+    # Prefix keeping (docs/concepts/affinity.md): on a capped replica, turns of runs pinned there
     # go first (after S5's caller order), new batch runs start only while fewer runs than
     # the cap are pinned there, and a turn back from a tool that finds less than this share
     # of its run's previous prompt cached lowers the cap by one.
     keep_prefixes: bool = True
     prefix_miss_share: float = 0.5
-    # Decode pace (docs/decode-pace.md): while an interactive run lives on a replica
+    # Decode pace (docs/concepts/decode-pace.md): while an interactive run lives on a replica
     # (a turn in flight or paused on a tool there), its batch turns are limited so that
     # replies there stream at no more than this many seconds per token; the limit is
     # learned from the turns that end there. A replica that reports no load is not
     # limited (S2). None: off.
     interactive_pace_s: float | None = 0.1
     pace_min_tokens: int = 16  # replies shorter than this say too little about the pace
-    # Tool leases (docs/scheduling.md "Runs that do not come back"): a run paused on a
+    # Tool leases (docs/concepts/admission.md "Tool leases"): a run paused on a
     # tool for longer than its lease stops counting as living on its replica and its S4
     # reservation lapses; both come back when the run returns. A lease is
     # ``tool_lease_factor`` x (smoothed duration + 4 x smoothed deviation) of the slowest
@@ -115,15 +115,15 @@ class Params:
     # engines that declare a retention mechanism to keep a run's prefix over its pause.
     # Off: every Admit carries 0 and ``_admit`` does no more than before.
     kv_retention: bool = False
-    # Working-set admission (docs/scheduling.md "Working-set admission (B5)"): a new
+    # Working-set admission (docs/concepts/admission.md "Working-set admission"): a new
     # batch run starts on a replica whose KV pool is known only while the known contexts
     # of the runs living there plus an estimate of its own fit in ``working_set_share`` of
     # the pool and (if set) the engine's last KV usage is below ``working_set_kv_usage``.
     working_set: WorkingSet = WorkingSet.OFF
     working_set_share: float = 0.9
     working_set_kv_usage: float | None = None
-    # Held-turn order (``order.py``; docs/scheduling.md "Token fairness (B3)" and
-    # "Attained service (B2)"). ``fairness``: which caller's held turn goes first within a
+    # Held-turn order (``order.py``; docs/concepts/runs-and-classes.md "Token fairness" and
+    # "Batch order"). ``fairness``: which caller's held turn goes first within a
     # class: "in_flight" (S5: fewest turns in flight) or "tokens" (virtual token counters,
     # VTC: least weighted service, ``prompt_weight`` x prompt + ``completion_weight`` x
     # completion tokens per finished turn). ``batch_order``: within the batch class, after

@@ -50,7 +50,8 @@ MAX_AGENTIC_CONTEXT = 16 * 1024  # vllm-router's bound on a context (characters)
 class AgenticContext(BaseModel):
     """``vllm_xargs.agentic_context`` as vllm-router 0.1.17 reads it; the fake engine
     honours ``kv_retention_ttl_seconds`` (keeps the finished request's prompt blocks that
-    long, under ``program_id``: docs/engine-kv-retention.md). Other members are ignored."""
+    long, under ``program_id``: docs/benchmarks/policies.md, "What engines accept").
+    Other members are ignored."""
 
     model_config = ConfigDict(extra="allow")
     program_id: str | None = Field(default=None, min_length=1, max_length=256)
