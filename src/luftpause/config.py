@@ -110,7 +110,7 @@ class ClassPriority(_Frozen):
 
 class KvRetention(StrEnum):
     """How the dataplane asks an endpoint to keep a paused run's prefix (B8;
-    docs/engine-kv-retention.md says which engines accept what)."""
+    docs/benchmarks/policies.md "What engines accept" says which engines accept what)."""
 
     NONE = "none"  # no hint
     # ``vllm_xargs.agentic_context`` {program_id: run, kv_retention_ttl_seconds}: read by
