@@ -8,8 +8,8 @@ Start the stack (``make run``), then::
 
 Each run gives the CLI a throwaway home (no login, no telemetry, nothing of yours
 read or changed), adds the luftpause runtime as its MCP server the way
-docs/clients.md describes, sends its own model turns through the luftpause proxy
-(Claude Code and Codex CLI), and asks it to research two rivers with one
+docs/getting-started/clients.md describes, sends its own model turns through the luftpause
+proxy (Claude Code and Codex CLI), and asks it to research two rivers with one
 sub-agent each. On the fake engines, the task's ``[tools:spawn+spawn,await]``
 scripts the model: it calls ``spawn`` twice in one reply, then ``await``, then
 answers with what ``await`` returned. Against a real model the task's words do the

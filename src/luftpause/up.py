@@ -204,7 +204,10 @@ def _run(
         print(
             f"\nRun Claude Code's own model turns through the proxy:\n  {claude_via(base, token)}"
         )
-        print('  (Codex CLI: a provider entry with wire_api = "responses"; see docs/clients.md)')
+        print(
+            '  (Codex CLI: a provider entry with wire_api = "responses";'
+            " see docs/getting-started/clients.md)"
+        )
     print("\nPress Ctrl-C to stop everything.", flush=True)
     while not stopping():
         for s in started:

@@ -14,7 +14,8 @@ runtime with the client's own command and asks the client whether it connects:
 Two runtimes serve the module as real processes on loopback: one open, one with
 ``LUFTPAUSE_TOKEN`` (X2: ``/mcp`` then needs ``Authorization: Bearer <token>``). No
 tool is ever called, so they need no dataplane or tool server. What each client printed
-is attached to the test report (``-rA`` shows it; docs/clients.md quotes it).
+is attached to the test report (``-rA`` shows it; docs/getting-started/clients.md quotes
+it).
 
 A client that cannot be installed (registry unreachable, no build for this platform)
 skips its tests naming the package and why, or fails them where ``CI``,

@@ -1,9 +1,9 @@
 """Claude Code and Codex CLI run a task through the dataplane (B9, B4, X5).
 
 The real CLIs from the npm registry (pinned in ``tests/_clients.py``, throwaway homes,
-no login) are pointed at the proxy the way docs/clients.md tells users to: Claude Code
-with ``ANTHROPIC_BASE_URL`` (it speaks Anthropic Messages), Codex with a model provider
-entry (``wire_api = "responses"``). Both ask for a model by their own names, which the
+no login) are pointed at the proxy the way docs/getting-started/clients.md tells users to:
+Claude Code with ``ANTHROPIC_BASE_URL`` (it speaks Anthropic Messages), Codex with a model
+provider entry (``wire_api = "responses"``). Both ask for a model by their own names, which the
 dataplane's alias map sends to the fake engines' model, and both send
 ``x-luftpause-class: interactive`` through their own custom-header settings. The fake
 engines answer with tool calls first (the CLIs run them: read-only tools and a

@@ -2,8 +2,8 @@
 
 ``examples/harness_subagents.py`` runs each real CLI (pinned in ``tests/_clients.py``,
 installed under ``.cache/node``) the way a user would after ``make run``: a throwaway
-home, the runtime added as its MCP server as docs/clients.md describes, and (Claude
-Code, Codex) its own model turns through the dataplane, whose aliases map the CLIs'
+home, the runtime added as its MCP server as docs/getting-started/clients.md describes,
+and (Claude Code, Codex) its own model turns through the dataplane, whose aliases map the CLIs'
 model names to the fake engines'. The fake engine's test-bench directive in the task,
 ``[tools:spawn+spawn,await]``, makes the model call ``spawn`` twice in one reply (in
 parallel), then ``await`` with both handles, then answer with what ``await`` returned.
