@@ -3,7 +3,7 @@
 Real processes on loopback: two fake engines (each running one request at a time),
 a real router in front of them (the SGLang router, and SMG), and the scheduler
 and dataplane with a config whose only generative endpoint is the router's URL
-with ``load_from`` = the engines' URLs (docs/routers.md).
+with ``load_from`` = the engines' URLs (docs/guides/routers.md).
 """
 
 from __future__ import annotations

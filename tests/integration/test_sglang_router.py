@@ -2,7 +2,7 @@
 (PyPI ``sglang-router`` 0.3.2) and the SGLang Model Gateway (PyPI ``smg`` 1.13.0).
 
 Each router must register both fake engines as workers (``/health``,
-``/server_info``, ``/model_info``; docs/routers.md) and relay streamed and plain
+``/server_info``, ``/model_info``; docs/guides/routers.md) and relay streamed and plain
 completions to them.
 """
 

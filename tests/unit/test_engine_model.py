@@ -684,7 +684,7 @@ def test_normal_quantile_inverts_the_cdf() -> None:
 
 
 def test_answer_lengths_follow_the_documented_log_normal() -> None:
-    """H1: answer lengths (docs/calibration.md, "Reply lengths") are deterministic per
+    """H1: answer lengths (docs/guides/calibration.md, "Reply lengths") are deterministic per
     seed, within 1..ANSWER_MAX_TOKENS, have the documented median, grow with the user
     message up to LMSYS-Chat-1M's mean prompt, and a greeting gets a short answer."""
     seeds = [f"0:{i:016x}" for i in range(4000)]

@@ -1,7 +1,7 @@
 """B10: agent-shaped workloads - the coding-agent profile, trace replay, both in the simulator.
 
 Statistical checks sample with a fixed seed and use tolerant bounds around the
-values docs/workloads.md documents (and cites).
+values docs/guides/workloads.md documents (and cites).
 """
 
 from __future__ import annotations

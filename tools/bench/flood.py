@@ -41,7 +41,7 @@ the original testbed), in one run, arms alternated and repeated:
 5. ``fanout``: 16 sub-agents spawned together vs one after another, through
    luftpause and through the router.
 6. ``coding``: runs shaped like real coding-agent traces (``--profile coding-agent``,
-   docs/workloads.md: ~30 turns, contexts growing to tens of thousands of tokens,
+   docs/guides/workloads.md: ~30 turns, contexts growing to tens of thousands of tokens,
    tool gaps of ~5 s with a heavy tail, parallel sub-agents), 2 interactive agents
    beside N batch agents, the own-loop arms with SMG's priority scheduler. Its runs
    outlast any window a flood can afford, so it is judged by the turns that ended in
@@ -2155,7 +2155,7 @@ def report(
         f"- machine: {machine()}; load average before the run "
         f"{' / '.join(f'{x:.2f}' for x in load_before)} (other work shares these cores: "
         "each table lists the 1-minute load average of its arms)",
-        "- engines: two fake engines (`docs/calibration.md` defaults"
+        "- engines: two fake engines (`docs/guides/calibration.md` defaults"
         + (
             f"; the coding flood's with `{' '.join(CODING_ENGINE_ARGS)}`"
             if "coding" in results
@@ -2356,7 +2356,7 @@ def report(
         elif bench == "coding":
             out += [
                 f"{CODING_INTERACTIVE} interactive agents beside N batch agents, every run "
-                "sampled from `--profile coding-agent` ([workloads.md](workloads.md)), "
+                "sampled from `--profile coding-agent` (`docs/guides/workloads.md`), "
                 f"engines `{' '.join(CODING_ENGINE_ARGS)}`; "
                 f"{plan.coding_window_s:g} s measured after {plan.coding_warmup_s:g} s of "
                 "warm-up (model time), the agents "

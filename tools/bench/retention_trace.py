@@ -5,7 +5,7 @@
 560 runs (one in 14 interactive) starting over 300 s, 4-8 turns each; the first prompt 1,400-2,200
 tokens (1,000 shared), each next one the previous + the reply + 150-500 tokens of tool result;
 tool replies 30-90 tokens, answers 150-300; tool times log-normal with a median of 3 s, cut to
-0.5-30 s. ``luftpause sim --trace OUT.jsonl`` replays it (docs/workloads.md)."""
+0.5-30 s. ``luftpause sim --trace OUT.jsonl`` replays it (docs/guides/workloads.md)."""
 
 from __future__ import annotations
 

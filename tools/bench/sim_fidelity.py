@@ -32,7 +32,7 @@ repetitions is simulated once, with the runs it drew: the simulator's ``--plan-s
 set to what the repetition's load generator drew them from (its ``plan_seed``, or its
 ``seed`` in a flood from before ``--plan-seed``), so the two play the same runs slot
 for slot. They still differ in a run's lengths a little: the load generator asks for
-a tool turn's reply rounded up to a power of two (``docs/workloads.md``), the
+a tool turn's reply rounded up to a power of two (``docs/guides/workloads.md``), the
 simulator serves the planned length. ``--seeds`` and ``--seed`` do not apply to such a
 flood.
 

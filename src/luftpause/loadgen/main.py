@@ -23,7 +23,7 @@ program scheduling (``agents.turn_body``, ``agents.run_headers``).
 
 Runs shaped like real coding-agent traces (``--profile coding-agent``), and replay
 of a trace of your own (``--trace FILE``, JSONL, one run per line); see
-docs/workloads.md for the profile's parameters and what a replay reproduces::
+docs/guides/workloads.md for the profile's parameters and what a replay reproduces::
 
     luftpause loadgen --group 2:interactive --group 8:batch --profile coding-agent
     luftpause loadgen --trace my-runs.jsonl --time-scale 5
@@ -179,7 +179,7 @@ def add_run_shape(group: argparse._ArgumentGroup, tool_calls_help: str) -> None:
         choices=sorted(PROFILES),
         help="shape every own-loop group's runs like real agent traces instead (turns, "
         "context growth, tool times, parallel sub-agents; replaces the three options above; "
-        "see docs/workloads.md)",
+        "see docs/guides/workloads.md)",
     )
 
 
@@ -190,7 +190,7 @@ def add_trace_argument(group: argparse._ArgumentGroup) -> None:
         metavar="FILE",
         help='replay the runs of a JSONL trace, one run per line: {"id", "class", '
         '"start_s", "turns": [{"prompt_tokens", "completion_tokens", "tool_s"}]} '
-        "(see docs/workloads.md)",
+        "(see docs/guides/workloads.md)",
     )
 
 

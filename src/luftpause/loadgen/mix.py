@@ -14,7 +14,7 @@ falls back to the command line's value::
     context_chars = 8000
     tool_calls = 3            # or "1-3": uniform per run
     max_tokens = 256
-    profile = "coding-agent"  # runs shaped like real traces (B10); see docs/workloads.md
+    profile = "coding-agent"  # runs shaped like real traces (B10); see docs/guides/workloads.md
     start_s = 0               # seconds after the start before its agents begin (a load step)
 
     [[group]]

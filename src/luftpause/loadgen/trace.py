@@ -18,7 +18,7 @@ refused, so a typo never silently changes a replay.
 
 Each turn's prompt is meant to extend the previous one (previous prompt + reply +
 tool result): a prompt that is *shorter* than the previous one is replayed as a
-compacted conversation that starts afresh (see docs/workloads.md).
+compacted conversation that starts afresh (see docs/guides/workloads.md).
 
 :func:`load_trace` raises :class:`TraceError` naming the file, the line and the field.
 """

@@ -12,7 +12,7 @@ new tail is a prefix the engine may still hold. A profile run whose next prompt 
 outgrow the profile's context cap *compacts*: its next prompt is its first prompt plus
 a summary (everything after the shared system prompt is new to the engine).
 
-Every parameter of :data:`CODING_AGENT` and its source is in docs/workloads.md.
+Every parameter of :data:`CODING_AGENT` and its source is in docs/guides/workloads.md.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class Profile:
-    """The shape of a run, sampled per run. See docs/workloads.md for every value."""
+    """The shape of a run, sampled per run. See docs/guides/workloads.md for every value."""
 
     name: str
     turns: LogNormal  # model turns per run (rounded)

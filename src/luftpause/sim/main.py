@@ -13,7 +13,7 @@
 
 The groups are the load generator's (``--group``, ``--mix``, ``--agents``;
 own-loop agents only), shaped like real agent traces with ``--profile``; ``--trace``
-replays a trace's runs beside them or alone (``sim.shaped``; docs/workloads.md).
+replays a trace's runs beside them or alone (``sim.shaped``; docs/guides/workloads.md).
 Each arm runs the same load from the same seed on fresh replicas; the report is the
 load generator's table per arm, and a comparison.
 See the package docstring for what each arm models.

@@ -163,7 +163,7 @@ def sglang_max_running(kv_tokens: int, context_length: int) -> int:
 @dataclass(frozen=True)
 class EngineParams:
     """Parameters of one replica. Defaults: Llama-3.2-1B FP8 on half of an 8 GB RTX 4060
-    Laptop (two replicas share the GPU); each value's source is in docs/calibration.md."""
+    Laptop (two replicas share the GPU); each value's source is in docs/guides/calibration.md."""
 
     kv_tokens: int = 55_000  # KV pool per replica (tokens)
     context_length: int = 8192  # model context the server was started with

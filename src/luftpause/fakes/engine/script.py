@@ -34,7 +34,7 @@ Rules
   Without the marker nothing changes.
 * **Text answers** are filler of a deterministic *natural* length drawn from a
   log-normal distribution of chat reply lengths (``answer_length``; the fit and
-  its sources are in docs/calibration.md, "Reply lengths"): its median grows with
+  its sources are in docs/guides/calibration.md, "Reply lengths"): its median grows with
   the length of the last user message up to LMSYS-Chat-1M's mean prompt (a
   greeting gets a short answer), it is
   truncated at ``ANSWER_MAX_TOKENS``, and the quantile comes from a hash of the
@@ -77,7 +77,7 @@ from luftpause.fakes.engine.tokens import (
 
 RUNAWAY_TOKENS = 1 << 30  # natural length of an answer that never ends on its own
 
-# Natural length of a text answer (docs/calibration.md, "Reply lengths"). The mean reply
+# Natural length of a text answer (docs/guides/calibration.md, "Reply lengths"). The mean reply
 # is LMSYS-Chat-1M's (214.5 tokens at its mean prompt of 69.5 tokens), scaled down for a
 # shorter prompt (the last user message) as (prompt / 69.5) ** 0.8, the exponent that
 # links the published dataset means; a longer prompt is not extrapolated (held at 69.5).
@@ -101,7 +101,7 @@ class ScriptOptions:
     tool_results: int = 3
     text_tool_calls: bool = False
     wrong_types: bool = False
-    runaway_per_mille: int = 250  # calibrated: see docs/calibration.md
+    runaway_per_mille: int = 250  # calibrated: see docs/guides/calibration.md
     seed: int = 0
 
 

@@ -23,7 +23,7 @@ Per-request script overrides: ``x-fake-tool-results: N``,
 (every draw from the key and the tool results so far, not from the prompt; a first user
 message holding ``[plan:KEY]`` does the same where a proxy drops the header); the body's
 ``ignore_eos: true`` (SGLang/vLLM) makes a text answer run until ``max_tokens``.
-Real routers in front of the engines: docs/routers.md.
+Real routers in front of the engines: docs/guides/routers.md.
 """
 
 from __future__ import annotations

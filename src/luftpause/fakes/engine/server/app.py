@@ -7,7 +7,7 @@
 * ``POST /v1/messages`` and ``/v1/responses``, served through the chat route as vLLM
   serves them itself (``native.py``);
 * ``GET /health`` (and ``/health_generate``), ``/metrics`` (``metrics.py``), ``/v1/models``;
-* what real routers read to register a worker (S7; docs/routers.md): ``/server_info``
+* what real routers read to register a worker (S7; docs/guides/routers.md): ``/server_info``
   (``/get_server_info``), ``/model_info`` (``/get_model_info``) and ``/get_load``;
 * ``GET /debug/state``: live counts, per-request timing and the driver's step counters;
 * ``POST /kv_retention/release`` ``{"program_id"}``: the fake engine's own early end of

@@ -1,7 +1,7 @@
 """``/metrics`` in two dialects (H1, read by S9): SGLang's or vLLM's Prometheus names.
 
 Both read the model's ``EngineMetrics`` at scrape time. The running and queue
-gauges follow SGLang's rule for when it updates them (see docs/calibration.md,
+gauges follow SGLang's rule for when it updates them (see docs/guides/calibration.md,
 "What /metrics reports"); ``/debug/state`` and ``/get_load`` show live counts.
 """
 
