@@ -294,9 +294,9 @@ configuration (the message names the problem), 1 when a command fails at run tim
 Every service (`scheduler`, `dataplane`, `runtime`, `fake-engine`, `fake-mcp`) takes
 `--host`, `--port` (0 picks a free port), `--ready-file PATH` (JSON `{pid, service, ports,
 urls}`, written atomically once it accepts connections) and `--log-level`; the three
-luftpause services also take `--config FILE` and `--check`. `status`, `loadgen` and `sim` are not services: they run and exit. What the
-fake engine does for a client (reply lengths, headers, prompt directives, debug routes) is on
-[its own page](fake-engine.md).
+luftpause services also take `--config FILE` and `--check`. `status`, `loadgen` and `sim`
+are not services: they run and exit. What the fake engine does for a client (reply lengths,
+headers, prompt directives, debug routes) is on [its own page](fake-engine.md).
 
 | command | what it does |
 |---|---|
