@@ -44,10 +44,10 @@ proto-check: $(STAMP)
 # (tests/component/test_docs_site.py). The reference pages generated from the code
 # (configuration, CLI, metrics, gRPC) are committed; docs-check fails when one is stale.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 docs-build: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict --site-dir site
 
 docs-gen: $(STAMP)
 	$(PY) tools/gen_docs.py
