@@ -1,7 +1,7 @@
 """Chaos run: how a luftpause stack survives SIGKILLed processes.
 
     .venv/bin/python tools/chaos.py --quick                 # < 3 min
-    .venv/bin/python tools/chaos.py --report docs/reliability.md
+    .venv/bin/python tools/chaos.py --report docs/benchmarks/reliability.md
     .venv/bin/python tools/chaos.py --scenarios runtime,engine --flood-s 20
 
 It starts its own stack on loopback with the project's process helpers
@@ -1449,15 +1449,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--out",
         type=Path,
-        default=ROOT / "docs/data/chaos.json",
-        help="raw results as JSON (default: docs/data/chaos.json)",
+        default=ROOT / "docs/benchmarks/reliability.json",
+        help="raw results as JSON (default: docs/benchmarks/reliability.json, beside the "
+        "page the report goes to)",
     )
     o.add_argument(
         "--report",
         type=Path,
         metavar="FILE",
         help="write or update the marked chaos section of this markdown file "
-        "(e.g. docs/reliability.md)",
+        "(e.g. docs/benchmarks/reliability.md)",
     )
     o.add_argument(
         "--workdir",

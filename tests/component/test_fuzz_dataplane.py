@@ -23,7 +23,7 @@ the shape above, with a run, and no non-JSON error body is allowed.
 
 ``LUFTPAUSE_FUZZ_EXAMPLES`` sets the examples per route (default 150);
 ``LUFTPAUSE_FUZZ_REPORT=path.json`` writes the answers counted by route and
-status (the figures in docs/reliability.md come from there).
+status (the figures in docs/benchmarks/reliability.md come from there).
 """
 
 from __future__ import annotations

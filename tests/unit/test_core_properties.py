@@ -731,7 +731,7 @@ class CoreMachine(RuleBasedStateMachine):
 TestCoreMachine = CoreMachine.TestCase
 # Derandomized: the same 150 walks on every run, so the suite is deterministic. Random
 # walks beyond them find two open admission faults in the pin lanes of unhealthy
-# replicas (see docs/reliability.md, "Known limits"); explore with derandomize=False.
+# replicas (see docs/benchmarks/reliability.md, "Known limits"); explore with derandomize=False.
 TestCoreMachine.settings = settings(
     max_examples=150,
     stateful_step_count=50,

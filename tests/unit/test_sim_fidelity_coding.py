@@ -356,7 +356,7 @@ def test_a_floods_vllm_arms_are_simulated_at_its_time_scale(
         raise SystemExit(0)  # seen what it was given; the rest is not under test
 
     monkeypatch.setattr(fidelity, "simulate", simulate)
-    data = json.loads(Path("docs/data/benchmarks-target.json").read_text())
+    data = json.loads(Path("docs/benchmarks/results/2026-12-06-flood-target.json").read_text())
     own = data["results"]["own"]
     flood_file = tmp_path / "flood.json"
     for arm in ("luftpause", "vllm-prog"):

@@ -138,9 +138,9 @@ def test_arm_names_and_their_errors() -> None:
 
 
 def test_a_capped_smg_trades_batch_for_interactive_as_the_flood_measured() -> None:
-    """B1 against the flood's SMG finding (docs/benchmarks-smg.md): on a saturated pool, a
-    small capacity makes interactive runs faster than SMG uncapped and serves fewer batch
-    runs (orderings in virtual time; no timing is asserted)."""
+    """B1 against the flood's SMG finding (docs/benchmarks/results/2026-12-05-flood-smg.md):
+    on a saturated pool, a small capacity makes interactive runs faster than SMG uncapped
+    and serves fewer batch runs (orderings in virtual time; no timing is asserted)."""
     config = SimConfig(
         groups=(Group("chat", 2, "interactive", "chat"), Group("crowd", 40, "batch", "crowd")),
         replicas=1,

@@ -5,7 +5,8 @@ vLLM's router and engine priority (H4).
     python tools/bench/flood.py              # full: every load point, 2 repetitions (~4.5 h)
     python tools/bench/flood.py --benches own,light --reps 1 --time-scale 4
     python tools/bench/flood.py --benches own --reps 3 --time-scale 5 \\
-        --smg-caps 8,16,24,32 --smg-fifo-caps 16,32 --plot docs/frontier.svg
+        --smg-caps 8,16,24,32 --smg-fifo-caps 16,32 \\
+        --plot docs/benchmarks/results/YYYY-MM-DD-flood-smg.svg
     python tools/bench/flood.py --quick --benches own --loads 24 --vllm-router \\
         --arms luftpause,vllm-router,vllm-prog,vllm-prog-kv
 
@@ -72,6 +73,13 @@ time per class from the dataplane's ``/metrics``.
 
 This machine's cores are shared by every process (engines, proxy, router,
 load generator); the report records the load average of every arm.
+
+The report is written to ``docs/benchmarks/results/YYYY-MM-DD-flood.md`` unless ``--out``
+says otherwise (that day's UTC date; rename it to say what it measured and list it in
+``docs/benchmarks/archive.md``). It states what is particular to the run (command, commit,
+date, machine, load, engines, time scale, every arm's command line) and links
+``docs/benchmarks/methodology.md`` for the rest: arms, repetitions, intervals, window and
+columns are explained there once.
 """
 
 from __future__ import annotations
@@ -135,7 +143,7 @@ SMG_QUEUE_TIMEOUT_S = 1800.0  # model seconds: no turn fails for waiting in SMG'
 # often it reads each engine's running and waiting requests and KV usage, which its
 # cache_aware policy scores a run's first turn by. Left at 10 real seconds, a flood at
 # time scale 5 gave it a picture 50 model seconds old: with 36 slots over both engines at
-# 48 batch agents that cost SMG about a fifth of its batch runs (docs/simulator.md).
+# 48 batch agents that cost SMG about a fifth of its batch runs (docs/benchmarks/fidelity.md).
 SMG_LOAD_POLL_S = 10.0
 # SMG's built-in starvation thresholds are SMG_STARVATION_S (model seconds; one table
 # with the simulator's SMG arms, luftpause.sim.arms).
@@ -2112,22 +2120,14 @@ def report(
     smg_lines = (
         [
             "- SMG arms (PyPI `smg` 1.13.0, the SGLang Model Gateway, in front of the same two "
-            "engines): the load generator sends `x-smg-priority: interactive` on interactive "
-            "turns and `bulk` on batch turns (SMG's class for background work), the run ID in "
-            f"`{SMG_KEY_HEADER}` (sticky sessions: a run stays on one engine, SMG's "
-            f"`{plan.smg_policy}` places its first turn) and the engine priorities luftpause sends "
-            "(interactive 10, batch 0: SMG forwards a body's `priority`). `smg`: the priority "
-            "scheduler on with the capacity the engines report (3,437 running requests each: "
-            "nothing waits in SMG); `smg-capC`: the same scheduler given a capacity of C slots "
-            "over both engines (SMG 1.13.0 takes it only from the workers' "
-            "`max_running_requests` label; `--max-concurrent-requests` does not bound the "
-            f"priority scheduler - checked), {SMG_INTERACTIVE_RESERVED} of them reserved for "
-            "`interactive` (one per interactive agent, so no interactive turn waits or "
-            "preempts); `smg-fifoC`: no priority scheduler, SMG's legacy admission with "
-            "`--max-concurrent-requests C` and a FIFO queue (class-blind). Queue timeouts "
-            f"{SMG_QUEUE_TIMEOUT_S:g} s, starvation thresholds SMG's defaults, its load poll "
-            f"(`--load-monitor-interval`) every {plan.smg_load_poll_s:g} s, all in model "
-            "time (÷ the time scale, rounded up). Command lines:",
+            "engines; [how they run](../methodology.md#smg-arms)): `x-smg-priority` "
+            f"interactive / bulk, the run ID in `{SMG_KEY_HEADER}` (sticky sessions), "
+            f"`{plan.smg_policy}` placing a run's first turn, engine priorities 10 / 0; "
+            f"`smg-capC` with {SMG_INTERACTIVE_RESERVED} of its C slots reserved for "
+            f"`interactive`. Queue timeouts {SMG_QUEUE_TIMEOUT_S:g} s, starvation thresholds "
+            f"SMG's defaults, its load poll (`--load-monitor-interval`) every "
+            f"{plan.smg_load_poll_s:g} s, all in model time (÷ the time scale, rounded up). "
+            "Command lines:",
             *(f"  - `{name}`: `{text}`" for name, text in sorted(setups.items())),
             "  - priority-scheduler config (`smg-priority.yaml`), time scale "
             f"{sc:g}: `" + smg_scheduler_yaml(sc).replace("\n", " ").strip() + "`",
@@ -2138,7 +2138,9 @@ def report(
     header = [
         "# Benchmarks",
         "",
-        "Measured by `tools/bench/flood.py` (generated file: rerun the command to refresh it).",
+        "Measured by `tools/bench/flood.py` (generated file: rerun the command to refresh it). "
+        "What is not particular to this run (the arms, repetitions and intervals, the window, "
+        "every column and line) is explained once in [Methodology](../methodology.md).",
         "",
         f"- command: `{command}`",
         *(
@@ -2146,10 +2148,6 @@ def report(
             if rendered
             else []
         ),
-        "- full mode (not what this file shows unless the command above says so): "
-        "`python tools/bench/flood.py` - time scale 1, loads 24/48/96/144 for both floods, "
-        "2 repetitions, about 4.5 hours (estimated from the plan; never run here); "
-        "`--quick` is time scale 5, loads 48 and 144 (MCP: 48), 1 repetition, about 11 minutes",
         f"- code measured: commit {code or 'unknown (not a git checkout)'}",
         f"- date: {started}; duration {minutes:.1f} min",
         f"- machine: {machine()}; load average before the run "
@@ -2161,63 +2159,25 @@ def report(
             if "coding" in results
             else ""
         )
-        + ", `--priority-scheduling`; "
-        "luftpause's endpoints declare it with `class_priority`, so the dataplane sends "
-        "interactive turns priority 10 and batch 0, and the router arm sends none), "
-        f"time scale {sc:g}: tools, engines and the scheduler's probe period run {sc:g}× faster "
-        "than real time. **Every time and rate below is in the engine model's time** "
+        + ", `--priority-scheduling`, interactive turns priority 10 and batch 0), "
+        f"time scale {sc:g}. **Every time and rate below is in the engine model's time** "
         f"(measured seconds × {sc:g}, runs/min ÷ {sc:g}).",
-        "- luftpause arm: the scheduler's defaults (prefix keeping on, the decode pace's "
-        "target of 100 ms per token in model time, so `interactive_pace_ms` scaled by the "
-        "time scale); an arm `luftpause-no-pk`, where present (`--ablate-prefix-keeping`), "
-        "is a second scheduler and dataplane with `keep_prefixes = false` on the same "
-        "engines, and `luftpause-no-pace` (`--ablate-pace`) one with `interactive_pace_ms = 0`",
+        "- luftpause arm: the scheduler's defaults (the decode pace's target 100 ms per token "
+        "in model time)",
         *smg_lines,
         *vllm_router_lines(routers),
-        f"- repetitions: {plan.reps} per arm and load point; the arms' order at a point is a "
-        "row of a Williams Latin square, the next row at the next repetition and the next "
-        "point (no arm keeps its position from one repetition to the next; over as many "
-        "repetitions as arms, every arm runs once in every position). A cell with several "
-        "repetitions shows **mean ± the half-width of its 95 % confidence interval** "
-        "(Student's t, n − 1 degrees of freedom: with 2 repetitions t = 12.7, with 3 4.30, "
-        "with 5 2.78); ratios between arms are taken per repetition (both arms ran in the "
-        "same round) and shown the same way",
+        f"- repetitions: {plan.reps} per arm and load point, arms in Williams Latin square "
+        "order; a cell with several shows mean ± the half-width of its 95 % confidence "
+        "interval, ratios between arms per repetition",
         f"- window: max({plan.window_s:g} s, 1.5 s × batch agents) measured after "
         f"max({plan.warmup_s:g} s, 1 s × batch agents) of warm-up (floods), the agents "
         + ("starting spread over its first half; " if plan.ramp else "all starting at once; ")
-        + f"{plan.light_window_s:g} s (light), {plan.routing_window_s:g} s (routing); closed loop: "
-        "a finished run is replaced at once; runs in flight at the end are not counted",
+        + f"{plan.light_window_s:g} s (light), {plan.routing_window_s:g} s (routing)",
         f"- every run: system preamble + own task, {TOOL_CALLS} `lookup` calls (fake-mcp, "
         "~1 s each), replies capped at 256 tokens; interactive agents: "
-        f"{INTERACTIVE_AGENTS}; a run's replies are drawn from its plan key (from the load "
-        "generator's `--plan-seed`, the same for every arm of a repetition, written into the "
-        "run's task: every arm plays the same replies, run for run; the engines count the "
-        "requests that carry one, `engine_side.plan_keyed_share` in the JSON)",
-        "",
-        "Columns: *runs/min* counts the runs that finished inside the window; "
-        "*agents×60/mean* is the same closed loop's rate from its mean run time (Little's "
-        "law), which does not carry the window's rounding of up to one run per agent - "
-        "with 4 interactive agents that rounding alone is worth tens of percent, so **the "
-        "goal ratios use agents×60/mean**. *p50 / floor* divides the arm's p50 run time by "
-        "the same run alone on an idle engine; *held* is time a turn waited in luftpause "
-        "(SMG priority-scheduler arms: in SMG's queue, from its scheduler's metrics over the "
-        "whole arm, and taken out of *other*; `smg-fifoC` arms: that wait stays in *other*, "
-        "SMG has no figure for it), "
-        "*queued* in the engine's waiting queue, *prefill*/*decode* the engine's work, "
-        "*other* the rest of the turn's wall time "
-        "(proxy, router, streaming, client, and CPU contention: the engines are Python "
-        "processes on shared cores) - means per turn. Own-loop arms report "
-        "these per class from the load generator; sub-agent arms report the engine's side for "
-        "all classes together (`/debug/state`) and held time per class from the dataplane's "
-        "metrics; their cached share is the engines' (all classes). *Engines at N* lines "
-        "give, per arm, the share of the engines' busy time spent prefilling, their mean "
-        "decode batch, the cached share of all prompt tokens they served, and *behind*: "
-        "the share of wall time their steps started late because the host's CPU was busy "
-        "(0 % = the model ran exactly on time). *Scheduler at N* lines give, per luftpause "
-        "arm, what its scheduler's `/status` said over the window (read every "
-        f"{STATUS_EVERY_S:g} s; medians, then the mean over repetitions): each replica's "
-        "cap, its batch limit from the decode pace, its turns in flight, and the turns "
-        "held in all.",
+        f"{INTERACTIVE_AGENTS}; replies drawn from each run's plan key (`--plan-seed`, the "
+        "same for every arm of a repetition)",
+        f"- scheduler lines: its `/status` read every {STATUS_EVERY_S:g} s",
         "",
     ]
     out: list[str] = []
@@ -2617,7 +2577,15 @@ def main() -> int:
         type=non_negative,
         help=f"coding flood: warm-up, model seconds (default {FULL.coding_warmup_s:g})",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "docs/benchmarks.md")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT
+        / "docs/benchmarks/results"
+        / f"{time.strftime('%Y-%m-%d', time.gmtime())}-flood.md",
+        help="write the report here (default: docs/benchmarks/results/YYYY-MM-DD-flood.md, "
+        "today's UTC date)",
+    )
     parser.add_argument("--json", type=Path, help="also write every raw result here")
     parser.add_argument(
         "--report-from", type=Path, metavar="JSON", help="only re-render a --json file's report"

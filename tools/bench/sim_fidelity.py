@@ -1,15 +1,17 @@
 """The simulator next to the real-time flood it models: the same load points, side by side.
 
-    python tools/bench/sim_fidelity.py                       # against docs/data/benchmarks.json
-    python tools/bench/sim_fidelity.py --flood other.json --out docs/simulator.md
-    python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-smg.json \
-        --out docs/simulator.md --part smg       # the SGLang Model Gateway's arms too
-    python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-ts2.json --seeds 5 \
-        --out docs/simulator.md --part ts2    # each point over 5 seeds: mean (range)
-    python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-coding.json \
-        --out docs/simulator.md --part coding    # the coding-agent flood (--benches coding)
-    python tools/bench/sim_fidelity.py --flood docs/data/benchmarks-mcp-smg.json \
-        --out docs/simulator.md --part mcp --seeds 10   # sub-agents over MCP (--benches mcp)
+    python tools/bench/sim_fidelity.py     # against the recorded load sweep (--flood's default)
+    python tools/bench/sim_fidelity.py --flood other.json --out docs/benchmarks/fidelity.md
+    python tools/bench/sim_fidelity.py --flood docs/benchmarks/results/2026-12-05-flood-smg.json \
+        --out docs/benchmarks/fidelity.md --part smg    # the SGLang Model Gateway's arms too
+    python tools/bench/sim_fidelity.py --flood docs/benchmarks/results/2026-12-05-flood-ts2.json \
+        --seeds 5 --out docs/benchmarks/fidelity.md --part ts2  # each point over 5 seeds
+    python tools/bench/sim_fidelity.py \
+        --flood docs/benchmarks/results/2026-12-04-flood-coding.json \
+        --out docs/benchmarks/fidelity.md --part coding    # the coding-agent flood
+    python tools/bench/sim_fidelity.py \
+        --flood docs/benchmarks/results/2026-12-05-flood-mcp-smg.json \
+        --out docs/benchmarks/fidelity.md --part mcp --seeds 10   # sub-agents over MCP
     python tools/bench/sim_fidelity.py --flood both.json --bench mcp   # a flood of several
 
 Reads the raw results of an own-loop flood (``tools/bench/flood.py --json``: every
@@ -97,6 +99,10 @@ from luftpause.sim.main import SimConfig, simulate, sized_arm
 from luftpause.sim.placement import SMG_LOAD_POLL_S
 
 ROOT = Path(__file__).resolve().parents[2]
+# The recorded load sweep (flood.py --time-scale 5 --reps 3 --benches own,mcp) and the page
+# whose marked parts hold the tables (--out).
+DEFAULT_FLOOD = "docs/benchmarks/results/2026-12-05-flood-load-sweep.json"
+FIDELITY_PAGE = "docs/benchmarks/fidelity.md"
 CLASSES = ("interactive", "batch")
 INTERACTIVE_AGENTS = 4
 
@@ -358,8 +364,8 @@ def main() -> int:
     parser.add_argument(
         "--flood",
         type=Path,
-        default=ROOT / "docs/data/benchmarks.json",
-        help="raw flood results (tools/bench/flood.py --json; default: docs/data/benchmarks.json)",
+        default=ROOT / DEFAULT_FLOOD,
+        help=f"raw flood results (tools/bench/flood.py --json; default: {DEFAULT_FLOOD})",
     )
     parser.add_argument("--seed", type=int, default=0, help="the simulator's seed (default: 0)")
     parser.add_argument(
@@ -375,7 +381,11 @@ def main() -> int:
         help="which of the flood's benches to compare, where it ran several (default: "
         "own, else coding, else mcp: the first it has)",
     )
-    parser.add_argument("--out", type=Path, help="write the table into this file's marked part")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"write the table into this file's marked part (the tables' page: {FIDELITY_PAGE})",
+    )
     parser.add_argument(
         "--part", default="", help="with --out: the part marked <!-- fidelity-PART:start -->"
     )

@@ -2,7 +2,8 @@
 
     python tools/bench/sim_frontier.py --loads 48,96,144 --seeds 3 \\
         --smg-caps 8,12,16,24,36 --smg-fifo-caps 36 \\
-        --out docs/simulator-smg.md --plot docs/simulator-smg-frontier.svg
+        --out docs/benchmarks/results/YYYY-MM-DD-sim-smg.md \\
+        --plot docs/benchmarks/results/YYYY-MM-DD-sim-smg.svg
     python tools/bench/sim_frontier.py --profile coding-agent --loads 8,24 --seeds 3 \\
         --smg-caps 8,12,16 --smg-fifo-caps ''      # the coding flood's plan
 
@@ -25,6 +26,10 @@ from the coding-agent profile, long-context engines, ``--window-s`` and
 turns that ended in the window (interactive turn p50, batch reply tokens/min) and
 luftpause against each arm; ``--plot`` draws the interactive turn p50 against batch
 reply tokens/min.
+
+Reports go to ``docs/benchmarks/results/YYYY-MM-DD-sim-NAME.{md,json,svg}`` (listed in
+``docs/benchmarks/archive.md``); each states its command, commit and seeds and links
+``docs/benchmarks/methodology.md`` for how to read it.
 """
 
 from __future__ import annotations
@@ -283,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             "Turns that ended in the window (turn p50 s, reply tokens/min), model time."
             if args.profile
             else "Closed-loop runs/min and p50 run times in the engine model's time."
-        ),
+        )
+        + " How to read it: [Methodology](../methodology.md#the-simulators-reports).",
         "",
     ]
     for point, arms_at in results.items():

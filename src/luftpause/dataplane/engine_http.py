@@ -2,9 +2,9 @@
 
 Every admitted turn is one ``POST`` to an engine, most of them streamed. This client
 does that and nothing else, at a fraction of a general client's cost per request (see
-docs/measurements.md, "Dataplane overhead"): the request goes out as one write of bytes built in
-one pass, the response is parsed by ``httptools`` (the parser uvicorn serves with)
-straight into a list of body pieces, and connections are kept per engine and reused.
+docs/benchmarks/history.md, "Dataplane overhead"): the request goes out as one write of
+bytes built in one pass, the response is parsed by ``httptools`` (the parser uvicorn serves
+with) straight into a list of body pieces, and connections are kept per engine and reused.
 
 - ``EngineClient.post`` connects (or reuses an idle connection), writes the request
   and returns an ``EngineResponse`` once the status line and headers have arrived.

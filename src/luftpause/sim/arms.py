@@ -392,7 +392,7 @@ class _Queued:
 class SmgArm(_Unhosted):
     """The SGLang Model Gateway (PyPI ``smg`` 1.13) in front of the replicas, as
     ``tools/bench/flood.py`` runs it, modelled from its documented behaviour and what the
-    flood measured of it (``docs/simulator.md`` says what is left out).
+    flood measured of it (``docs/benchmarks/fidelity.md`` says what is left out).
 
     Placement: sticky sessions keyed on the run ID: a run's turns go to the replica of its
     first turn, which ``placement`` chooses (SMG's ``--policy``: ``cache_aware`` by
@@ -538,7 +538,7 @@ class VllmRouterArm(_Unhosted):
     reproduced with ``clock_scale`` S (at 5 the fitted TTL covers a 1-model-second tool
     call, at 1 it does not).
 
-    Assumptions (``docs/simulator.md``): the requests carry no body ``priority`` for the
+    Assumptions (``docs/benchmarks/fidelity.md``): the requests carry no body ``priority`` for the
     engine (the class goes to the router only); a request the router gives up after its
     queue timeout is refused; the HTTP path completes every request with
     ``terminate=false``, as the source's ``program_adapter.rs`` does."""

@@ -47,7 +47,7 @@ Not modelled: the router's hash-map order where this model takes a node's creato
 
 The stale read matters where SMG's cap sits near the load. At 48 batch agents with
 36 slots, reading every 50 model seconds instead of every 10 cost SMG a tenth of its
-batch runs in the flood and costs it a seventh in this model (``docs/simulator.md``):
+batch runs in the flood and costs it a seventh in this model (``docs/benchmarks/fidelity.md``):
 engines are sent runs in bursts between reads and queue them, though each still gets
 half.
 

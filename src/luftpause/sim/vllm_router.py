@@ -7,7 +7,7 @@ for the defaults, ``scheduler_admission.rs`` for admission and resume order,
 ``policy.rs`` and ``factors.rs`` for the progress TTL, ``scheduler.rs`` for the logical
 KV ledger, ``observations.rs`` for the metrics it reads, ``binding/mod.rs`` for the
 consistent hash, ``routers/http/program_adapter.rs`` for what the HTTP path tells it);
-``docs/simulator.md`` ("vLLM router's program scheduling, as modelled") says which
+``docs/benchmarks/fidelity.md`` ("vLLM router's program scheduling, as modelled") says which
 versions were read and what is left out. In short:
 
 * A *program* is a run (``program_id`` = the run ID). Its first request binds it to a
