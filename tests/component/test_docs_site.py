@@ -109,6 +109,28 @@ def test_site_builds_strict_and_every_internal_link_resolves(site: Path) -> None
     assert not broken, f"{len(broken)} broken links in the built site:\n" + "\n".join(broken)
 
 
+def test_every_file_in_docs_is_reachable_from_a_page(site: Path) -> None:
+    """A page in the navigation is linked from every page; an archived report, a picture or
+    a JSON file must be linked from some page, or it is lost to a reader of the site."""
+    linked: set[Path] = set()
+    for page in site.rglob("*.html"):
+        for link in _parse(page).links:
+            if _internal(link):
+                linked.add(_target(page, site, link)[0])
+    docs = ROOT / "docs"
+    lost = []
+    for path in sorted(p for p in docs.rglob("*") if p.is_file()):
+        rel = path.relative_to(docs)
+        if rel.suffix == ".md":
+            stem = rel.with_suffix("")
+            built = site / (stem.parent if stem.name == "index" else stem) / "index.html"
+        else:
+            built = site / rel
+        if built not in linked:
+            lost.append(str(rel))
+    assert not lost, "files in docs/ that no page links to:\n" + "\n".join(lost)
+
+
 _MD_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
 
 
