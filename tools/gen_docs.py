@@ -486,6 +486,8 @@ def grpc_page() -> str:
             if text:
                 comments[tuple(loc.path)] = text
         lines += ["", f"## `{file.name}`", "", f"Package `{file.package}`."]
+        about = _comment(comments, (12,))  # the comment above `syntax`: the file's own
+        lines += ["", about] if about else []
         for si, service in enumerate(file.service):
             lines += ["", f"### service `{service.name}` {{#service-{service.name.lower()}}}", ""]
             doc = _comment(comments, (6, si))
