@@ -333,4 +333,4 @@ async def test_each_host_has_its_own_registry_with_process_metrics() -> None:
 def test_event_labels_are_snake_case() -> None:
     assert event_label(TurnRequested) == "turn_requested"
     assert event_label(ReplicaProbed) == "replica_probed"
-    assert len({event_label(t) for t in EVENT_TYPES}) == len(EVENT_TYPES) == 12
+    assert len({event_label(t) for t in EVENT_TYPES}) == len(EVENT_TYPES) == 15

@@ -357,6 +357,9 @@ def digest(outs: list[tuple[Action, ...]], final: State) -> str:
         for rep in snapshot["replicas"]:
             assert rep.pop("kv_tokens") is None  # (the history's probes report no pool)
             rep.pop("working_set_tokens")
+    for rep in snapshot["replicas"]:  # recorded before membership changed at run time
+        assert rep.pop("membership") == "serving"
+        assert rep.pop("drain_moves_s_from_now") is None
     # recorded before the held-turn order's options existed (both at their defaults here)
     assert snapshot.pop("held_order") == {"fairness": "in_flight", "batch_order": "arrival"}
     h.update(json.dumps(snapshot, sort_keys=True).encode())

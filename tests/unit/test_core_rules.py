@@ -1646,6 +1646,8 @@ def test_status_view_shape() -> None:
         "probed_s_ago": 5.0,
         "kv_tokens": None,
         "working_set_tokens": 0,
+        "membership": "serving",
+        "drain_moves_s_from_now": None,
     }
     sp = v["replicas"][1]
     assert sp["healthy"] is False and sp["probed_s_ago"] is None and sp["kind"] == "single_pass"

@@ -125,6 +125,22 @@ could not connect to its replica (``TurnFailed.replica_unreachable``) clears it
 at once, so the next turns do not follow the dead replica until its probe
 fails. The next healthy probe restores it.
 
+Membership (``ReplicaJoined``, ``ReplicaDraining``, ``ReplicaLeft``): the replica set
+changes while the scheduler runs. A replica that joins starts as a restarted one:
+unhealthy until its first probe, then on the ramp from idle. A draining replica takes no
+new runs from the moment it drains (``_place`` leaves it out and ``_fill`` draws only
+its own pin lane), while the runs living there keep their turns there until the drain
+time (``ReplicaDraining.until``, or at once); from then it counts as unhealthy whatever
+its probes say, so its runs' next turns move as S3 lets a run leave an unhealthy
+replica (their cached prefix is lost), and turns held in its pin lane are drawn by the
+others. A replica that leaves does the same at once and also stops serving its models:
+no turn is admitted to it again, and a held turn of a model no replica serves any
+longer is rejected (S6) rather than left waiting. Its record stays while turns are in
+flight there (their reports still find it) or runs are pinned or reserved there, and
+is dropped on the first clock tick after: a run that comes back later finds no replica
+of that name and is placed as a run without one. Reservations of interactive runs paused
+there end when those runs come back elsewhere or lapse (``leases.py``).
+
 A dataplane that dies (S11): when its last report stream ends, its admitted
 turns stay counted for ``Params.dataplane_grace_s``; a dataplane that
 reconnects or resyncs by then keeps them. After that they are released, as a
@@ -152,6 +168,8 @@ transaction altogether (``_on_progress``). Records are built with ``state.new_*`
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from immutables import Map
 
 from luftpause.scheduler.core import leases, order, placement, target, working_set
@@ -163,6 +181,9 @@ from luftpause.scheduler.core.events import (
     DataplaneResynced,
     Event,
     FirstTokenReceived,
+    ReplicaDraining,
+    ReplicaJoined,
+    ReplicaLeft,
     ReplicaProbed,
     RunEnded,
     TurnAbandoned,
@@ -194,6 +215,7 @@ from luftpause.scheduler.core.types import (
     DropReason,
     EndpointKind,
     RejectCode,
+    ReplicaSpec,
     RunPhase,
     ServiceClass,
     WorkingSet,
@@ -210,6 +232,8 @@ def decide(state: State, event: Event) -> tuple[State, tuple[Action, ...]]:
         # Half of all events: one turn record changes, nothing is admitted or freed.
         return _on_progress(state, event), ()
     tx = _Tx(state, max(state.now, event.at))
+    if tx.draining:  # (membership: a drain time may have come; rare, a few replicas)
+        tx._membership_tick()
     match event:
         case TurnRequested():
             tx.on_requested(event)
@@ -233,6 +257,12 @@ def decide(state: State, event: Event) -> tuple[State, tuple[Action, ...]]:
             tx.lost_dataplanes = tx.lost_dataplanes.set(
                 event.dataplane_id, tx.now + tx.params.dataplane_grace_s
             )
+        case ReplicaJoined():
+            tx.on_joined(event)
+        case ReplicaDraining():
+            tx.on_draining(event)
+        case ReplicaLeft():
+            tx.on_left(event)
     tx.fill_dirty()
     return tx.freeze(), tuple(tx.actions)
 
@@ -259,8 +289,10 @@ class _Tx:
         "caller_held",
         "caller_in_flight",
         "dirty",
+        "draining",
         "held",
         "held_by_run",
+        "left",
         "lost_dataplanes",
         "now",
         "params",
@@ -300,6 +332,8 @@ class _Tx:
         self.tool_times = s.tool_times
         self.vtc = s.vtc
         self.caller_held = s.caller_held
+        self.draining = s.draining
+        self.left = s.left
         self.actions: list[Action] = []
         self.dirty: set[str] = set()
 
@@ -325,6 +359,8 @@ class _Tx:
             self.tool_times,
             self.vtc,
             self.caller_held,
+            self.draining,
+            self.left,
         )
 
     # ------------------------------------------------------------------ requests
@@ -415,7 +451,10 @@ class _Tx:
     ) -> str | None:
         """The replica a new turn (arrival number ``seq``) can be admitted to right now,
         of ``names``, the replicas of its kind serving its model; ``run``: its run, if
-        generative and known (``placement.py``: the rules, filters, score and pick)."""
+        generative and known (``placement.py``: the rules, filters, score and pick). A
+        draining replica takes no new runs: only the pinned-lane rule may name it."""
+        if self.draining:
+            names = tuple(n for n in names if n not in self.draining)
         return placement.place(
             self.replicas, self.unhealthy, self.params, run, names, kind, service_class, lane, seq
         )
@@ -1226,12 +1265,15 @@ class _Tx:
             run_limit = None
         elif run_limit is None or run_limit < cap:
             run_limit = cap  # (never below the cap: a run with a turn in flight lives here)
-        self._set_health(ev.replica, healthy=ev.healthy)
+        # a drained replica past its drain time, or one that left, takes no turn however
+        # its engine answers
+        healthy = ev.healthy and not self._moved_off(ev.replica)
+        self._set_health(ev.replica, healthy=healthy)
         self.replicas = self.replicas.set(
             ev.replica,
             new_replica(
                 rep.spec,
-                ev.healthy,
+                healthy,
                 cap,
                 rep.in_flight,
                 rep.reserved,
@@ -1383,7 +1425,8 @@ class _Tx:
             for cls in _CLASS_ORDER:
                 if not _has_room(rep, cls):
                     continue
-                held = self._best_held(rep, cls, _may_start_run(rep, cls, self.params))
+                new_runs = _may_start_run(rep, cls, self.params) and name not in self.draining
+                held = self._best_held(rep, cls, new_runs)
                 if held is not None:
                     self._unhold(held)
                     self._admit(
@@ -1498,6 +1541,111 @@ class _Tx:
         self.swept_until = until
         if target.packs(self.params):
             self._packing_tick()
+
+    # --------------------------------------------------------------- membership
+
+    def on_joined(self, ev: ReplicaJoined) -> None:
+        """A replica joins, or one draining or leaving is taken back (its drain ends).
+        New, it starts as a restarted replica: unhealthy until its first probe, then on
+        the ramp from idle (S2). A name already present keeps its counters and takes the
+        new spec's models; a spec of another kind is refused (leave first)."""
+        spec = ev.spec
+        name = spec.name
+        if not name or len(name) > _MAX_ID:
+            return
+        rep = self.replicas.get(name)
+        if rep is not None and rep.spec.kind is not spec.kind:
+            return
+        if name in self.draining:
+            self.draining = self.draining.delete(name)
+        if name in self.left:
+            self.left = self.left.delete(name)
+        if rep is None:
+            cap = self.params.initial_cap
+            self.replicas = self.replicas.set(
+                name, ReplicaState(spec=spec, cap=cap, ramping=cap is not None, run_limit=cap)
+            )
+            if spec.kind is EndpointKind.GENERATIVE:
+                self.unhealthy = self.unhealthy.set(name, None)
+        elif rep.spec != spec:
+            self.replicas = self.replicas.set(name, replace(rep, spec=spec))
+        self._serve(spec)
+        self.dirty.add(name)
+
+    def on_draining(self, ev: ReplicaDraining) -> None:
+        """A replica takes no new runs from now; its runs move at ``ev.until`` (or now)."""
+        if ev.replica not in self.replicas or ev.replica in self.left:
+            return
+        until = self.now if ev.until is None else max(self.now, ev.until)
+        self.draining = self.draining.set(ev.replica, until)
+        self._membership_tick()
+
+    def on_left(self, ev: ReplicaLeft) -> None:
+        """A replica is gone: it serves nothing from now, its runs move, and held turns
+        of a model no replica serves any longer are rejected (S6)."""
+        name = ev.replica
+        if name not in self.replicas or name in self.left:
+            return
+        self._unserve(name)
+        self.left = self.left.set(name, None)
+        self.draining = self.draining.set(name, self.now)
+        self._membership_tick()
+        self._reject_unservable()
+
+    def _moved_off(self, name: str) -> bool:
+        """A drained replica past its drain time, or one that left: it takes no turn."""
+        until = self.draining.get(name) if self.draining else None
+        return until is not None and until <= self.now
+
+    def _membership_tick(self) -> None:
+        """Drained replicas whose drain time came count as unhealthy from now (their
+        runs' turns move: other replicas draw from their pin lanes, S3); a replica that
+        left is dropped once nothing in flight, pinned, reserved or held refers to it."""
+        for name, until in sorted(self.draining.items()):
+            if until <= self.now:
+                self._set_health(name, healthy=False)
+        for name in sorted(self.left):
+            rep = self.replicas[name]
+            own = pin_lane(name)
+            if (
+                rep.in_flight == 0
+                and rep.reserved == 0
+                and rep.pinned_runs == 0
+                and not any((own, cls) in self.waiting_callers for cls in _CLASS_ORDER)
+            ):
+                self.replicas = self.replicas.delete(name)
+                self.left = self.left.delete(name)
+                self.draining = self.draining.delete(name)
+                if name in self.unhealthy:
+                    self.unhealthy = self.unhealthy.delete(name)
+                self.dirty.discard(name)
+
+    def _serve(self, spec: ReplicaSpec) -> None:
+        """``spec``'s replica serves exactly its models (``serving``)."""
+        self._unserve(spec.name)
+        for model in sorted(spec.models):
+            key = (spec.kind, model)
+            names = {*self.serving.get(key, ()), spec.name}
+            self.serving = self.serving.set(key, tuple(sorted(names)))
+
+    def _unserve(self, name: str) -> None:
+        for key, names in list(self.serving.items()):  # (each key apart: order is moot)
+            if name in names:
+                rest = tuple(n for n in names if n != name)
+                self.serving = self.serving.set(key, rest) if rest else self.serving.delete(key)
+
+    def _reject_unservable(self) -> None:
+        """Held turns of a model no replica of their kind serves any longer can never be
+        admitted: each is answered with a Reject, as a new turn for it would be (S6)."""
+        stranded = sorted(
+            (h for h in self.held.values() if (h.kind, h.model) not in self.serving),
+            key=lambda h: h.seq,
+        )
+        for held in stranded:
+            self.on_abandoned(TurnAbandoned(self.now, held.turn_id))
+            label = _KIND_LABEL[held.kind]
+            msg = f"no {label} replica serves model '{held.model}' any more"
+            self.actions.append(Reject(held.turn_id, RejectCode.UNKNOWN_MODEL, msg))
 
     # ------------------------------------------------------------------ resync
 
@@ -1825,4 +1973,6 @@ def _state_with(s: State, now: float, turns: Map[str, TurnState]) -> State:
         s.tool_times,
         s.vtc,
         s.caller_held,
+        s.draining,
+        s.left,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from luftpause.scheduler.core.types import EndpointKind, RunPhase, ServiceClass
+from luftpause.scheduler.core.types import EndpointKind, ReplicaSpec, RunPhase, ServiceClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +165,39 @@ class DataplaneDisconnected:
     dataplane_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaJoined:
+    """A replica joins the pool while the scheduler runs (discovery, the admin route). It
+    starts as a restarted replica does: unhealthy until its first probe, then on the ramp
+    from idle (S2). A replica of that name already present and draining or leaving is
+    taken back (its drain ends) with this spec."""
+
+    at: float
+    spec: ReplicaSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDraining:
+    """A replica is drained: it takes no new runs from now. The runs living there keep
+    their turns there until ``until`` (None: now); from then it takes no turn at all and
+    their next turns move to other replicas, which lose their cached prefix."""
+
+    at: float
+    replica: str
+    until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLeft:
+    """A replica is gone: no turn is admitted to it again. Its runs' next turns move; held
+    turns of a model no replica serves any longer are rejected. Its record is kept while
+    turns admitted there are in flight or runs are pinned or reserved there, then
+    dropped."""
+
+    at: float
+    replica: str
+
+
 Event = (
     TurnRequested
     | TurnAbandoned
@@ -178,4 +211,7 @@ Event = (
     | DataplaneResynced
     | DataplaneConnected
     | DataplaneDisconnected
+    | ReplicaJoined
+    | ReplicaDraining
+    | ReplicaLeft
 )

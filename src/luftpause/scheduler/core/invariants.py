@@ -114,4 +114,19 @@ def violations(state: State) -> list[str]:
     for turn_id in state.held:
         if turn_id in state.turns:
             problems.append(f"turn {turn_id} is both held and admitted")
+    # membership: a replica that left serves nothing; a drained one past its time takes
+    # no turn (it counts as unhealthy)
+    for (kind, model), names in state.serving.items():
+        for name in names:
+            if name not in state.replicas or name in state.left:
+                problems.append(f"{name} serves {kind.value} {model} but is gone or leaving")
+    for name in state.left:
+        if name not in state.draining:
+            problems.append(f"replica {name} left but is not draining")
+    for name, until in state.draining.items():
+        drained = state.replicas.get(name)
+        if drained is None:
+            problems.append(f"draining replica {name} is unknown")
+        elif until <= state.now and drained.healthy:
+            problems.append(f"replica {name} drained at {until} still takes turns")
     return problems

@@ -233,6 +233,12 @@ class State:
     # generative turn held or in flight (both empty while that order is off).
     vtc: Map[str, float] = field(default_factory=Map)
     caller_held: Map[str, int] = field(default_factory=Map)
+    # Membership (ReplicaJoined / ReplicaDraining / ReplicaLeft): replicas being drained ->
+    # when the runs living there must move (from then the replica counts as unhealthy),
+    # and replicas that left (no longer in ``serving``; their record goes once nothing
+    # in flight, pinned or reserved refers to it).
+    draining: Map[str, float] = field(default_factory=Map)
+    left: Map[str, None] = field(default_factory=Map)
 
 
 def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float = 0.0) -> State:
@@ -272,6 +278,8 @@ def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float 
         tool_times=Map(),
         vtc=Map(),
         caller_held=Map(),
+        draining=Map(),
+        left=Map(),
     )
 
 
@@ -324,6 +332,8 @@ def new_state(
     tool_times: Map[str, ToolTime],
     vtc: Map[str, float],
     caller_held: Map[str, int],
+    draining: Map[str, float],
+    left: Map[str, None],
 ) -> State:
     s: Any = _new(_StateDraft)
     s.params = params
@@ -346,6 +356,8 @@ def new_state(
     s.tool_times = tool_times
     s.vtc = vtc
     s.caller_held = caller_held
+    s.draining = draining
+    s.left = left
     s.__class__ = State
     return s  # type: ignore[no-any-return]
 

@@ -63,6 +63,11 @@ def status(state: State, now: float) -> dict[str, Any]:
                 # (null: unknown) and the tokens the runs living here are expected to hold
                 "kv_tokens": rep.kv_tokens,
                 "working_set_tokens": working_set.working_set(rep),
+                # membership (B11): "serving", "draining" (no new runs; its runs move at
+                # drain_moves_s_from_now, or have moved: null) or "leaving" (gone; kept
+                # while turns, runs or reservations still refer to it)
+                "membership": _membership(state, name),
+                "drain_moves_s_from_now": _drain_left(state, name, now),
             }
         )
     held: dict[str, dict[str, dict[str, Any]]] = {}
@@ -117,6 +122,18 @@ def status(state: State, now: float) -> dict[str, Any]:
         # held-turn order (order.py): which caller and which batch run go first
         "held_order": order,
     }
+
+
+def _membership(state: State, name: str) -> str:
+    if name in state.left:
+        return "leaving"
+    return "draining" if name in state.draining else "serving"
+
+
+def _drain_left(state: State, name: str, now: float) -> float | None:
+    """Seconds until a draining replica's runs move (None: not draining, or moved)."""
+    until = state.draining.get(name)
+    return None if until is None or until <= now else round(until - now, 3)
 
 
 def target_text(params: Params) -> str:
