@@ -37,6 +37,9 @@ from luftpause.scheduler.core import (
     Params,
     Reject,
     RejectCode,
+    ReplicaDraining,
+    ReplicaJoined,
+    ReplicaLeft,
     ReplicaProbed,
     ReplicaSpec,
     RunEnded,
@@ -762,6 +765,13 @@ _events: st.SearchStrategy[Event] = st.one_of(
     st.builds(ReplicaProbed, _times, _names, st.booleans(), _counts, _counts),
     st.builds(ClockTicked, _times),
     st.builds(
+        ReplicaJoined,
+        _times,
+        st.builds(ReplicaSpec, _names, _kinds, st.frozensets(_models, max_size=2)),
+    ),
+    st.builds(ReplicaDraining, _times, _names, st.one_of(st.none(), _times)),
+    st.builds(ReplicaLeft, _times, _names),
+    st.builds(
         DataplaneResynced,
         _times,
         _ids,
@@ -787,13 +797,18 @@ _events: st.SearchStrategy[Event] = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(n_generative=st.sampled_from([2, 3]), events=st.lists(_events, max_size=40))
 def test_decide_never_raises(n_generative: int, events: list[Event]) -> None:
-    """decide never raises on a peer's input, however malformed or out of order, and its
-    answers stay well-formed: one Reject at most per request, admissions to known replicas."""
+    """decide never raises on a peer's input, however malformed or out of order (B11:
+    replicas joining, draining and leaving among it), and its answers stay well-formed:
+    admissions to known replicas, never a new one to a replica that left (a re-sent
+    request for a turn already admitted is answered with its replica, as before)."""
     state = initial_state(pool(n_generative), PARAMS)
-    names = {s.name for s in pool(n_generative)}
     for ev in events:
+        gone, admitted = set(state.left), set(state.turns)
         state, actions = decide(state, ev)
         for a in actions:
-            if isinstance(a, Admit | DropTurn):
-                assert a.replica in names
+            if isinstance(a, Admit):
+                assert a.replica in state.replicas
+                assert a.turn_id in admitted or a.replica not in gone
+            if isinstance(a, DropTurn):
+                assert a.replica in state.replicas
         status(state, state.now)
