@@ -185,6 +185,16 @@ class Endpoint(_Frozen):
     kv_tokens: Annotated[int, Field(ge=1)] | None = None
     """The engine's KV pool in tokens, for working-set admission; set, it overrides what its
     metrics report (SGLang ``sglang:max_total_num_tokens``, vLLM ``vllm:cache_config_info``)."""
+    discover: Literal["static", "dns"] = "static"
+    """``"static"``: ``url`` is one replica. ``"dns"``: ``url`` names a pool whose host is
+    re-resolved every ``discover_every_s``: each address of its A/AAAA records (with the
+    URL's port), or each target and port of its SRV records (a host starting with ``_``,
+    e.g. ``_http._tcp.sglang.ns.svc.cluster.local``), is a replica named
+    ``NAME@ADDRESS:PORT`` with every other setting of this entry (a Kubernetes headless
+    Service lists its ready pods so). A replica whose address disappears leaves: its runs
+    move at their next turn (B11)."""
+    discover_every_s: Seconds = 10.0
+    """How often a ``discover = "dns"`` pool is resolved again."""
 
     @field_validator("url")
     @classmethod
@@ -321,6 +331,14 @@ class SchedulerSettings(_Frozen):
     ] = ()
     """Runtime base URLs (``http://host:port``) the status page may show besides loopback
     ones; the scheduler fetches their ``/status`` for the page (S12)."""
+    members_file: str | None = None
+    """A TOML or JSON file of replicas to add to configured endpoints, as a config-management
+    tool or a sidecar writes it: ``{ ENDPOINT = ["http://10.0.0.5:30000", ...] }``. Each URL
+    is a replica named ``ENDPOINT@HOST:PORT`` with that endpoint's other settings. Read
+    again whenever it changes, without a restart; a file that cannot be used is logged and
+    the last good one kept (B11)."""
+    members_file_every_s: Seconds = 2.0
+    """How often ``members_file`` is checked for a change."""
 
     @field_validator("interactive_target")
     @classmethod
