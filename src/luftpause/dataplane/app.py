@@ -111,6 +111,7 @@ from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
 from luftpause.dataplane.turn import PlaceAgain, Turn, serve
 from luftpause.http_errors import Malformed
+from luftpause.members import SEPARATOR, entry_of
 from luftpause.telemetry import fastapi_telemetry
 from luftpause.tool_calls import WORKERS_HEADER, ToolCallOrigins
 
@@ -147,6 +148,18 @@ class Dataplane:
     memory: ToolCallOrigins  # the turn behind each tool call (D2; GET /v1/tool_calls, #38)
     http: EngineClient  # towards engines: no read timeout, a connect timeout
     metrics: Metrics
+
+    def learn_replica(self, replica: str, url: str) -> None:
+        """B11: a replica the scheduler discovered (``ENTRY@HOST:PORT``) is served with its
+        entry's settings (key, class priority, native APIs…) at the URL the scheduler
+        gave. The map only grows as replicas appear; they are few beside the turns."""
+        if replica in self.endpoints or SEPARATOR not in replica or not url:
+            return
+        entry = self.endpoints.get(entry_of(replica))
+        if entry is not None:
+            self.endpoints[replica] = entry.model_copy(
+                update={"name": replica, "url": url.rstrip("/"), "discover": "static"}
+            )
 
     @property
     def generative_models(self) -> set[str]:
@@ -613,7 +626,7 @@ def _engine_headers(dp: Dataplane, incoming: Incoming, replica: str) -> dict[str
         for k, v in incoming.headers.items()
         if k not in _DROP and not k.startswith("x-luftpause-")
     }
-    key = dp.secrets.api_keys.get(replica)
+    key = dp.secrets.api_keys.get(entry_of(replica))  # (a discovered replica: its entry's)
     if key:
         headers["authorization"] = f"Bearer {key}"
     headers["accept-encoding"] = "identity"
@@ -662,6 +675,7 @@ async def _admit_untraced(
     held_s = time.monotonic() - t0
     dp.metrics.held_of(cls).observe(held_s)
     incoming.scheduler_held_s += outcome.held_s  # (a turn placed again asks twice)
+    dp.learn_replica(outcome.replica, outcome.url)
     return Admitted(outcome.replica, outcome.url, held_s, outcome.run_id, outcome.retain_s)
 
 
@@ -905,7 +919,10 @@ def _another_replica(dp: Dataplane, model: str, replica: str) -> bool:
     only then can a turn be placed again elsewhere."""
     endpoint = dp.endpoints.get(replica)
     return any(
-        e.name != replica and model in e.models and (endpoint is None or e.kind is endpoint.kind)
+        e.name != replica
+        and model in e.models
+        and (endpoint is None or e.kind is endpoint.kind)
+        and (e.discover == "static" or SEPARATOR in e.name)  # (a DNS pool's entry is none)
         for e in dp.endpoints.values()
     )
 
@@ -987,7 +1004,7 @@ async def _release_retention(dp: Dataplane, run_id: str) -> None:
             continue
         body = json.dumps({"program_id": run_id}).encode()
         headers = {"content-type": "application/json"}
-        key = dp.secrets.api_keys.get(endpoint.name)
+        key = dp.secrets.api_keys.get(entry_of(endpoint.name))
         if key:
             headers["authorization"] = f"Bearer {key}"
         try:
@@ -1126,7 +1143,7 @@ async def _forward_api(
         if incoming.query:  # e.g. Claude Code's ?beta=true
             url += "?" + incoming.query.decode("latin-1")
         body = native_body
-        key = dp.secrets.api_keys.get(record.replica)
+        key = dp.secrets.api_keys.get(entry_of(record.replica))
         if key and api.name == NativeApi.MESSAGES:
             extra_headers["x-api-key"] = key  # how Anthropic's API takes a key
     elif isinstance(translated, Untranslated):

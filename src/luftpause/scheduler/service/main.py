@@ -9,10 +9,10 @@ import time
 from collections.abc import Sequence
 
 from luftpause.config import Endpoint, KvRetention, SchedulerSettings, StackConfig, load_secrets
-from luftpause.config import EndpointKind as ConfigKind
-from luftpause.scheduler.core import EndpointKind, Params, ReplicaSpec, WorkingSet, initial_state
+from luftpause.scheduler.core import Params, ReplicaSpec, WorkingSet, initial_state
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
+from luftpause.scheduler.service.membership import Membership, replica_spec
 from luftpause.scheduler.service.probe import Prober
 from luftpause.scheduler.service.status_http import status_app
 from luftpause.scheduler.service.tcp_link import LinkLimits
@@ -37,18 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def static_endpoints(config: StackConfig) -> tuple[Endpoint, ...]:
+    """The configured endpoints that are replicas from the start (a DNS pool's entry is
+    not one: its members are, as they are discovered)."""
+    return tuple(e for e in config.endpoints if e.discover == "static")
+
+
 def replica_specs(config: StackConfig) -> tuple[ReplicaSpec, ...]:
-    return tuple(
-        ReplicaSpec(
-            name=e.name,
-            kind=EndpointKind.SINGLE_PASS
-            if e.kind is ConfigKind.SINGLE_PASS
-            else EndpointKind.GENERATIVE,
-            models=frozenset(e.models),
-            orders_classes=e.class_priority is not None,
-        )
-        for e in config.endpoints
-    )
+    return tuple(replica_spec(e) for e in static_endpoints(config))
 
 
 def link_port_of(settings: SchedulerSettings, args: argparse.Namespace) -> int | None:
@@ -131,10 +127,12 @@ def main(args: argparse.Namespace) -> int:
         params = core_params(settings, config.endpoints)
         host = Host(initial_state(replica_specs(config), params, clock()), clock)
         svc.task(host.run(), name="writer")
-        prober = Prober(config.endpoints, secrets.api_keys, settings.probe_period_s, host.post)
+        static = static_endpoints(config)
+        prober = Prober(static, secrets.api_keys, settings.probe_period_s, host.post)
         svc.on_stop(prober.client.aclose)
         await prober.probe_all()  # know the pool before admitting anything
-        urls = {e.name: e.url for e in config.endpoints}
+        urls = {e.name: e.url for e in static}  # (members join it: B11)
+        membership = Membership(config.endpoints, host, prober, urls)
         listeners = await start_grpc(
             host,
             urls,
@@ -156,6 +154,7 @@ def main(args: argparse.Namespace) -> int:
             lambda: {"grpc_port": bound_grpc, "uptime_s": round(time.time() - started, 1)},
             runtimes=settings.status_runtimes,
             token=secrets.token,
+            membership=membership,
         )
         await svc.serve_asgi("http", sock, app)
         svc.task(prober.run_forever(), name="prober")

@@ -32,6 +32,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.config import Endpoint, MetricsFlavour
+from luftpause.members import entry_of
 from luftpause.scheduler.core import ReplicaProbed
 
 log = logging.getLogger("luftpause.scheduler.probe")
@@ -122,7 +123,7 @@ class Prober:
         post: Callable[[Callable[[float], ReplicaProbed]], None],
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.endpoints = endpoints
+        self.endpoints = list(endpoints)  # (replicas join and leave at run time, B11)
         self.api_keys = api_keys
         self.period_s = period_s
         self.post = post
@@ -137,11 +138,23 @@ class Prober:
             await asyncio.sleep(self.period_s)
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(e) for e in self.endpoints))
+        await asyncio.gather(*(self.probe(e) for e in tuple(self.endpoints)))
+
+    def add(self, endpoint: Endpoint) -> None:
+        """Probe ``endpoint`` too from the next round (a replica that joined, B11)."""
+        if all(e.name != endpoint.name for e in self.endpoints):
+            self.endpoints.append(endpoint)
+
+    def remove(self, name: str) -> None:
+        """Stop probing ``name`` (a replica that left) and forget what it said."""
+        self.endpoints = [e for e in self.endpoints if e.name != name]
+        self._last_load.pop(name, None)
+        self._last_healthy.pop(name, None)
+        self._timeouts.pop(name, None)
 
     async def probe(self, endpoint: Endpoint) -> None:
         headers = {}
-        key = self.api_keys.get(endpoint.name)
+        key = self.api_keys.get(entry_of(endpoint.name))  # (a discovered replica: its entry's)
         if key:
             headers["Authorization"] = f"Bearer {key}"
         healthy, why, timed_out = await self._health(endpoint, headers)
