@@ -193,6 +193,8 @@ def render_scheduler(status: dict[str, Any], source: str) -> list[str]:
             health = "not probed"
         else:
             health = "healthy" if r.get("healthy") else "DOWN"
+        if r.get("membership") in ("draining", "leaving"):  # B11: no new runs go there
+            health = f"{health}, {r['membership']}"
         kv = r.get("kv_usage")
         probed = r.get("probed_s_ago")
         rows.append(

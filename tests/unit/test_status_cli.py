@@ -133,3 +133,14 @@ def test_number_formats() -> None:
         "-", "250ms", "1.2s", "1m16s", "1h01m"
     ]  # fmt: skip
     assert [count(v) for v in (None, 999, 12_400, 3_200_000)] == ["-", "999", "12.4k", "3.2M"]
+
+
+def test_a_draining_or_leaving_replica_says_so_beside_its_health() -> None:
+    """B11: the membership of a replica that takes no new runs shows in its health cell."""
+    data = canned("scheduler.json")
+    data["replicas"][0]["membership"] = "draining"
+    data["replicas"][1]["membership"] = "leaving"
+    lines = render(data, "http://s:5001").splitlines()
+    rows = {ln.split()[0]: ln for ln in lines[lines.index("REPLICAS") + 2 :][:3]}
+    assert "healthy, draining" in rows["engine-a"]
+    assert "DOWN, leaving" in rows["engine-b"]

@@ -170,11 +170,17 @@
   }
 
   function healthCell(r) {
-    if (r.probed_s_ago === null) return el("td", {}, el("span", { class: "badge unknown", text: "not probed" }));
+    // B11: a draining or leaving replica takes no new runs, whatever its health
+    const member = r.membership && r.membership !== "serving"
+      ? el("span", { class: "badge unknown", text: r.membership })
+      : null;
+    if (r.probed_s_ago === null) {
+      return el("td", {}, el("span", { class: "badge unknown", text: "not probed" }), member);
+    }
     return el("td", {}, el("span", {
       class: r.healthy ? "badge ok" : "badge down",
       text: r.healthy ? "healthy" : "down",
-    }));
+    }), member);
   }
 
   // The interactive target (B7): the batch limit its decode pace sets, and the batch
