@@ -28,6 +28,7 @@ string of digits.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -339,6 +340,17 @@ class SchedulerSettings(_Frozen):
     the last good one kept (B11)."""
     members_file_every_s: Seconds = 2.0
     """How often ``members_file`` is checked for a change."""
+    dns_servers: tuple[str, ...] = ()
+    """Name servers (``HOST`` or ``HOST:PORT``, an IP address) asked for ``discover = "dns"``
+    pools instead of the system's, e.g. ``["127.0.0.1:8600"]`` for Consul's DNS; empty: the
+    system resolver (``/etc/resolv.conf``)."""
+
+    @field_validator("dns_servers")
+    @classmethod
+    def _dns_servers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for server in value:
+            dns_server(server)
+        return value
 
     @field_validator("interactive_target")
     @classmethod
@@ -383,6 +395,27 @@ class SchedulerSettings(_Frozen):
             if not parts.hostname or (port is not None and not 0 < port < 65536):
                 raise ValueError(f"{url!r} needs a host and a port from 1 to 65535")
         return urls
+
+
+def dns_server(text: str) -> tuple[str, int]:
+    """``"10.0.0.2"`` -> ("10.0.0.2", 53); ``"127.0.0.1:8600"``, ``"[::1]:53"``: with the
+    port. Raises ``ValueError`` naming what is wrong."""
+    host, port = text, 53
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            port_text = rest.removeprefix(":")
+            port = int(port_text) if port_text.isdigit() else -1
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+        port = int(port_text) if port_text.isdigit() else -1
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{text!r}: a name server is an IP address, with :PORT or not") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"{text!r}: the port must be from 1 to 65535")
+    return host, port
 
 
 ServiceClass = Literal["interactive", "batch"]

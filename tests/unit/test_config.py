@@ -525,3 +525,15 @@ def test_link_limits_reach_the_link_and_default_alike(tmp_path: Path) -> None:
         write(tmp_path, "[scheduler]\nlink_hello_timeout_s = 0.5\nlink_max_unauthenticated = 3\n")
     )
     assert link_limits(config.scheduler) == LinkLimits(hello_timeout_s=0.5, max_unauthenticated=3)
+
+
+def test_dns_servers_are_addresses_with_an_optional_port(tmp_path: Path) -> None:
+    """B11: ``[scheduler] dns_servers`` for DNS pools: IP addresses, IPv6 in brackets with a
+    port; a name or a bad port is an error naming the entry."""
+    from luftpause.config import dns_server
+
+    assert dns_server("127.0.0.1:8600") == ("127.0.0.1", 8600)
+    assert dns_server("[::1]:5353") == ("::1", 5353) and dns_server("10.0.0.2") == ("10.0.0.2", 53)
+    path = write(tmp_path, '[scheduler]\ndns_servers = ["dns.example:53"]\n')
+    with pytest.raises(ConfigError, match=r"scheduler.dns_servers.*IP address"):
+        load_config(path, {})
