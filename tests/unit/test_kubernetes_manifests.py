@@ -321,7 +321,7 @@ def check_config_and_token(objs: list[Obj]) -> list[str]:
 def check_peers(objs: list[Obj], config: StackConfig) -> list[str]:
     """Every URL in the config names a Service of this render on a port it exposes; an
     engine by pod DNS name names a pod of a StatefulSet behind a headless Service, and
-    every such pod is listed."""
+    every such pod is listed; a DNS pool (``discover = "dns"``) names a headless Service."""
     problems = []
     ns = namespace(objs)
     services = {s["metadata"]["name"]: s for s in find(objs, "Service")}
@@ -351,6 +351,17 @@ def check_peers(objs: list[Obj], config: StackConfig) -> list[str]:
     for e in config.endpoints:
         parts = urlsplit(e.url)
         labels = (parts.hostname or "").split(".")
+        if e.discover == "dns":  # B11: a pool, found through a headless Service's records
+            svc = services.get(labels[0])
+            if labels[1:] != [ns, "svc", "cluster", "local"] or svc is None:
+                problems.append(f"endpoint {e.name}: {parts.hostname} is no Service of {ns}")
+            elif svc["spec"].get("clusterIP") != "None":
+                problems.append(f"endpoint {e.name}: Service {labels[0]} is not headless")
+            elif parts.port not in {p["port"] for p in svc["spec"]["ports"]}:
+                problems.append(
+                    f"endpoint {e.name}: Service {labels[0]} does not expose {parts.port}"
+                )
+            continue
         if labels[2:] != [ns, "svc", "cluster", "local"]:
             problems.append(
                 f"endpoint {e.name}: {parts.hostname} is not <pod>.<service>.{ns}.svc.cluster.local"
@@ -468,8 +479,8 @@ def test_images_are_pinned_to_the_package_version() -> None:
 
 
 def test_the_engines_overlay_runs_sglang_on_a_gpu_each(rendered: dict[str, list[Obj]]) -> None:
-    """X3, S8: the example engines: a StatefulSet of SGLang pods, one GPU each, behind a
-    headless Service, every pod an endpoint with SGLang metrics."""
+    """X3, S8, B11: the example engines: a StatefulSet of SGLang pods, one GPU each, behind a
+    headless Service that one DNS pool endpoint resolves, with SGLang metrics."""
     objs = rendered["engines"]
     sglang = one(objs, "StatefulSet", "sglang")
     (c,) = sglang["spec"]["template"]["spec"]["containers"]
@@ -482,9 +493,12 @@ def test_the_engines_overlay_runs_sglang_on_a_gpu_each(rendered: dict[str, list[
     assert "startupProbe" in c
     assert one(objs, "Service", "sglang")["spec"]["clusterIP"] == "None"
     config = config_of(objs, "engines")
-    assert len(config.endpoints) == sglang["spec"]["replicas"]
-    for e in config.endpoints:
-        assert e.models == (model,) and e.metrics == "sglang"
+    (pool,) = config.endpoints
+    assert (
+        pool.discover == "dns"
+        and urlsplit(pool.url).hostname == "sglang.luftpause.svc.cluster.local"
+    )
+    assert pool.models == (model,) and pool.metrics == "sglang"
     assert config.runtime.default_model == model
 
 
