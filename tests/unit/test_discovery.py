@@ -17,6 +17,7 @@ import pytest
 
 from luftpause.config import Endpoint
 from luftpause.scheduler.service.discovery import (
+    DnsSource,
     MembersFile,
     MembersFileError,
     a_urls,
@@ -119,6 +120,25 @@ def test_srv_targets_become_their_addresses_with_the_record_port() -> None:
         "http://10.0.0.6:30001",
         "http://[fd00::6]:30001",
     )
+
+
+class NoResolver:
+    async def resolve(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError("an address needs no query")
+
+
+async def test_an_address_host_is_its_own_member_without_a_query() -> None:
+    """B11: ``discover = "dns"`` on an IP address: that one member, no DNS query."""
+    for url, want in [
+        ("http://10.0.0.5:30000", "http://10.0.0.5:30000"),
+        ("https://[fd00::1]/v1", "https://[fd00::1]:443/v1"),
+    ]:
+        entry = Endpoint(name="pool", url=url, models=("m",), discover="dns")
+        sink = Sink()
+        source = DnsSource(entry, sink, resolver=NoResolver())  # type: ignore[arg-type]
+        await source.refresh()
+        await source.refresh()
+        assert sink.calls == [("dns", "pool", (want,))]
 
 
 # --- the file source -------------------------------------------------------------------
