@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from luftpause.config import Endpoint
+from luftpause.members import member_name
 from luftpause.scheduler.service.discovery import (
     DnsSource,
     MembersFile,
     MembersFileError,
     a_urls,
     check_member_url,
-    member_name,
     parse_members,
     srv_urls,
 )

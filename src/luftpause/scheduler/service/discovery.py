@@ -74,16 +74,6 @@ class MemberSink(Protocol):
         """``source`` ("dns", "file") now lists ``urls`` for ``entry`` (``()``: none)."""
 
 
-def member_name(entry: str, url: str) -> str:
-    """``NAME@HOST:PORT`` for a member URL of entry ``NAME`` (``NAME@[::1]:PORT`` for IPv6)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
-    return f"{entry}@{host}:{port}"
-
-
 def _address_url(scheme: str, address: str, port: int, path: str) -> str:
     host = f"[{address}]" if ":" in address else address
     return f"{scheme}://{host}:{port}{path}"

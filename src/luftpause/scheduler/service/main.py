@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from luftpause.config import Endpoint, KvRetention, SchedulerSettings, StackConfig, load_secrets
+import dns.asyncresolver
+import dns.nameserver
+
+from luftpause.config import (
+    Endpoint,
+    KvRetention,
+    SchedulerSettings,
+    StackConfig,
+    dns_server,
+    load_secrets,
+)
 from luftpause.scheduler.core import Params, ReplicaSpec, WorkingSet, initial_state
+from luftpause.scheduler.service.discovery import DnsSource, MembersFile
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.membership import Membership, replica_spec
@@ -93,6 +107,61 @@ def core_params(settings: SchedulerSettings, endpoints: Sequence[Endpoint] = ())
     )
 
 
+def dns_resolver(settings: SchedulerSettings) -> dns.asyncresolver.Resolver:
+    """The resolver of DNS pools: ``[scheduler] dns_servers``, else the system's."""
+    if not settings.dns_servers:
+        return dns.asyncresolver.Resolver()
+    resolver = dns.asyncresolver.Resolver(configure=False)
+    resolver.nameservers = [
+        dns.nameserver.Do53Nameserver(*dns_server(server)) for server in settings.dns_servers
+    ]
+    return resolver
+
+
+@dataclass(frozen=True)
+class Source:
+    """A discovery source as the scheduler runs it: once at start, then for good."""
+
+    name: str
+    refresh: Callable[[], Awaitable[object]]
+    run_forever: Callable[[], Coroutine[Any, Any, None]]
+
+
+def discovery_sources(config: StackConfig, membership: Membership) -> list[Source]:
+    """B11: a DNS source per ``discover = "dns"`` entry, and the members file's."""
+    pools = [e for e in config.endpoints if e.discover == "dns"]
+    sources: list[Source] = []
+    if pools:
+        resolver = dns_resolver(config.scheduler)
+        for entry in pools:
+            pool = DnsSource(entry, membership, resolver)
+            sources.append(Source(f"dns {entry.name}", pool.refresh, pool.run_forever))
+    path = config.scheduler.members_file
+    if path:
+        watched = MembersFile(
+            path, membership.entries, membership, config.scheduler.members_file_every_s
+        )
+        sources.append(Source("members file", _async(watched.poll), watched.run_forever))
+    return sources
+
+
+async def discover_first(sources: Sequence[Source], timeout_s: float = 10.0) -> None:
+    """Each source once, together, bounded: a DNS server that does not answer leaves its
+    pool empty until the source's next round, it does not hold the scheduler's start."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(s.refresh() for s in sources))
+    except TimeoutError:
+        log.warning("discovery: no answer within %g s at start; pools fill as it comes", timeout_s)
+
+
+def _async(call: Callable[[], object]) -> Callable[[], Awaitable[object]]:
+    async def run() -> object:
+        return call()
+
+    return run
+
+
 def link_limits(settings: SchedulerSettings) -> LinkLimits:
     """What a Link connection not yet welcomed may hold, from the ``[scheduler]`` table."""
     return LinkLimits(
@@ -133,6 +202,10 @@ def main(args: argparse.Namespace) -> int:
         await prober.probe_all()  # know the pool before admitting anything
         urls = {e.name: e.url for e in static}  # (members join it: B11)
         membership = Membership(config.endpoints, host, prober, urls)
+        sources = discovery_sources(config, membership)
+        if sources:  # B11: know the pools' members too before admitting anything
+            await discover_first(sources)
+            await prober.probe_all()
         listeners = await start_grpc(
             host,
             urls,
@@ -158,6 +231,8 @@ def main(args: argparse.Namespace) -> int:
         )
         await svc.serve_asgi("http", sock, app)
         svc.task(prober.run_forever(), name="prober")
+        for source in sources:
+            svc.task(source.run_forever(), name=f"discovery {source.name}")
         svc.task(host.tick_forever(settings.clock_tick_s), name="clock")
         svc.on_ready(
             lambda: log.info(
