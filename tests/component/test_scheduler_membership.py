@@ -126,3 +126,35 @@ def test_the_dataplane_serves_a_member_with_its_entrys_settings() -> None:
     member = dp.endpoints["pool@10.0.0.5:30000"]
     assert member.url == "http://10.0.0.5:30000" and member.models == ("m",)
     assert member.discover == "static" and "other@10.0.0.5:1" not in dp.endpoints
+
+
+def test_a_dropped_replica_takes_its_admission_series_with_it() -> None:
+    """B11: the per-replica admission counter of a member that left and was dropped is
+    removed from /metrics (a churning fleet must not grow the series without bound)."""
+    from luftpause.scheduler.core import (
+        ClockTicked,
+        ReplicaProbed,
+        ServiceClass,
+        TurnFinished,
+        TurnRequested,
+    )
+
+    host, _, membership, _ = _stack()
+    membership.set_members("dns", "pool", ("http://10.0.0.5:30000",))
+    host.drain()
+    name = "pool@10.0.0.5:30000"
+    host.post(lambda at: ReplicaProbed(at, name, True, 0, 0))
+    host.post(
+        lambda at: TurnRequested(
+            at, "t1", "r1", "m", ServiceClass.BATCH, "c", EndpointKind.GENERATIVE, "dp"
+        )
+    )
+    host.drain()
+    assert f'replica="{name}"' in host.metrics.render()[0].decode()
+    membership.set_members("dns", "pool", ())
+    host.post(lambda at: TurnFinished(at, "t1", False))
+    host.post(lambda at: ClockTicked(at))  # (dropped on the next event: nothing refers to it)
+    host.drain()
+    assert name not in host.state.replicas
+    text = host.metrics.render()[0].decode()
+    assert f'luftpause_scheduler_admissions_total{{replica="{name}"' not in text

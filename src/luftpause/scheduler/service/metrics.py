@@ -387,6 +387,8 @@ class SchedulerMetrics:
         timer = self._decide_time.get(type(event))
         if timer is not None:
             timer.observe(seconds)
+        if before.replicas is not after.replicas and len(after.replicas) < len(before.replicas):
+            self._forget_replicas(set(before.replicas) - set(after.replicas))
         for action in actions:
             match action:
                 case Admit():
@@ -409,6 +411,14 @@ class SchedulerMetrics:
                     self.drops.labels(action.reason.value).inc()
                 case ForgetRun():
                     self.runs_forgotten.inc()
+
+    def _forget_replicas(self, names: set[str]) -> None:
+        """B11: a replica the core dropped (it left) takes its label values with it, so
+        a fleet that churns does not grow the series without bound."""
+        for name in sorted(names):
+            for cls in ServiceClass:
+                if self._admitted.pop((name, cls), None) is not None:
+                    self.admissions.remove(name, cls.value)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
