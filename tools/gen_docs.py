@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import importlib
 import re
 import sys
 import tempfile
@@ -41,10 +40,14 @@ GENERATED = (
 )
 
 
+def _cell(text: str) -> str:
+    """Text as one line of a Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def _md(text: str) -> str:
     """A docstring as one Markdown paragraph: RST literals become code spans."""
-    text = re.sub(r"``(.+?)``", r"`\1`", " ".join(text.split()))
-    return text.replace("|", "\\|")
+    return _cell(re.sub(r"``(.+?)``", r"`\1`", text, flags=re.S))
 
 
 # ------------------------------------------------------------------ configuration
@@ -255,7 +258,7 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
         and "default" not in text.lower()
     ):
         text += f" (default: `{default}`)"
-    return _md(text.replace("`", "``")).replace("``", "`")
+    return _cell(text)
 
 
 def _command(name: str, parser: argparse.ArgumentParser) -> Iterator[str]:
@@ -311,12 +314,7 @@ def cli_page() -> str:
     for command in cli.COMMANDS:
         if not cli.available(command):
             continue
-        sys_argv = sys.argv
-        sys.argv = ["luftpause", command.name]  # build_parser adds the wanted one's arguments
-        try:
-            parser, _ = cli.build_parser()
-        finally:
-            sys.argv = sys_argv
+        parser, _ = cli.build_parser(command.name)
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
             command.name
         ]
@@ -599,6 +597,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "src"))
-    importlib.invalidate_caches()
     sys.exit(main())

@@ -61,7 +61,11 @@ def available(command: Command) -> bool:
         return False
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, _ServiceModule]]:
+def build_parser(
+    wanted: str | None = None,
+) -> tuple[argparse.ArgumentParser, dict[str, _ServiceModule]]:
+    """The command line's parser, with the arguments of the command ``wanted`` (default:
+    the one ``sys.argv`` names); the other commands only list their help line."""
     parser = argparse.ArgumentParser(
         prog="luftpause",
         description=(
@@ -74,7 +78,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, _ServiceModule]]:
     parser.add_argument("--version", action="version", version=f"luftpause {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules: dict[str, _ServiceModule] = {}
-    wanted = sys.argv[1] if len(sys.argv) > 1 else None
+    if wanted is None:
+        wanted = sys.argv[1] if len(sys.argv) > 1 else None
     for command in COMMANDS:
         if not available(command):
             continue

@@ -284,8 +284,7 @@ def test_every_luftpause_command_passes_its_config_check(
             assert "is usable" in out.out
             seen.add(command[0])
         else:
-            monkeypatch.setattr(sys, "argv", ["luftpause", *command])
-            parser, _ = cli.build_parser()
+            parser, _ = cli.build_parser(command[0])
             args = parser.parse_args(command)  # a bad flag exits 2
             assert args.command == command[0]
     assert seen == set(CHECKED)
