@@ -12,7 +12,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 SEPARATOR = "@"
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+DEFAULT_PORTS = {"http": 80, "https": 443}  # a URL without a port
 
 
 def entry_of(replica: str) -> str:
@@ -25,8 +25,8 @@ def member_name(entry: str, url: str) -> str:
     an IPv6 host in brackets). Raises ``ValueError`` for a URL without a host."""
     parts = urlsplit(url)
     host = parts.hostname
-    if not host or parts.scheme not in _DEFAULT_PORTS:
+    if not host or parts.scheme not in DEFAULT_PORTS:
         raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
-    port = parts.port or _DEFAULT_PORTS[parts.scheme]
+    port = parts.port or DEFAULT_PORTS[parts.scheme]
     shown = f"[{host}]" if ":" in host else host
     return f"{entry}{SEPARATOR}{shown}:{port}"

@@ -61,10 +61,9 @@ import dns.rdatatype
 import dns.resolver
 
 from luftpause.config import Endpoint
+from luftpause.members import DEFAULT_PORTS
 
 log = logging.getLogger("luftpause.scheduler.discovery")
-
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class MemberSink(Protocol):

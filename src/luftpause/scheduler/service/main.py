@@ -199,13 +199,12 @@ def main(args: argparse.Namespace) -> int:
         static = static_endpoints(config)
         prober = Prober(static, secrets.api_keys, settings.probe_period_s, host.post)
         svc.on_stop(prober.client.aclose)
-        await prober.probe_all()  # know the pool before admitting anything
         urls = {e.name: e.url for e in static}  # (members join it: B11)
         membership = Membership(config.endpoints, host, prober, urls)
         sources = discovery_sources(config, membership)
-        if sources:  # B11: know the pools' members too before admitting anything
+        if sources:  # B11: the pools' members too (the prober probes those that joined)
             await discover_first(sources)
-            await prober.probe_all()
+        await prober.probe_all()  # know the pool before admitting anything
         listeners = await start_grpc(
             host,
             urls,
