@@ -217,6 +217,7 @@ def configuration_page() -> str:
             config.ToolServer,
             config.ToolServer.__doc__ or "",
         ),
+        ("[[callers]]", "callers", config.CallerConfig, config.CallerConfig.__doc__ or ""),
         ("[fakes]", "fakes", config.Fakes, config.Fakes.__doc__ or ""),
         ("[[fakes.engines]]", "fakes-engines", config.FakeEngine, config.FakeEngine.__doc__ or ""),
         ("[fakes.mcp]", "fakes-mcp", config.FakeMcp, config.FakeMcp.__doc__ or ""),

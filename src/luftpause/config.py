@@ -338,6 +338,10 @@ class SchedulerSettings(_Frozen):
     is a replica named ``ENDPOINT@HOST:PORT`` with that endpoint's other settings. Read
     again whenever it changes, without a restart; a file that cannot be used is logged and
     the last good one kept (B11)."""
+    usage_file: str | None = None
+    """Where the callers' token usage today (``daily_tokens``) is kept across restarts: a
+    JSON file rewritten, atomically, every few seconds while it changes and at shutdown.
+    None: kept in memory only, so a restarted scheduler starts every budget afresh."""
     members_file_every_s: Seconds = 2.0
     """How often ``members_file`` is checked for a change."""
     dns_servers: tuple[str, ...] = ()
@@ -666,12 +670,76 @@ class Fakes(_Frozen):
     """The fake MCP tool server (``[fakes.mcp]``)."""
 
 
+CALLER_NAME = r"^[A-Za-z0-9_.:-]+$"
+
+
+class CallerConfig(_Frozen):
+    """A caller bound to a key (``[[callers]]``, B13): who a request is, which classes it
+    may use, its share under contention and its limits come from the key it presents,
+    not from the headers it sends. The key itself never goes in this file."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=CALLER_NAME)]
+    """The caller's name: in the scheduler's order, ``/status``, metrics and the journal.
+    A request with this key may name a sub-caller under it (``x-luftpause-caller: ci`` is
+    ``NAME/ci``)."""
+    key_env: str | None = None
+    """An environment variable holding the key (several keys, for a rotation, separated by
+    commas or spaces). Read at start."""
+    key_file: str | None = None
+    """A file holding the key: one per line (several during a rotation), ``#`` comments,
+    or ``sha256:HEX`` lines holding a key's hash instead of the key. Read again when it
+    changes (checked every 2 seconds) and on SIGHUP, without a restart:
+    this is how keys rotate (a Kubernetes Secret mounted as a file updates in place)."""
+    classes: Annotated[tuple[ServiceClass, ...], Field(min_length=1)] = ("batch",)
+    """The classes this caller may use. Batch only unless the operator grants
+    ``"interactive"``."""
+    on_denied_class: Literal["downgrade", "refuse"] = "downgrade"
+    """A request asking for a class this caller may not use: ``"downgrade"`` serves it in a
+    class it may use and says so in the ``x-luftpause-class-denied`` response header;
+    ``"refuse"`` answers 403."""
+    weight: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 1.0
+    """Its share under contention: a caller of weight 2 gets twice the turns in flight
+    (``fairness = "in_flight"``) or twice the weighted tokens (``"tokens"``) of a caller of
+    weight 1 while both wait. Its sub-callers share it."""
+    max_in_flight: Annotated[int, Field(ge=1)] | None = None
+    """The most of its turns (its sub-callers' included) in engines at once; more are held
+    by the scheduler, not refused. None: no limit."""
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+    """Prompt + completion tokens per minute (a bucket of this size that refills at this
+    rate, charged with each finished turn's usage). A turn asked for while the bucket is
+    empty is a 429 with ``Retry-After``. None: no limit."""
+    daily_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Prompt + completion tokens per UTC day. Once spent, turns are 429s with
+    ``Retry-After`` until midnight UTC. None: no budget."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_key(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and ("key" in data or "api_key" in data):
+            raise ValueError(
+                "a caller's key never goes in the stack file: name an environment variable "
+                "(key_env) or a file (key_file); `luftpause keys new NAME` makes a key"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _has_key(self) -> Self:
+        if not self.key_env and not self.key_file:
+            raise ValueError(f"caller {self.name!r} needs key_env or key_file (or both)")
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"caller {self.name!r}: classes lists a class twice")
+        return self
+
+
 class StackConfig(_Frozen):
     endpoints: tuple[Endpoint, ...] = ()
     scheduler: SchedulerSettings = SchedulerSettings()
     dataplane: DataplaneSettings = DataplaneSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     fakes: Fakes = Fakes()
+    callers: tuple[CallerConfig, ...] = ()
+    """Callers bound to keys (``[[callers]]``; B13). Empty: the one shared
+    ``LUFTPAUSE_TOKEN`` (or nothing) guards the stack and callers name themselves."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> Self:
@@ -690,6 +758,11 @@ class StackConfig(_Frozen):
         names = [e.name for e in self.fakes.engines]
         if len(set(names)) != len(names):
             raise ValueError("fakes.engines: fake engine names must be unique")
+        callers: set[str] = set()
+        for i, c in enumerate(self.callers):
+            if c.name in callers:
+                raise ValueError(f"callers[{i}].name: duplicate caller name {c.name!r}")
+            callers.add(c.name)
         return self
 
     def endpoint(self, name: str) -> Endpoint | None:
@@ -859,6 +932,12 @@ def load_secrets(config: StackConfig, environ: Mapping[str, str] | None = None) 
         raise ConfigError(
             "environment variables not set: " + "; ".join(missing) + " (export them or remove "
             "api_key_env from the endpoint)"
+        )
+    if config.callers and not env.get("LUFTPAUSE_TOKEN"):
+        raise ConfigError(
+            "[[callers]] needs LUFTPAUSE_TOKEN set: the services use it among themselves, "
+            "and without it anyone could reach the scheduler and the runtime unchecked "
+            "(export a long random LUFTPAUSE_TOKEN and keep it from the callers)"
         )
     return Secrets(
         token=env.get("LUFTPAUSE_TOKEN") or None,

@@ -112,7 +112,7 @@ def test_token_fairness_counter_weights() -> None:
     params = replace(VTC, prompt_weight=0.5, completion_weight=3.0)
     assert order.turn_cost(params, "x", 100, 10) == 80.0
     assert order.turn_cost(VTC, "x", 100, 10) == 120.0  # VTC's defaults, 1 and 2
-    assert order.caller_weight("anyone") == 1.0
+    assert order.caller_weight(VTC, "anyone") == 1.0
     host = Host(params, cap=1)
     host.req("a1", "ra1", "alice")
     host.req("a2", "ra2", "alice")  # held: alice stays active
@@ -258,7 +258,7 @@ def test_held_key_orders_caller_then_prefix_lane_then_level_then_arrival() -> No
     it tie; the level counts only for batch turns under the attained order."""
     in_flight: Map[str, int] = Map({"busy": 2})
     vtc: Map[str, float] = Map()
-    key = order.held_key(ATTAINED, in_flight, vtc, BAT, True, OWN)
+    key = order.held_key(ATTAINED, in_flight, Map(), vtc, BAT, True, OWN)
     # the caller with fewer turns in flight first, whatever else
     assert key(FREE, _held("idle", 9, FREE, tier=5)) < key(OWN, _held("busy", 1, OWN))
     # same caller: a turn whose run lives here (its own pin lane) before a new run's
@@ -268,8 +268,8 @@ def test_held_key_orders_caller_then_prefix_lane_then_level_then_arrival() -> No
     assert key(FREE, _held("c", 1, FREE, tier=1)) < key(FREE, _held("c", 2, FREE, tier=1))
     # interactive turns and the arrival order ignore the level
     for k in (
-        order.held_key(ATTAINED, in_flight, vtc, INT, True, OWN),
-        order.held_key(BASE, in_flight, vtc, BAT, True, OWN),
+        order.held_key(ATTAINED, in_flight, Map(), vtc, INT, True, OWN),
+        order.held_key(BASE, in_flight, Map(), vtc, BAT, True, OWN),
     ):
         assert k(FREE, _held("c", 1, FREE, tier=3)) < k(FREE, _held("c", 2, FREE, tier=0))
         assert k(FREE, _held("idle", 9, FREE)) < k(OWN, _held("busy", 1, OWN))
@@ -283,13 +283,15 @@ def test_held_key_reads_the_rank_the_options_name() -> None:
     in_flight: Map[str, int] = Map({"a": 3})
     vtc: Map[str, float] = Map({"a": 10.0, "b": 500.0})
     a, b = _held("a", 2, FREE), _held("b", 1, FREE)
-    tokens = order.held_key(VTC, in_flight, vtc, BAT, True, OWN)
+    tokens = order.held_key(VTC, in_flight, Map(), vtc, BAT, True, OWN)
     assert tokens(FREE, a) < tokens(FREE, b)
-    single_pass = order.held_key(VTC, in_flight, vtc, BAT, False, OWN)
+    single_pass = order.held_key(VTC, in_flight, Map(), vtc, BAT, False, OWN)
     assert single_pass(FREE, b) < single_pass(FREE, a)
-    by_flight = order.held_key(BASE, in_flight, vtc, BAT, True, OWN)
+    by_flight = order.held_key(BASE, in_flight, Map(), vtc, BAT, True, OWN)
     assert by_flight(FREE, b) < by_flight(FREE, a)
-    no_keep = order.held_key(replace(BASE, keep_prefixes=False), in_flight, vtc, BAT, True, OWN)
+    no_keep = order.held_key(
+        replace(BASE, keep_prefixes=False), in_flight, Map(), vtc, BAT, True, OWN
+    )
     assert no_keep(FREE, _held("c", 1, FREE)) < no_keep(OWN, _held("c", 2, OWN))
 
 
@@ -315,7 +317,7 @@ def test_held_key_is_a_total_order(
     """Determinism: turns with distinct arrival numbers never tie, so the pick does not
     depend on the order the candidates are visited in."""
     params = replace(BASE, fairness=fairness, batch_order=batch_order, keep_prefixes=keep)
-    key = order.held_key(params, Map({"a": 1}), Map({"b": 3.0}), cls, True, OWN)
+    key = order.held_key(params, Map({"a": 1}), Map(), Map({"b": 3.0}), cls, True, OWN)
     keys = [
         key(OWN if here else FREE, _held(caller, seq, OWN if here else FREE, tier))
         for seq, (caller, here, tier) in enumerate(turns)

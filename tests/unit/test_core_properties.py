@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from immutables import Map
 
 from luftpause.scheduler.core import (
     Action,
     Admit,
+    CallerPolicy,
     ClockTicked,
     DataplaneConnected,
     DataplaneDisconnected,
@@ -71,6 +73,9 @@ BAT = ServiceClass.BATCH
 # has its own example tests.
 # The decode pace's target sits among the paces the histories draw (a reply of 2 tokens
 # over none or some of the clock's steps), so its batch limit is cut and raised.
+# B13: c0 is limited to 2 turns in flight with weight 2; c1 (and its sub-callers c1/x and
+# c1/y, which share its limit of 3) has weight 0.5; c2 is not configured.
+LIMITS = {"c0": 2, "c1": 3}
 PARAMS = Params(
     turn_timeout_s=30.0,
     run_idle_expiry_s=60.0,
@@ -79,9 +84,10 @@ PARAMS = Params(
     dataplane_grace_s=20.0,
     interactive_pace_s=0.5,
     pace_min_tokens=2,
+    callers=Map({"c0": CallerPolicy(2.0, LIMITS["c0"]), "c1": CallerPolicy(0.5, LIMITS["c1"])}),
 )
 MODELS = ("m0", "m1")
-CALLERS = ("c0", "c1", "c2")
+CALLERS = ("c0", "c1", "c2", "c1/x", "c1/y")
 DATAPLANES = ("dp0", "dp1")
 SP_MODEL = "cls"
 
@@ -282,11 +288,26 @@ class CoreMachine(RuleBasedStateMachine):
         if self.expected_reject is not None:
             assert any(isinstance(a, Reject) for a in actions), actions
 
+    def at_limit(self, caller: str) -> bool:
+        """B13: the caller's account has its in-flight limit of generative turns admitted,
+        by this model's count (so far in the event being checked)."""
+        account = caller.partition("/")[0]
+        limit = LIMITS.get(account)
+        flying = sum(
+            1
+            for t in self.turns.values()
+            if t.status == "admitted" and t.kind is GEN and t.caller.partition("/")[0] == account
+        )
+        return limit is not None and flying >= limit
+
     def check_admission(
         self, a: Admit, post: State, admits_from_here: int, batch_from_here: int
     ) -> None:
         m = self.turns[a.turn_id]
         assert m.status == "held", (a, m)
+        # B13: never admitted while its account has its limit in flight (turns a resync
+        # handed back count too)
+        assert m.kind is not GEN or not self.at_limit(m.caller), (a, m.caller)
         rep = post.replicas[a.replica]
         # S9/S6/S13: healthy, serves the turn's model, of the turn's kind
         assert rep.healthy, a
@@ -314,8 +335,8 @@ class CoreMachine(RuleBasedStateMachine):
         if m.cls is BAT:
             # S4: no held interactive turn could have gone here instead
             for h in post.held.values():
-                if h.service_class is not INT:
-                    continue
+                if h.service_class is not INT or self.at_limit(h.caller):
+                    continue  # (B13: a turn held for its caller's limit may wait)
                 pinned_here = h.lane == ("pin", a.replica)
                 free_here = (
                     h.lane[0] == "free"
@@ -379,8 +400,17 @@ class CoreMachine(RuleBasedStateMachine):
                 and not post.runs[r.run_id].lapsed
             )
             assert rep.reserved == want, (name, rep.reserved, want)
-        # no held turn could be admitted now (the core's theory; what liveness rests on)
+        # no held turn could be admitted now (the core's theory; what liveness rests on),
+        # unless its account is at its in-flight limit (B13)
+        flying: dict[str, int] = {}
+        for t in post.turns.values():
+            if t.kind is GEN:
+                account = t.caller.partition("/")[0]
+                flying[account] = flying.get(account, 0) + 1
         for h in post.held.values():
+            account = h.caller.partition("/")[0]
+            if h.kind is GEN and flying.get(account, 0) >= LIMITS.get(account, 10**9):
+                continue
             if h.lane[0] == "pin" and post.replicas[h.lane[1]].healthy:
                 names: tuple[str, ...] = (h.lane[1],)
             else:  # free, or pinned to an unhealthy replica: any server of its model (S3)
@@ -711,9 +741,22 @@ class CoreMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if self.state is None:
             return
-        # liveness: once capacity frees, every held turn is admitted
+        # liveness: once capacity frees, every held turn is admitted; a caller's turns
+        # held for its in-flight limit (B13), once its turns in flight end
         for spec in self.specs:
             self.step(ReplicaProbed(self.now, spec.name, True))
+        for _ in range(len(self.turns)):
+            waiting = {self.turns[t].caller.partition("/")[0] for t in self.live("held")}
+            flying = [
+                t
+                for t in self.live("admitted")
+                if self.turns[t].kind is GEN and self.turns[t].caller.partition("/")[0] in waiting
+            ]
+            if not flying:
+                break
+            m = self.turns[flying[0]]
+            self.end_turn(m, paused=False)
+            self.step(TurnFinished(self.now, m.turn_id))
         assert self.live("held") == []
         assert len(self.core().held) == 0
         assert status(self.core(), self.now)["held_total"] == 0

@@ -34,6 +34,7 @@ from luftpause.scheduler.core.events import (
 )
 from luftpause.scheduler.core.state import State, initial_state
 from luftpause.scheduler.core.types import (
+    CallerPolicy,
     DropReason,
     EndpointKind,
     Params,
@@ -47,6 +48,7 @@ from luftpause.scheduler.core.types import (
 __all__ = [
     "Action",
     "Admit",
+    "CallerPolicy",
     "ClockTicked",
     "DataplaneConnected",
     "DataplaneDisconnected",

@@ -302,6 +302,7 @@ class _Tx:
         "runs",
         "seq",
         "serving",
+        "sub_in_flight",
         "swept_until",
         "tool_times",
         "turn_deadlines",
@@ -334,6 +335,7 @@ class _Tx:
         self.caller_held = s.caller_held
         self.draining = s.draining
         self.left = s.left
+        self.sub_in_flight = s.sub_in_flight
         self.actions: list[Action] = []
         self.dirty: set[str] = set()
 
@@ -361,6 +363,7 @@ class _Tx:
             self.caller_held,
             self.draining,
             self.left,
+            self.sub_in_flight,
         )
 
     # ------------------------------------------------------------------ requests
@@ -388,7 +391,13 @@ class _Tx:
             run = self._back_from_tool(run, ev.service_class)
         lane = self._lane_for(run, ev.kind, ev.model)
         self.seq += 1
-        target = self._place(run, names, ev.kind, ev.service_class, lane, self.seq)
+        target = None
+        if not (
+            self.params.callers
+            and ev.kind is EndpointKind.GENERATIVE
+            and order.at_limit(self.params, self.caller_in_flight, self.sub_in_flight, ev.caller)
+        ):  # (a caller at its in-flight limit is held whatever the room, B13)
+            target = self._place(run, names, ev.kind, ev.service_class, lane, self.seq)
         if target is not None:  # admitting touches the run (a turn is activity, S10)
             self._admit(
                 run,
@@ -511,8 +520,9 @@ class _Tx:
             mine = self.held_by_run.get(run_id, _EMPTY_SET)
             self.held_by_run = self.held_by_run.set(run_id, mine.set(turn_id, None))
             if self.params.fairness == "tokens":
-                self._vtc_activate(caller)
-                self.caller_held = self.caller_held.set(caller, self.caller_held.get(caller, 0) + 1)
+                name = order.account(caller)
+                self._vtc_activate(name)
+                self.caller_held = self.caller_held.set(name, self.caller_held.get(name, 0) + 1)
 
     def _unhold(self, held: HeldTurn) -> None:
         qcaller = held.caller if held.tier == 0 else order.queue_caller(held.caller, held.tier)
@@ -537,13 +547,12 @@ class _Tx:
                 if len(mine)
                 else self.held_by_run.delete(held.run_id)
             )
-            n = self.caller_held.get(held.caller) if self.caller_held else None
+            name = order.account(held.caller) if self.caller_held else ""
+            n = self.caller_held.get(name) if self.caller_held else None
             if n is not None:  # (token fairness; its counter stays: the turn is admitted,
-                # moved, or its caller is checked for anything left, on_abandoned)
+                # moved, or its account is checked for anything left, on_abandoned)
                 self.caller_held = (
-                    self.caller_held.set(held.caller, n - 1)
-                    if n > 1
-                    else self.caller_held.delete(held.caller)
+                    self.caller_held.set(name, n - 1) if n > 1 else self.caller_held.delete(name)
                 )
 
     def _rehold(self, held: HeldTurn, lane: Lane) -> None:
@@ -642,7 +651,7 @@ class _Tx:
             return
         batch = 1 if service_class is ServiceClass.BATCH else 0
         if requested and self.params.fairness == "tokens":
-            self._vtc_activate(caller)
+            self._vtc_activate(order.account(caller))
         self._count_caller(caller, 1)
         if requested:
             ended = False  # a new turn after RunEnded: the run lives on
@@ -839,12 +848,12 @@ class _Tx:
             return 0.0
         params = self.params
         if params.fairness == "tokens":
-            caller = turn.caller
-            base = self.vtc.get(caller)
+            name = order.account(turn.caller)
+            base = self.vtc.get(name)
             if base is None:  # (a turn adopted on resync, before any of it was held)
                 base = order.lift(self.vtc)
-            cost = order.turn_cost(params, caller, ev.prompt_tokens, ev.completion_tokens)
-            self.vtc = self.vtc.set(caller, base + cost)
+            cost = order.turn_cost(params, name, ev.prompt_tokens, ev.completion_tokens)
+            self.vtc = self.vtc.set(name, base + cost)
         if params.batch_order != "attained":
             return 0.0
         return order.served(
@@ -855,20 +864,23 @@ class _Tx:
             self.now - turn.admitted_at,
         )
 
-    def _vtc_activate(self, caller: str) -> None:
-        """Token fairness: a caller with nothing held or in flight starts from the least
+    def _vtc_activate(self, name: str) -> None:
+        """Token fairness: an account with nothing held or in flight starts from the least
         counter of those that have (VTC's lift)."""
-        if caller not in self.vtc:
-            self.vtc = self.vtc.set(caller, order.lift(self.vtc))
+        if name not in self.vtc:
+            self.vtc = self.vtc.set(name, order.lift(self.vtc))
 
     def _vtc_drop_if_idle(self, caller: str) -> None:
-        """Token fairness: a caller with nothing held or in flight keeps no counter."""
+        """Token fairness: an account (``caller``'s) with nothing held or in flight keeps
+        no counter."""
+        name = order.account(caller)
         if (
-            caller in self.vtc
-            and caller not in self.caller_in_flight
-            and caller not in self.caller_held
+            name in self.vtc
+            and name not in self.caller_in_flight
+            and name not in self.sub_in_flight
+            and name not in self.caller_held
         ):
-            self.vtc = self.vtc.delete(caller)
+            self.vtc = self.vtc.delete(name)
 
     def _pace_feedback(self, turn: TurnState, completion_tokens: int) -> None:
         """The interactive target (``target.py``) learns from a reply that ended."""
@@ -1404,6 +1416,28 @@ class _Tx:
             self.caller_in_flight = self.caller_in_flight.set(caller, n)
         elif caller in self.caller_in_flight:
             self.caller_in_flight = self.caller_in_flight.delete(caller)
+        if "/" in caller:  # a sub-caller: its account's count too (order.py)
+            name = caller.partition("/")[0]
+            n = self.sub_in_flight.get(name, 0) + delta
+            if n > 0:
+                self.sub_in_flight = self.sub_in_flight.set(name, n)
+            elif name in self.sub_in_flight:
+                self.sub_in_flight = self.sub_in_flight.delete(name)
+        if delta < 0 and self.params.callers:
+            self._below_limit(caller)
+
+    def _below_limit(self, caller: str) -> None:
+        """A turn of ``caller`` ended: if that takes its account just below its in-flight
+        limit, its held turns may go again, wherever there is room (they were held for
+        the limit, not for room, so every replica is offered them)."""
+        name = order.account(caller)
+        limit = order.in_flight_limit(self.params, name)
+        if (
+            limit is not None
+            and order.account_in_flight(self.caller_in_flight, self.sub_in_flight, name)
+            == limit - 1
+        ):
+            self.dirty.update(self.replicas)
 
     # ---------------------------------------------------------------- admission
 
@@ -1468,6 +1502,7 @@ class _Tx:
         own = pin_lane(rep.spec.name)
         generative = rep.spec.kind is EndpointKind.GENERATIVE
         key: order.HeldKey | None = None  # built for the first lane with turns held
+        limited = False
         lanes = [own]
         if new_runs:
             lanes += [free_lane(rep.spec.kind, m) for m in rep.spec.models]
@@ -1482,8 +1517,15 @@ class _Tx:
                 continue
             if key is None:
                 key = order.held_key(
-                    self.params, self.caller_in_flight, self.vtc, cls, generative, own
+                    self.params,
+                    self.caller_in_flight,
+                    self.sub_in_flight,
+                    self.vtc,
+                    cls,
+                    generative,
+                    own,
                 )
+                limited = generative and order.limited(self.params)
             for caller in callers:
                 qkey = (lane, cls, caller)
                 first = self.queues[qkey].first()
@@ -1495,6 +1537,10 @@ class _Tx:
                 held = self.held[turn_id]
                 if held.model not in rep.spec.models:
                     continue  # a moved turn of another model: not ours to take
+                if limited and order.at_limit(
+                    self.params, self.caller_in_flight, self.sub_in_flight, held.caller
+                ):
+                    continue  # its account is at its in-flight limit (B13)
                 k = key(lane, held)
                 if best is None or k < best:
                     best, best_turn = k, turn_id
@@ -1975,4 +2021,5 @@ def _state_with(s: State, now: float, turns: Map[str, TurnState]) -> State:
         s.caller_held,
         s.draining,
         s.left,
+        s.sub_in_flight,
     )

@@ -11,6 +11,22 @@ from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.types import EndpointKind, RunPhase, ServiceClass
 
 
+def over_limit(state: State) -> list[str]:
+    """Accounts with more generative turns in flight than their ``max_in_flight`` (B13).
+    Never, unless a dataplane's resync handed the scheduler turns admitted before it
+    (re-adopted turns are counted, not refused)."""
+    totals: dict[str, int] = {}
+    for t in state.turns.values():
+        if t.kind is EndpointKind.GENERATIVE:
+            name = order.account(t.caller)
+            totals[name] = totals.get(name, 0) + 1
+    return [
+        f"caller {name} has {n} turns in flight, over its limit of {limit}"
+        for name, n in sorted(totals.items())
+        if (limit := order.in_flight_limit(state.params, name)) is not None and n > limit
+    ]
+
+
 def violations(state: State) -> list[str]:
     """Every way ``state`` disagrees with its own definition; empty when sound."""
     problems: list[str] = []
@@ -79,6 +95,13 @@ def violations(state: State) -> list[str]:
             )
     if dict(state.caller_in_flight.items()) != callers:
         problems.append(f"caller counts {dict(state.caller_in_flight.items())} != {callers}")
+    subs: dict[str, int] = {}
+    for caller, n in callers.items():
+        if "/" in caller:
+            name = order.account(caller)
+            subs[name] = subs.get(name, 0) + n
+    if dict(state.sub_in_flight.items()) != subs:
+        problems.append(f"sub-caller counts {dict(state.sub_in_flight.items())} != {subs}")
     queued = 0
     for (lane, cls, caller), fifo in state.queues.items():
         for slot, turn_id in fifo.items.items():

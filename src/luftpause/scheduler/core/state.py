@@ -239,6 +239,9 @@ class State:
     # in flight, pinned or reserved refers to it).
     draining: Map[str, float] = field(default_factory=Map)
     left: Map[str, None] = field(default_factory=Map)
+    # Sub-callers (order.py "Callers and sub-callers"): per account ``a``, the generative
+    # turns in flight of its sub-callers ``a/x`` (its own are in ``caller_in_flight[a]``).
+    sub_in_flight: Map[str, int] = field(default_factory=Map)
 
 
 def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float = 0.0) -> State:
@@ -280,6 +283,7 @@ def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float 
         caller_held=Map(),
         draining=Map(),
         left=Map(),
+        sub_in_flight=Map(),
     )
 
 
@@ -334,6 +338,7 @@ def new_state(
     caller_held: Map[str, int],
     draining: Map[str, float],
     left: Map[str, None],
+    sub_in_flight: Map[str, int],
 ) -> State:
     s: Any = _new(_StateDraft)
     s.params = params
@@ -358,6 +363,7 @@ def new_state(
     s.caller_held = caller_held
     s.draining = draining
     s.left = left
+    s.sub_in_flight = sub_in_flight
     s.__class__ = State
     return s  # type: ignore[no-any-return]
 

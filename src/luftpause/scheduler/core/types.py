@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
+
+from immutables import Map
 
 
 class ServiceClass(Enum):
@@ -64,6 +67,17 @@ class ReplicaSpec:
     kind: EndpointKind
     models: frozenset[str]
     orders_classes: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CallerPolicy:
+    """A configured caller's place in the held-turn order (B13, ``order.py``): its
+    ``weight`` (its share under contention; its sub-callers share it) and the most of its
+    turns in flight at once (``max_in_flight``; None: no limit). More are held, not
+    refused."""
+
+    weight: float = 1.0
+    max_in_flight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +156,6 @@ class Params:
     # default: the simulator's gains did not hold in the real-time flood): the target
     # alone; no effect without a relative target.
     target_packing: bool = False
+    # Configured callers (B13, ``order.py`` "Callers and sub-callers"): name -> its weight
+    # and in-flight limit. A caller not named here has weight 1 and no limit.
+    callers: Mapping[str, CallerPolicy] = field(default_factory=Map)
