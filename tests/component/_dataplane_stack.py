@@ -16,6 +16,7 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from luftpause.callers import Gate
 from luftpause.config import (
     DataplaneSettings,
     Endpoint,
@@ -201,9 +202,11 @@ def make_dataplane(
     name: str,
     token: str | None = None,
     api_keys: dict[str, str] | None = None,
+    gate: Gate | None = None,
 ) -> Dataplane:
     """A dataplane's state (its own run table and tool call memory) linked to the
-    scheduler at ``scheduler``, with both test replicas served by ``engine_url``."""
+    scheduler at ``scheduler``, with both test replicas served by ``engine_url``; ``gate``:
+    who requests are (default: the token alone, or nothing)."""
     runs = RunTable(time.monotonic, 1800)
     settings = DataplaneSettings(report_reconnect_s=0.1)
     return Dataplane(
@@ -215,6 +218,7 @@ def make_dataplane(
         memory=ToolCallOrigins(time.monotonic, 1800, TOOL_CALL_ORIGINS_MAX),
         http=EngineClient(settings.engine_connect_timeout_s),
         metrics=Metrics(),
+        gate=gate or Gate(token, None),
     )
 
 

@@ -21,6 +21,7 @@ import openai
 import pytest
 from _engine_helpers import RecordingEngine
 
+from luftpause.callers import Gate
 from luftpause.config import DataplaneSettings, Endpoint, MetricsFlavour, Secrets
 from luftpause.dataplane.app import Dataplane, create_app
 from luftpause.dataplane.engine_http import EngineClient
@@ -85,6 +86,7 @@ async def stack_fixture() -> AsyncIterator[VisionStack]:
         memory=ToolCallOrigins(time.monotonic, 1800, TOOL_CALL_ORIGINS_MAX),
         http=EngineClient(settings.engine_connect_timeout_s),
         metrics=Metrics(),
+        gate=Gate(None, None),
     )
     maintain = asyncio.create_task(dp.link.maintain())
     async with asyncio.timeout(5):
@@ -285,6 +287,7 @@ def test_which_fleets_take_images() -> None:
             memory=None,  # type: ignore[arg-type]
             http=None,  # type: ignore[arg-type]
             metrics=None,  # type: ignore[arg-type]
+            gate=Gate(None, None),
         )
         return dp.vision_refusal(api, "m", asked)
 

@@ -52,8 +52,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from luftpause import callers
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
-from luftpause.auth import api_key_ok, bearer_ok
+from luftpause.callers import Gate, KeyedCaller, Principal, Trusted
 from luftpause.config import (
     DataplaneSettings,
     Endpoint,
@@ -81,6 +82,7 @@ from luftpause.dataplane.errors import (
     EngineRejected,
     EngineUnreachable,
     ErrorShape,
+    Forbidden,
     InternalError,
     NotJson,
     TurnError,
@@ -148,6 +150,7 @@ class Dataplane:
     memory: ToolCallOrigins  # the turn behind each tool call (D2; GET /v1/tool_calls, #38)
     http: EngineClient  # towards engines: no read timeout, a connect timeout
     metrics: Metrics
+    gate: Gate  # who a request is: the token, a caller's key, or refused (D9, B13)
 
     def learn_replica(self, replica: str, url: str) -> None:
         """B11: a replica the scheduler discovered (``ENTRY@HOST:PORT``) is served with its
@@ -292,6 +295,7 @@ class Incoming:
     __slots__ = (
         "arrived_at",
         "engine",
+        "extra_headers",
         "headers",
         "method",
         "path",
@@ -305,6 +309,7 @@ class Incoming:
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self.arrived_at = time.monotonic()
+        self.extra_headers: list[tuple[bytes, bytes]] = []  # added to whatever is answered
         self.engine: EngineResponse | None = None  # the engine's reply, once its head is in
         self.scheduler_held_s = 0.0  # how long the scheduler held the turn for capacity
         self.headers = Headers(scope=scope)
@@ -389,6 +394,8 @@ class DataplaneApp:
                 response = error_response(
                     500, "internal error in the dataplane (logged)", run_id, shape=incoming.shape
                 )
+            if incoming.extra_headers:
+                response.raw_headers = [*response.raw_headers, *incoming.extra_headers]
             if not isinstance(response, RelayStream):
                 # The turn has ended: the end of the answer is not the client leaving (once
                 # the answer is sent, ``receive`` says "disconnect" whatever the client does).
@@ -490,9 +497,21 @@ def create_app(dp: Dataplane) -> DataplaneApp:
     async def end_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
-            _authorize(dp, request.headers)
+            principal = _authorize(dp, request.headers)
         except Unauthorized as exc:
             return exc.response(run_id)
+        known = dp.runs.runs.get(run_id)
+        if (
+            isinstance(principal, KeyedCaller)
+            and known is not None
+            and known.caller.partition("/")[0] != principal.name
+        ):  # B13: a key ends only its own caller's runs (of those this dataplane knows)
+            return error_response(
+                403,
+                f"run {shown(run_id)} is not one of caller {principal.name!r}'s",
+                run_id,
+                code="run_not_yours",
+            )
         dp.runs.end_run(run_id)  # turns still in flight end normally (and stay listed)
         await dp.link.run_ended(run_id)
         await _release_retention(dp, run_id)
@@ -507,9 +526,16 @@ def create_app(dp: Dataplane) -> DataplaneApp:
         harness's tool call made, to record the harness's run as the new run's session."""
         call_id = request.path_params["tool_call_id"]
         try:
-            _authorize(dp, request.headers)
+            principal = _authorize(dp, request.headers)
         except Unauthorized as exc:
             return exc.response(None)
+        if not isinstance(principal, Trusted):  # B13: the services' route (the runtime's)
+            return error_response(
+                403,
+                "GET /v1/tool_calls is for the luftpause services: it needs LUFTPAUSE_TOKEN, "
+                "not a caller's key",
+                code="token_required",
+            )
         origin = dp.memory.origin(call_id)
         if origin is not None:
             return JSONResponse(origin.to_json())
@@ -564,19 +590,39 @@ def _not_allowed(
     )
 
 
-def _authorize(dp: Dataplane, headers: Headers) -> None:
-    """D9: with a token set, every /v1 route needs ``Authorization: Bearer <token>``
-    (the scheme is case-insensitive, as every HTTP auth scheme is) or, as Anthropic's
-    clients send it, ``x-api-key: <token>``."""
-    token = dp.secrets.token
-    if token is None or bearer_ok(headers.get("authorization"), token):
-        return
-    if api_key_ok(headers.get("x-api-key"), token):
-        return
+def _authorize(dp: Dataplane, headers: Headers) -> Principal:
+    """Who the request is (D9, B13): with a token set, every /v1 route needs
+    ``Authorization: Bearer <token>`` (the scheme is case-insensitive, as every HTTP auth
+    scheme is) or, as Anthropic's clients send it, ``x-api-key: <token>``; with
+    ``[[callers]]``, a caller's key in either header instead makes it that caller's."""
+    principal = dp.gate.principal(headers.get("authorization"), headers.get("x-api-key"))
+    if principal is not None:
+        return principal
+    if dp.gate.keyring is not None:
+        raise Unauthorized(
+            "missing or unknown key (set Authorization: Bearer <your key>, or x-api-key: "
+            "<your key>)"
+        )
     raise Unauthorized(
         "missing or wrong bearer token (set Authorization: Bearer <token>, or x-api-key: <token>)"
     )
 
+
+def _served_class(dp: Dataplane, principal: Principal, asked: str) -> tuple[str, str | None]:
+    """The class a turn is served in and the class its key may not use (B13), counted."""
+    try:
+        served, denied = callers.served_class(principal, asked)
+    except callers.ClassDenied as exc:
+        assert isinstance(principal, KeyedCaller)
+        dp.metrics.class_denied(principal.name, "refused").inc()
+        raise Forbidden(str(exc)) from None
+    if denied is not None:
+        assert isinstance(principal, KeyedCaller)
+        dp.metrics.class_denied(principal.name, "downgraded").inc()
+    return served, denied
+
+
+_DENIED = callers.DENIED_HEADER.encode()
 
 _ROUTES = (
     "POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, POST /v1/decide, "
@@ -756,10 +802,11 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
     if api is not None:
         incoming.shape = api.error_body
     cls = "batch"
+    denied: str | None = None
     translated: Translated | None = None
     chat: ChatRequest | None = None
     try:
-        _authorize(dp, incoming.headers)
+        principal = _authorize(dp, incoming.headers)
         raw = await _body(incoming, dp.settings.max_body_bytes)
         if api is None:
             chat = chat_request(raw)
@@ -772,9 +819,12 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
             run_id, echoed = identity.resolve_run_id(
                 incoming.headers, conversation, dp.memory, dp.settings.session_headers, asked
             )
-            caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes)
+            caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes, principal)
         except identity.BadHeader as exc:
             raise BadRequest(str(exc)) from None
+        cls, denied = _served_class(dp, principal, cls)
+        if denied is not None:  # B13: served in a class its key may use, and told so
+            incoming.extra_headers.append((_DENIED, denied.encode()))
         incoming.run_id = run_id
         model = dp.served_model(asked)
         if api is not None and translated is not None and translated.image_at is not None:
@@ -1222,8 +1272,9 @@ async def _forward_api(
 async def _decide(dp: Dataplane, incoming: Incoming) -> Response:
     """D7: a single-pass turn to a classifier replica (vLLM ``/classify`` format)."""
     run_id = incoming.run_id = _early_run(incoming.headers, "decide")
+    cls = "interactive"
     try:
-        _authorize(dp, incoming.headers)
+        principal = _authorize(dp, incoming.headers)
         decide = decide_request(await _body(incoming, dp.settings.max_body_bytes))
         if len(incoming.headers.get(identity.RUN_HEADER, "").strip()) > identity.MAX_RUN_ID:
             raise BadRequest(
@@ -1234,16 +1285,16 @@ async def _decide(dp: Dataplane, incoming: Incoming) -> Response:
         if model not in dp.single_pass_models:
             raise UnknownModel(f"no SinglePass replica serves model {shown(model)}")
         payload = decide.engine_body(model)
-        try:
-            caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes)
-        except identity.BadHeader as exc:
-            raise BadRequest(str(exc)) from None
+        caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes, principal)
+        cls, denied = _served_class(dp, principal, cls)  # (D7's turns ask for interactive)
+        if denied is not None:
+            incoming.extra_headers.append((_DENIED, denied.encode()))
         turn_id = new_turn_id()
         span = tracing.start_turn(
             incoming.headers,
             route="decide",
             model=model,
-            service_class="interactive",
+            service_class=cls,
             run_id=run_id,
         )
         admitted = await _admit(
@@ -1253,19 +1304,19 @@ async def _decide(dp: Dataplane, incoming: Incoming) -> Response:
                 turn_id=turn_id,
                 run_id=run_id,
                 model=model,
-                service_class=pb.SERVICE_CLASS_INTERACTIVE,
+                service_class=_CLASS_PB[cls],
                 caller=caller,
                 kind=pb.ENDPOINT_KIND_SINGLE_PASS,
             ),
-            "interactive",
+            cls,
             span,
         )
     except TurnError as exc:  # never admitted: nothing to end
-        dp.metrics.turns_of("interactive", exc.outcome.value).inc()
+        dp.metrics.turns_of(cls, exc.outcome.value).inc()
         return exc.response(incoming.run_id)
 
     turn = Turn(
-        TurnRecord(turn_id, run_id, admitted.replica, model, "interactive", caller),
+        TurnRecord(turn_id, run_id, admitted.replica, model, cls, caller),
         link=dp.link,
         metrics=dp.metrics,
         span=span,

@@ -136,6 +136,15 @@ class Unauthorized(TurnError):
         return resp
 
 
+class Forbidden(TurnError):
+    """The key's caller may not do this (B13: a class it may not use, where its key
+    refuses rather than downgrades)."""
+
+    status = 403
+    outcome = Outcome.REJECTED
+    code = "class_not_allowed"
+
+
 class UnknownModel(TurnError):
     status = 404
     outcome = Outcome.REJECTED

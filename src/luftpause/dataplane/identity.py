@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from luftpause.callers import TRUSTED, Principal, Trusted, caller_of
 from luftpause.dataplane.errors import shown
 from luftpause.tool_calls import RunsOfToolCalls
 
@@ -159,11 +160,17 @@ def service_class(headers: Mapping[str, str]) -> str:
     return value
 
 
-def caller(headers: Mapping[str, str], max_bytes: int) -> str:
-    """The caller header cut to ``max_bytes`` bytes, never inside a UTF-8 character.
+def caller(headers: Mapping[str, str], max_bytes: int, principal: Principal = TRUSTED) -> str:
+    """The caller a turn runs as (D3, B13), at most ``max_bytes`` bytes, never cut inside
+    a UTF-8 character.
 
     ASGI servers hand header values over as latin-1 text; the bytes on the wire
-    are recovered, cut, and read as UTF-8 (what clients send in practice).
+    are recovered, cut, and read as UTF-8 (what clients send in practice). A trusted
+    request (the token, or a stack without auth) is the caller its header names; a
+    caller's key makes it that caller, or the sub-caller its header names under it
+    (``callers.caller_of``).
     """
     wire = headers.get(CALLER_HEADER, "").strip().encode("latin-1", errors="replace")
-    return wire[:max_bytes].decode("utf-8", errors="ignore")
+    if isinstance(principal, Trusted):
+        return wire[:max_bytes].decode("utf-8", errors="ignore")
+    return caller_of(principal, wire.decode("utf-8", errors="replace"), max_bytes)

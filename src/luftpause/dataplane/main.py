@@ -8,6 +8,7 @@ import os
 import socket
 import time
 
+from luftpause import callers
 from luftpause.config import ConfigError, StackConfig, load_secrets
 from luftpause.dataplane.app import Dataplane, create_app
 from luftpause.dataplane.engine_http import EngineClient
@@ -84,6 +85,7 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
         tcp_link=settings.tcp_link,
     )
     http = EngineClient(settings.engine_connect_timeout_s)
+    gate = callers.gate_for(config.callers, os.environ, secrets.token)
     return Dataplane(
         settings=settings,
         endpoints={e.name: e for e in config.endpoints},
@@ -93,6 +95,7 @@ def build(config: StackConfig, args: argparse.Namespace, port: int) -> Dataplane
         memory=ToolCallOrigins(clock, settings.tool_call_id_memory_s, TOOL_CALL_ORIGINS_MAX),
         http=http,
         metrics=Metrics(),
+        gate=gate,
     )
 
 
@@ -112,6 +115,14 @@ def main(args: argparse.Namespace) -> int:
             return 2
         if dp.secrets.token is None:
             log.warning("LUFTPAUSE_TOKEN is not set: every request is accepted without auth")
+        elif dp.gate.keyring is not None:
+            callers.install_reload_signal(dp.gate)
+            log.info(
+                "%d callers with %d keys (key files checked every %g s; SIGHUP re-reads them)",
+                len(config.callers),
+                len(dp.gate.keyring),
+                callers.CHECK_EVERY_S,
+            )
         svc.on_stop(dp.http.close)
         svc.on_stop(dp.link.close)
         app = create_app(dp)

@@ -88,6 +88,20 @@ class Metrics:
             ["service_class"],
             registry=self.registry,
         )
+        self.denied = Counter(
+            "luftpause_dataplane_class_denied",
+            "Turns of a keyed caller that asked for a class its key may not use (B13), by "
+            "caller (configured names only) and what was done: downgraded or refused.",
+            ["caller", "action"],
+            registry=self.registry,
+        )
+        self.over_quota = Counter(
+            "luftpause_dataplane_over_quota",
+            "Turns refused with a 429 because their caller had spent its tokens per minute "
+            "or its daily tokens (B13), by limit.",
+            ["limit"],
+            registry=self.registry,
+        )
 
         # the children by label values (see ``Children``)
         self.turns_of = Children(self.turns)
@@ -95,6 +109,8 @@ class Metrics:
         self.ttft_of = Children(self.ttft)
         self.in_flight_of = Children(self.in_flight)
         self.holding_of = Children(self.holding)
+        self.class_denied = Children(self.denied)
+        self.over_quota_of = Children(self.over_quota)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
