@@ -141,9 +141,11 @@ class Keyring:
     Built at a service's start, where every problem is a ``ConfigError`` naming the
     caller and the source: an unset variable, a file that cannot be read, no key, a bad
     line, one key given to two callers, or a key equal to ``LUFTPAUSE_TOKEN``. Later,
-    a key file that cannot be read or holds a bad line is logged and that caller keeps
-    its previous keys (a half-written file must not lock a caller out); a readable file
-    with no key revokes that caller's file keys.
+    a key file that cannot be read, holds a bad line, or would give another caller's key
+    (or the token) is logged and that caller keeps its previous keys (a half-written file
+    must not lock a caller out), while other files changed at the same time still apply;
+    a readable file with no key revokes that caller's file keys. Keys are printable
+    ASCII: anything else presented is no key.
     """
 
     def __init__(
