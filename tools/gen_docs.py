@@ -262,8 +262,8 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     return _cell(text)
 
 
-def _command(name: str, parser: argparse.ArgumentParser) -> Iterator[str]:
-    yield f"## `luftpause {name}` {{#{name}}}"
+def _command(name: str, parser: argparse.ArgumentParser, level: str = "##") -> Iterator[str]:
+    yield f"{level} `luftpause {name}` {{#{name.replace(' ', '-')}}}"
     yield ""
     description = parser.description or ""
     yield _md(description)
@@ -286,6 +286,12 @@ def _command(name: str, parser: argparse.ArgumentParser) -> Iterator[str]:
         yield ""
         yield _md(parser.epilog)
     yield ""
+    # A command with actions of its own (`luftpause keys new`): a section for each.
+    for action in actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice, sub in action.choices.items():
+                sub.prog = f"luftpause {name} {choice}"
+                yield from _command(f"{name} {choice}", sub, level + "#")
 
 
 CLI_INTRO = """\
@@ -298,9 +304,9 @@ configuration (the message names the problem), 1 when a command fails at run tim
 Every service (`scheduler`, `dataplane`, `runtime`, `fake-engine`, `fake-mcp`) takes
 `--host`, `--port` (0 picks a free port), `--ready-file PATH` (JSON `{pid, service, ports,
 urls}`, written atomically once it accepts connections) and `--log-level`; the three
-luftpause services also take `--config FILE` and `--check`. `status`, `loadgen` and `sim`
-are not services: they run and exit. What the fake engine does for a client (reply lengths,
-headers, prompt directives, debug routes) is on [its own page](fake-engine.md).
+luftpause services also take `--config FILE` and `--check`. `status`, `keys`, `loadgen` and
+`sim` are not services: they run and exit. What the fake engine does for a client (reply
+lengths, headers, prompt directives, debug routes) is on [its own page](fake-engine.md).
 
 | command | what it does |
 |---|---|

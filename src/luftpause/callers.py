@@ -116,6 +116,12 @@ def parse_keys(text: str, source: str) -> tuple[list[bytes], list[str]]:
                     f"{source}, line {number}: a key must be 16 to {MAX_KEY_CHARS} characters "
                     f"(this one has {len(word)}); `luftpause keys new` makes one"
                 )
+            elif not (word.isascii() and word.isprintable()):
+                # An HTTP header carries such a key as bytes no client and server agree on.
+                problems.append(
+                    f"{source}, line {number}: a key must be printable ASCII; "
+                    "`luftpause keys new` makes one"
+                )
             else:
                 digests.append(_digest(word))
     return digests, problems
@@ -135,9 +141,11 @@ class Keyring:
     Built at a service's start, where every problem is a ``ConfigError`` naming the
     caller and the source: an unset variable, a file that cannot be read, no key, a bad
     line, one key given to two callers, or a key equal to ``LUFTPAUSE_TOKEN``. Later,
-    a key file that cannot be read or holds a bad line is logged and that caller keeps
-    its previous keys (a half-written file must not lock a caller out); a readable file
-    with no key revokes that caller's file keys.
+    a key file that cannot be read, holds a bad line, or would give another caller's key
+    (or the token) is logged and that caller keeps its previous keys (a half-written file
+    must not lock a caller out), while other files changed at the same time still apply;
+    a readable file with no key revokes that caller's file keys. Keys are printable
+    ASCII: anything else presented is no key.
     """
 
     def __init__(
@@ -153,6 +161,7 @@ class Keyring:
         self._token_digest = _digest(token) if token else None
         self._clock = clock
         self._env_keys: dict[str, list[bytes]] = {}
+        self._env_sources: dict[str, str] = {}
         self._files: dict[str, Path] = {}
         self._file_keys: dict[str, list[bytes]] = {}
         self._file_ids: dict[str, tuple[int, int, int] | None] = {}
@@ -170,13 +179,16 @@ class Keyring:
                     keys += digests
                     mine += bad
                     self._env_keys[c.name] = digests
+                    self._env_sources[c.name] = f"${c.key_env}"
             if c.key_file:
                 path = Path(c.key_file)
                 if base_dir is not None and not path.is_absolute():
                     path = base_dir / path
                 self._files[c.name] = path
                 read, bad = self._read(c.name, path)
-                keys += read or []
+                if read is not None:
+                    self._file_keys[c.name] = read
+                    keys += read
                 mine += bad
             if not keys and not mine:
                 where = " or ".join(x for x in (c.key_env and f"${c.key_env}", c.key_file) if x)
@@ -189,8 +201,8 @@ class Keyring:
         self._checked = clock()
 
     def _read(self, name: str, path: Path) -> tuple[list[bytes] | None, list[str]]:
-        """Read one caller's key file: (digests, problems); digests None if unreadable.
-        Records the file's identity, so an unchanged file is not read again."""
+        """Read one caller's key file: (digests, problems); digests None if it cannot be
+        used. Records the file's identity, so an unchanged file is not read again."""
         self._file_ids[name] = _file_id(path)
         try:
             text = path.read_text("utf-8")
@@ -198,23 +210,40 @@ class Keyring:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
             return None, [f"caller {name!r}: cannot read key_file {path}: {why}"]
         digests, problems = parse_keys(text, f"caller {name!r}: {path}")
-        if not problems:
-            self._file_keys[name] = digests
         return (digests if not problems else None), problems
 
+    def _sources(self, name: str) -> list[tuple[str, list[bytes]]]:
+        """A caller's keys by where they come from (``$VAR``, a file's path)."""
+        out: list[tuple[str, list[bytes]]] = []
+        if name in self._env_keys:
+            out.append((self._env_sources[name], self._env_keys[name]))
+        if name in self._files:
+            out.append((str(self._files[name]), self._file_keys.get(name, [])))
+        return out
+
     def _rebuild(self) -> list[str]:
+        """Index the keys by hash; if one is two callers' or the token, change nothing and
+        say so, naming the callers and sources."""
         by_digest: dict[bytes, KeyedCaller] = {}
+        first: dict[bytes, tuple[str, str]] = {}
         problems: list[str] = []
         for name, caller in self.callers.items():
-            for digest in self._env_keys.get(name, []) + self._file_keys.get(name, []):
-                other = by_digest.get(digest)
-                if other is not None and other.name != name:
-                    problems.append(f"callers {other.name!r} and {name!r} are given the same key")
-                if self._token_digest is not None and hmac.compare_digest(
-                    digest, self._token_digest
-                ):
-                    problems.append(f"caller {name!r}: a key equals LUFTPAUSE_TOKEN")
-                by_digest[digest] = caller
+            for source, digests in self._sources(name):
+                for digest in digests:
+                    problem = None
+                    owner, where = first.setdefault(digest, (name, source))
+                    if owner != name:
+                        problem = (
+                            f"callers {owner!r} ({where}) and {name!r} ({source}) "
+                            "are given the same key"
+                        )
+                    elif self._token_digest is not None and hmac.compare_digest(
+                        digest, self._token_digest
+                    ):
+                        problem = f"caller {name!r}: a key in {source} equals LUFTPAUSE_TOKEN"
+                    if problem is not None and problem not in problems:
+                        problems.append(problem)
+                    by_digest[digest] = caller
         if not problems:
             self._by_digest = by_digest
         return problems
@@ -226,23 +255,43 @@ class Keyring:
     def _reload(self, force: bool) -> list[str]:
         self._checked = self._clock()
         problems: list[str] = []
-        changed = False
+        changed: dict[str, list[bytes]] = {}
         for name, path in self._files.items():
             if not force and _file_id(path) == self._file_ids.get(name):
                 continue
-            before = self._file_keys.get(name)
             digests, bad = self._read(name, path)
             problems += bad
-            if digests is not None and digests != before:
-                changed = True
-                if not digests:
-                    log.warning("caller %r: %s holds no key: its file keys are revoked", name, path)
-        if changed:
-            conflicts = self._rebuild()
-            if conflicts:
-                problems += conflicts
-            else:
-                log.info("caller keys reloaded (%d keys)", len(self._by_digest))
+            if digests is not None and digests != self._file_keys.get(name):
+                changed[name] = digests
+        # Each changed file is applied on its own, so one whose key is another caller's (or
+        # the token) holds back only itself, never someone else's revocation; rounds repeat
+        # while one applies, so a key moved from one file to another moves whichever is
+        # read first.
+        applied: list[str] = []
+        conflicts: list[str] = []
+        progress = True
+        while changed and progress:
+            progress = False
+            conflicts = []
+            for name, digests in list(changed.items()):
+                before = self._file_keys.get(name, [])
+                self._file_keys[name] = digests
+                found = self._rebuild()
+                if found:
+                    self._file_keys[name] = before
+                    conflicts += [p for p in found if p not in conflicts]
+                else:
+                    del changed[name]
+                    applied.append(name)
+                    progress = True
+        problems += conflicts
+        for name in applied:
+            if not self._file_keys[name]:
+                log.warning(
+                    "caller %r: %s holds no key: its file keys are revoked", name, self._files[name]
+                )
+        if applied:
+            log.info("caller keys reloaded (%d keys)", len(self._by_digest))
         for problem in problems:
             log.error("%s (the previous keys stay in use)", problem)
         return problems
@@ -256,8 +305,8 @@ class Keyring:
         if isinstance(key, bytes):
             key = key.decode("latin-1")
         key = key.strip()
-        if not key or len(key) > MAX_KEY_CHARS:
-            return None
+        if not key or len(key) > MAX_KEY_CHARS or not key.isascii():
+            return None  # keys are printable ASCII (parse_keys); this is none of them
         return self._by_digest.get(_digest(key))
 
     def __len__(self) -> int:
@@ -282,7 +331,9 @@ class Gate:
         if self.open:
             return TRUSTED
         token = self.token
-        if token is not None and (bearer_ok(authorization, token) or api_key_ok(api_key, token)):
+        if token is not None and (
+            _is_token(bearer_ok, authorization, token) or _is_token(api_key_ok, api_key, token)
+        ):
             return TRUSTED
         if self.keyring is None:
             return None
@@ -295,6 +346,15 @@ class Gate:
     def reload(self) -> None:
         if self.keyring is not None:
             self.keyring.reload()
+
+
+def _is_token(
+    check: Callable[[str | bytes | None, str], bool], value: str | bytes | None, token: str
+) -> bool:
+    try:
+        return check(value, token)
+    except UnicodeError:  # a lone surrogate: no header holds one, and no token is one
+        return False
 
 
 def _bearer_value(authorization: str | bytes | None) -> str | None:
@@ -345,15 +405,19 @@ def served_class(principal: Principal, asked: str) -> tuple[str, str | None]:
 
 
 def cut_utf8(text: str, max_bytes: int) -> str:
-    """``text`` cut to ``max_bytes`` bytes of UTF-8, never inside a character."""
-    return text.encode("utf-8", "surrogateescape")[:max_bytes].decode("utf-8", "ignore")
+    """``text`` cut to ``max_bytes`` bytes of UTF-8, never inside a character (a lone
+    surrogate, which UTF-8 cannot hold, becomes ``?``)."""
+    return text.encode("utf-8", "replace")[:max_bytes].decode("utf-8", "ignore")
 
 
 def caller_of(principal: Principal, claimed: str, max_bytes: int) -> str:
     """The caller a request runs as. Trusted: what it claims (``""``: the anonymous
     caller). A keyed caller: its name, or the sub-caller its claim names under it
     (``ci`` and ``NAME/ci`` are both ``NAME/ci``; another caller's name is a sub-caller
-    of this one too), cut to ``max_bytes``."""
+    of this one too; characters that do not print are ``?``), cut to ``max_bytes``. The
+    cut falls in the sub-caller only, never in the name (which would make it another
+    account), and never leaves ``NAME/`` with nothing after it: what does not fit is
+    the caller itself."""
     claimed = claimed.strip()
     if isinstance(principal, Trusted):
         return cut_utf8(claimed, max_bytes)
@@ -362,4 +426,6 @@ def caller_of(principal: Principal, claimed: str, max_bytes: int) -> str:
         return name
     sub = claimed[len(name) + 1 :] if claimed.startswith(name + "/") else claimed
     sub = "".join(c if c.isprintable() else "?" for c in sub).strip("/ ")
-    return cut_utf8(f"{name}/{sub}", max_bytes) if sub else name
+    room = max_bytes - len(name.encode("utf-8")) - 1
+    sub = cut_utf8(sub, max(room, 0)).rstrip("/ ")
+    return f"{name}/{sub}" if sub else name

@@ -47,6 +47,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("loadgen", "luftpause.loadgen.main", "generate agent load and report run times"),
     Command("sim", "luftpause.sim.main", "simulate agent load on the engine model, arm by arm"),
     Command("status", "luftpause.status_cli", "show replicas, held turns, runs and the run tree"),
+    Command("keys", "luftpause.keys_cli", "make, hash and check the keys that bind callers"),
 )
 
 # The services that read the stack file: each also takes --check (luftpause.check).
