@@ -359,7 +359,9 @@ def _scheduler_registry() -> CollectorRegistry:
     from luftpause.scheduler.service.metrics import SchedulerMetrics
 
     stack, _ = load_config(None, {})
-    state = initial_state(replica_specs(stack), core_params(stack.scheduler, stack.endpoints))
+    state = initial_state(
+        replica_specs(stack), core_params(stack.scheduler, stack.endpoints, stack.callers)
+    )
     return SchedulerMetrics(lambda: state, lambda: 0.0).registry
 
 
