@@ -26,6 +26,7 @@ from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.main import core_params, replica_specs
 from luftpause.scheduler.service.quotas import Quotas
 from luftpause.scheduler.service.status_http import status_app
+from luftpause.status_cli import render_scheduler
 
 STACK = """
 [[endpoints]]
@@ -233,4 +234,17 @@ async def test_status_and_metrics_show_the_callers(sched: Sched) -> None:
     assert samples[(p + "rejections_total", (("reason", "over_quota"),))] == 1
     for page in (text, str(body)):
         assert "KEY" not in page
+
+    lines = render_scheduler(body, "http://s")
+    at = lines.index("CALLERS (2)")
+    assert lines[at + 1].split() == [
+        "CALLER", "WEIGHT", "IN", "FLIGHT/MAX", "HELD", "TOKENS/MIN", "LEFT", "TOKENS",
+        "TODAY", "REFUSED", "MIN/DAY", "SUB-CALLERS", "(IN", "FLIGHT+HELD)",
+    ]  # fmt: skip
+    assert lines[at + 2].split() == ["alice", "1", "0", "0", "-20/100", "120", "1/0", "-"]
+    assert lines[at + 3].split() == ["bob", "2", "1/1", "1", "-", "0/1.0M", "0/0", "bob/ci", "1+0"]
+    assert lines[at + 4] == "  others: 1 callers, 1 in flight, 0 held"
+    page = await sched.http.get("/")
+    script = await sched.http.get("/ui/status.js")
+    assert 'id="configured-callers"' in page.text and "renderCallers(s)" in script.text
     held.cancel()
