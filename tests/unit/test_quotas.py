@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from luftpause.config import CallerConfig, SchedulerSettings
 from luftpause.scheduler.core import CallerPolicy
-from luftpause.scheduler.service.main import core_params
+from luftpause.scheduler.service.main import core_params, start_usage
 from luftpause.scheduler.service.metrics import CallerLabels
 from luftpause.scheduler.service.quotas import (
     DAILY,
@@ -25,6 +26,7 @@ from luftpause.scheduler.service.quotas import (
     Limits,
     Quotas,
     UsageFile,
+    day_text,
     utc_day,
 )
 
@@ -284,3 +286,41 @@ def test_caller_labels_are_bounded() -> None:
         assert label(other) == "other"
     values = {label(f"{n}/{i}") for n in ("alice", "bob", "x", "y") for i in range(100)}
     assert len(values) <= 2 * (8 + 1) + 1
+
+
+class _Svc:
+    def __init__(self) -> None:
+        self.stops: list[object] = []
+
+    def on_stop(self, hook: object) -> None:
+        self.stops.append(hook)
+
+
+def test_the_scheduler_warns_of_daily_budgets_kept_in_memory_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """B13: ``daily_tokens`` without ``[scheduler] usage_file`` is a warning at start
+    (a restart starts the budgets afresh); no budget, no warning."""
+    with caplog.at_level(logging.WARNING, logger="luftpause.scheduler"):
+        assert start_usage(SchedulerSettings(), quotas(tpm=10), _Svc()) is None  # type: ignore[arg-type]
+        assert "usage_file" not in caplog.text
+        assert start_usage(SchedulerSettings(), quotas(daily=10), _Svc()) is None  # type: ignore[arg-type]
+    assert "daily_tokens but [scheduler] usage_file is not set" in caplog.text
+
+
+def test_the_scheduler_loads_the_usage_file_at_start_and_writes_it_at_stop(
+    tmp_path: Path,
+) -> None:
+    """B13: with ``usage_file``, today's totals are read at start and written by the
+    stop hook once they changed."""
+    path = tmp_path / "usage.json"
+    today = day_text(utc_day(time.time()))
+    path.write_text(json.dumps({"version": 1, "day": today, "tokens": {"alice": 40}}))
+    q = quotas(daily=100)
+    svc = _Svc()
+    usage = start_usage(SchedulerSettings(usage_file=str(path)), q, svc)  # type: ignore[arg-type]
+    assert usage is not None and q.today("alice", time.time()) == 40
+    q.charge("alice", 2, 0.0, time.time())
+    (stop,) = svc.stops
+    stop()  # type: ignore[operator]
+    assert json.loads(path.read_text())["tokens"] == {"alice": 42}
