@@ -365,7 +365,9 @@ def _scheduler_registry() -> CollectorRegistry:
     from luftpause.scheduler.service.metrics import SchedulerMetrics
 
     stack, _ = load_config(None, {})
-    state = initial_state(replica_specs(stack), core_params(stack.scheduler, stack.endpoints))
+    state = initial_state(
+        replica_specs(stack), core_params(stack.scheduler, stack.endpoints, stack.callers)
+    )
     return SchedulerMetrics(lambda: state, lambda: 0.0).registry
 
 
@@ -388,6 +390,8 @@ def _label_values() -> dict[tuple[str, str], list[str]]:
     from luftpause.runtime.core import RunState
     from luftpause.runtime.metrics import ToolOutcomeLabel, TurnOutcomeLabel
     from luftpause.scheduler.core.types import DropReason, RejectCode, RunPhase
+    from luftpause.scheduler.service.metrics import OVER_QUOTA
+    from luftpause.scheduler.service.quotas import LIMITS
 
     return {
         ("*", "service_class"): ["interactive", "batch"],
@@ -397,7 +401,11 @@ def _label_values() -> dict[tuple[str, str], list[str]]:
         ("luftpause_runtime_runs", "state"): [s.value for s in RunState],
         ("luftpause_scheduler_runs", "phase"): [p.value for p in RunPhase],
         ("luftpause_scheduler_drops_total", "reason"): [r.value for r in DropReason],
-        ("luftpause_scheduler_rejections_total", "reason"): [c.value for c in RejectCode],
+        ("luftpause_scheduler_rejections_total", "reason"): [
+            *(c.value for c in RejectCode),
+            OVER_QUOTA,
+        ],
+        ("luftpause_scheduler_caller_refused_total", "limit"): list(LIMITS),
     }
 
 
@@ -409,7 +417,9 @@ the dataplane on 8080, the runtime on 7000. Behind a token, scrape with the bear
 ([auth](../guides/dataplanes-and-auth.md)). Each also exports the standard `process_*`
 families (CPU seconds, resident and virtual memory, open and maximum file descriptors, start
 time). Label values are bounded: replicas and models come from the configuration, classes are
-`interactive` and `batch`, and outcomes are fixed lists. How to use them:
+`interactive` and `batch`, and outcomes are fixed lists; a `caller` is a configured caller's
+name, one of its first 8 sub-callers (`alice/ci`), `NAME/other` for the rest, or `other` for
+every caller not configured (B13). How to use them:
 [observability](../guides/observability.md).
 """
 

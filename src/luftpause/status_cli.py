@@ -1,7 +1,8 @@
 """``luftpause status``: the scheduler's picture in the terminal (S12), once or with ``--watch``.
 
 Replicas (in flight vs cap, engine running and queue, health), held turns by
-class and caller with the oldest wait, runs by phase and class; with
+class and caller with the oldest wait, runs by phase and class, the configured
+callers (B13: in flight and held against their limits, tokens left); with
 ``--runtime URL`` also the runtime's run tree with each run's own work and its
 subtree totals. The same picture as the scheduler's page at ``GET /``.
 
@@ -258,7 +259,56 @@ def render_scheduler(status: dict[str, Any], source: str) -> list[str]:
     callers = status.get("callers_in_flight") or {}
     if callers:
         out += ["", "callers in flight: " + ", ".join(f"{k} {v}" for k, v in callers.items())]
+    out += render_callers(status)
     return out
+
+
+def render_callers(status: dict[str, Any]) -> list[str]:
+    """B13: the configured callers (nothing without ``[[callers]]``)."""
+    configured = status.get("callers") or []
+    if not configured:
+        return []
+    rows = []
+    for c in configured:
+        refused = c.get("refused") or {}
+        subs = [f"{x['name']} {x['in_flight']}+{x['held']}" for x in c.get("sub_callers", [])]
+        if c.get("sub_callers_more"):
+            subs.append(f"+{c['sub_callers_more']} more")
+        tpm = c.get("tokens_per_minute")
+        rows.append(
+            [
+                str(c.get("name", "")),
+                f"{c.get('weight', 1.0):g}",
+                _limit(c.get("in_flight", 0), c.get("max_in_flight")),
+                str(c.get("held", 0)),
+                "-" if tpm is None else f"{count(c.get('tokens_per_minute_left'))}/{count(tpm)}",
+                _limit(c.get("tokens_today", 0), c.get("daily_tokens")),
+                f"{refused.get('tokens_per_minute', 0)}/{refused.get('daily_tokens', 0)}",
+                ", ".join(subs) or "-",
+            ]
+        )
+    header = [
+        "CALLER",
+        "WEIGHT",
+        "IN FLIGHT/MAX",
+        "HELD",
+        "TOKENS/MIN LEFT",
+        "TOKENS TODAY",
+        "REFUSED MIN/DAY",
+        "SUB-CALLERS (IN FLIGHT+HELD)",
+    ]
+    out = ["", f"CALLERS ({len(configured)})", *table(header, rows, {1, 2, 3, 4, 5, 6})]
+    other = status.get("unconfigured_callers") or {}
+    if other.get("callers"):
+        out.append(
+            f"  others: {other['callers']} callers, {other.get('in_flight', 0)} in flight, "
+            f"{other.get('held', 0)} held"
+        )
+    return out
+
+
+def _limit(used: int, limit: int | None) -> str:
+    return count(used) if limit is None else f"{count(used)}/{count(limit)}"
 
 
 def _opt(value: Any) -> str:

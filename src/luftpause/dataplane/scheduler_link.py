@@ -75,6 +75,10 @@ class Admitted:
 class Rejected:
     unknown_model: bool
     message: str
+    # B13: the caller's account spent its tokens_per_minute or daily_tokens
+    # (REJECT_CODE_OVER_QUOTA): a 429, with Retry-After from retry_after_s
+    over_quota: bool = False
+    retry_after_s: float = 0.0
 
 
 def _outcome(response: pb.AdmitResponse) -> Admitted | Rejected:
@@ -82,7 +86,12 @@ def _outcome(response: pb.AdmitResponse) -> Admitted | Rejected:
         a = response.admitted
         return Admitted(a.replica, a.url, a.held_s, a.run_id, a.retain_s)
     r = response.rejected
-    return Rejected(r.code == pb.REJECT_CODE_UNKNOWN_MODEL, r.message)
+    return Rejected(
+        r.code == pb.REJECT_CODE_UNKNOWN_MODEL,
+        r.message,
+        over_quota=r.code == pb.REJECT_CODE_OVER_QUOTA,
+        retry_after_s=r.retry_after_s if r.code == pb.REJECT_CODE_OVER_QUOTA else 0.0,
+    )
 
 
 class SchedulerLink:

@@ -267,6 +267,46 @@
     fill($("callers").tBodies[0], callers, 2, "none");
   }
 
+  // B13: the configured callers ([[callers]]); the section stays hidden without them.
+  function limitCell(used, limit) {
+    return limit === null || limit === undefined ? count(used) : `${count(used)} / ${count(limit)}`;
+  }
+
+  function renderCallers(s) {
+    const callers = s.callers || [];
+    $("callers-box").hidden = callers.length === 0;
+    const rows = callers.map((c) => {
+      const subs = c.sub_callers.map((x) => `${x.name} ${x.in_flight}+${x.held}`);
+      if (c.sub_callers_more) subs.push(`+${c.sub_callers_more} more`);
+      const refused = c.refused.tokens_per_minute + c.refused.daily_tokens;
+      return el(
+        "tr",
+        { "data-configured-caller": c.name },
+        el("td", { text: c.name }),
+        el("td", { class: "num", text: c.weight }),
+        el("td", { class: "num", text: limitCell(c.in_flight, c.max_in_flight) }),
+        el("td", { class: "num", text: c.held }),
+        el("td", {
+          class: "num",
+          text: c.tokens_per_minute === null ? "–" : `${count(c.tokens_per_minute_left)} / ${count(c.tokens_per_minute)}`,
+        }),
+        el("td", { class: "num", text: limitCell(c.tokens_today, c.daily_tokens) }),
+        el("td", {
+          class: "num",
+          text: refused,
+          title: `tokens_per_minute ${c.refused.tokens_per_minute}, daily_tokens ${c.refused.daily_tokens}`,
+        }),
+        el("td", { class: "task", text: subs.join(", ") || "–", title: subs.join(", ") || null }),
+      );
+    });
+    fill($("configured-callers").tBodies[0], rows, 8, "none");
+    const other = s.unconfigured_callers;
+    $("callers-other").textContent =
+      other && other.callers
+        ? `others: ${other.callers} callers, ${other.in_flight} in flight, ${other.held} held`
+        : "";
+  }
+
   function renderCounters(s) {
     const rows = Object.entries(s.counters || {}).map(([k, v]) =>
       el("tr", {}, el("td", { text: k }), el("td", { class: "num", text: v })),
@@ -300,6 +340,7 @@
       renderReplicas(s);
       renderHeld(s);
       renderRuns(s);
+      renderCallers(s);
       renderCounters(s);
       return;
     }

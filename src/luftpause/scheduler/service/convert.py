@@ -20,6 +20,7 @@ from luftpause.scheduler.core import (
     TurnStarted,
 )
 from luftpause.scheduler.core.leases import MAX_PAUSE_TOOLS, MAX_TOOL_NAME
+from luftpause.scheduler.service.quotas import OverQuota
 from luftpause.telemetry import trace_id_of
 
 _CLASS_FROM_PB: dict[int, ServiceClass] = {
@@ -124,11 +125,20 @@ def resynced(req: pb.ResyncRequest, at: float) -> DataplaneResynced:
     )
 
 
-def admit_response(outcome: Admit | Reject, url: str) -> pb.AdmitResponse:
+def admit_response(outcome: Admit | Reject | OverQuota, url: str) -> pb.AdmitResponse:
     if isinstance(outcome, Admit):
         return pb.AdmitResponse(
             admitted=pb.Admitted(
                 replica=outcome.replica, url=url, held_s=outcome.held_s, retain_s=outcome.retain_s
+            )
+        )
+    if isinstance(outcome, OverQuota):  # B13: the service's refusal, not the core's
+        return pb.AdmitResponse(
+            rejected=pb.Rejected(
+                code=pb.REJECT_CODE_OVER_QUOTA,
+                message=outcome.message,
+                retry_after_s=outcome.retry_after_s,
+                limit=outcome.limit,
             )
         )
     return pb.AdmitResponse(

@@ -39,6 +39,7 @@ from luftpause.scheduler.core import (
 from luftpause.scheduler.service import convert, tracing
 from luftpause.scheduler.service.host import Host, Stamp
 from luftpause.scheduler.service.link_session import LinkSession
+from luftpause.scheduler.service.quotas import OverQuota
 from luftpause.scheduler.service.tcp_link import DEFAULT_LIMITS, LinkLimits, TcpLink
 from luftpause.tool_calls import ToolCallMemory
 
@@ -92,7 +93,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             if known is not None:
                 request.run_id = known
 
-    def _response(self, request: pb.AdmitRequest, outcome: Admitted | Reject) -> pb.AdmitResponse:
+    def _response(
+        self, request: pb.AdmitRequest, outcome: Admitted | Reject | OverQuota
+    ) -> pb.AdmitResponse:
         url = self.urls.get(getattr(outcome, "replica", ""), "")
         response = convert.admit_response(outcome, url)
         if response.WhichOneof("outcome") == "admitted":

@@ -4,6 +4,12 @@ Everything that changes state is an event put on one queue; the writer stamps
 it with the clock, calls ``decide`` and carries out the actions (answering
 held Admit calls, logging drops). Readers (status HTTP) look at the latest
 state object, which is immutable, so they need no lock.
+
+B13: the writer also keeps the callers' token limits (:mod:`.quotas`). A new turn
+(``TurnRequested`` of a turn the core does not know) whose account has spent a limit
+is answered :class:`~.quotas.OverQuota` there and then, and the core never sees it; a
+finished turn (``TurnFinished`` of a turn the core knows: its caller is read from the
+state before the event is applied) is charged its prompt + completion tokens.
 """
 
 from __future__ import annotations
@@ -24,25 +30,38 @@ from luftpause.scheduler.core import (
     RunEnded,
     State,
     TurnAbandoned,
+    TurnFinished,
     TurnRequested,
     decide,
 )
-from luftpause.scheduler.service.metrics import SchedulerMetrics
+from luftpause.scheduler.service.metrics import CallerLabels, SchedulerMetrics
+from luftpause.scheduler.service.quotas import OverQuota, Quotas
 
 log = logging.getLogger("luftpause.scheduler")
 
 Stamp = Callable[[float], Event]  # builds an event once the writer knows the time
-Answer = Callable[[Admit | Reject], None]  # told the decision on a requested turn
+Outcome = Admit | Reject | OverQuota  # the answer to a requested turn
+Answer = Callable[[Outcome], None]  # told the decision on a requested turn
 
 
 class Host:
-    def __init__(self, state: State, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        state: State,
+        clock: Callable[[], float],
+        quotas: Quotas | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.state = state
         self.clock = clock
+        self.wall = wall  # the UTC day of the daily budgets (B13)
+        self.quotas = quotas if quotas is not None else Quotas({})
         self._queue: asyncio.Queue[tuple[Stamp, asyncio.Future[None] | None]] = asyncio.Queue()
         self._waiters: dict[str, list[Answer]] = {}
         self.counters: dict[str, int] = {}
-        self.metrics = SchedulerMetrics(lambda: self.state, clock)  # GET /metrics
+        self.metrics = SchedulerMetrics(  # GET /metrics
+            lambda: self.state, clock, CallerLabels(self.quotas.names)
+        )
 
     # ----------------------------------------------------------------- inputs
 
@@ -56,16 +75,16 @@ class Host:
         self._queue.put_nowait((stamp, done))
         await done
 
-    async def admit(self, turn_id: str, make: Callable[[float], TurnRequested]) -> Admit | Reject:
+    async def admit(self, turn_id: str, make: Callable[[float], TurnRequested]) -> Outcome:
         """Request a turn and wait (no deadline) until it is admitted or rejected.
 
         If the caller is cancelled (its client left) and no other call waits for
         the same turn, the turn is abandoned: a held turn leaves the queue, an
         admitted one whose answer never arrived frees its slot.
         """
-        fut: asyncio.Future[Admit | Reject] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
 
-        def answer(outcome: Admit | Reject) -> None:
+        def answer(outcome: Outcome) -> None:
             if not fut.done():
                 fut.set_result(outcome)
 
@@ -114,6 +133,15 @@ class Host:
 
     def _apply(self, stamp: Stamp, done: asyncio.Future[None] | None) -> None:
         event = stamp(self.clock())
+        if type(event) is TurnRequested and self.quotas.limited:
+            refused = self._over_quota(event)
+            if refused is not None:
+                self._execute(refused)
+                if done is not None and not done.done():
+                    done.set_result(None)
+                return
+        elif type(event) is TurnFinished:
+            self._charge(event)
         started = time.perf_counter()
         try:
             state, actions = decide(self.state, event)
@@ -132,10 +160,37 @@ class Host:
         if done is not None and not done.done():
             done.set_result(None)
 
-    def _execute(self, action: Admit | Reject | DropTurn | ForgetRun) -> None:
+    def _over_quota(self, event: TurnRequested) -> OverQuota | None:
+        """B13: the refusal of a new turn whose account spent a token limit (a turn the
+        core already knows, asked for again, is the core's to answer)."""
+        state = self.state
+        if event.turn_id in state.turns or event.turn_id in state.held:
+            return None
+        refused = self.quotas.admit(event.turn_id, event.caller, event.at, self.wall())
+        if refused is not None:
+            self.metrics.over_quota(event.caller, refused.limit)
+        return refused
+
+    def _charge(self, event: TurnFinished) -> None:
+        """B13: a finished turn's tokens, charged to its caller (known from the state
+        before the event is applied)."""
+        turn = self.state.turns.get(event.turn_id)
+        if turn is None:
+            return
+        tokens = max(0, event.prompt_tokens) + max(0, event.completion_tokens)
+        self.quotas.charge(turn.caller, tokens, event.at, self.wall())
+        self.metrics.charged(turn.caller, tokens)
+
+    def _execute(self, action: Admit | Reject | OverQuota | DropTurn | ForgetRun) -> None:
         match action:
-            case Admit() | Reject():
-                label = "admitted" if isinstance(action, Admit) else "rejected"
+            case Admit() | Reject() | OverQuota():
+                label = (
+                    "admitted"
+                    if isinstance(action, Admit)
+                    else "rejected"
+                    if isinstance(action, Reject)
+                    else "over_quota"
+                )
                 self.counters[label] = self.counters.get(label, 0) + 1
                 for answer in self._waiters.pop(action.turn_id, ()):
                     try:

@@ -10,6 +10,7 @@ from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.scheduler.core import Admit as Admitted
 from luftpause.scheduler.core import Reject
 from luftpause.scheduler.service import convert, tracing
+from luftpause.scheduler.service.quotas import OverQuota
 
 if TYPE_CHECKING:
     from luftpause.scheduler.service.grpc_server import SchedulerServicer
@@ -51,7 +52,7 @@ class LinkSession:
         servicer._join_known_run(request)
         span = tracing.start_admit(request)
 
-        def answer(outcome: Admitted | Reject) -> None:
+        def answer(outcome: Admitted | Reject | OverQuota) -> None:
             self.waiting.pop(request.turn_id, None)
             try:
                 tracing.decided(span, outcome)

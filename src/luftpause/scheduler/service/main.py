@@ -13,8 +13,10 @@ from typing import Any
 
 import dns.asyncresolver
 import dns.nameserver
+from immutables import Map
 
 from luftpause.config import (
+    CallerConfig,
     Endpoint,
     KvRetention,
     SchedulerSettings,
@@ -22,12 +24,19 @@ from luftpause.config import (
     dns_server,
     load_secrets,
 )
-from luftpause.scheduler.core import Params, ReplicaSpec, WorkingSet, initial_state
+from luftpause.scheduler.core import (
+    CallerPolicy,
+    Params,
+    ReplicaSpec,
+    WorkingSet,
+    initial_state,
+)
 from luftpause.scheduler.service.discovery import DnsSource, MembersFile
 from luftpause.scheduler.service.grpc_server import start_grpc
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.membership import Membership, replica_spec
 from luftpause.scheduler.service.probe import Prober
+from luftpause.scheduler.service.quotas import Quotas, UsageFile
 from luftpause.scheduler.service.status_http import status_app
 from luftpause.scheduler.service.tcp_link import LinkLimits
 from luftpause.serving import Bootstrap, Service, add_service_arguments, load_config_or_exit
@@ -75,9 +84,14 @@ def link_port_of(settings: SchedulerSettings, args: argparse.Namespace) -> int |
     return settings.link_port
 
 
-def core_params(settings: SchedulerSettings, endpoints: Sequence[Endpoint] = ()) -> Params:
+def core_params(
+    settings: SchedulerSettings,
+    endpoints: Sequence[Endpoint] = (),
+    callers: Sequence[CallerConfig] = (),
+) -> Params:
     """The core's policy constants from the ``[scheduler]`` table (0 turns a limit off);
-    retention times (B8) are computed when an endpoint asks for retention hints."""
+    retention times (B8) are computed when an endpoint asks for retention hints; each
+    configured caller's weight and in-flight limit (``[[callers]]``, B13)."""
     pace_s, slowdown = settings.pace_targets()
     return Params(
         turn_timeout_s=settings.turn_timeout_s,
@@ -104,6 +118,7 @@ def core_params(settings: SchedulerSettings, endpoints: Sequence[Endpoint] = ())
         completion_weight=settings.completion_weight,
         batch_order=settings.batch_order,
         attained_measure=settings.attained_measure,
+        callers=Map({c.name: CallerPolicy(c.weight, c.max_in_flight) for c in callers}),
     )
 
 
@@ -170,6 +185,24 @@ def link_limits(settings: SchedulerSettings) -> LinkLimits:
     )
 
 
+def start_usage(settings: SchedulerSettings, quotas: Quotas, svc: Service) -> UsageFile | None:
+    """B13: today's token usage from ``[scheduler] usage_file`` (written every few
+    seconds while it changes and at shutdown); without one, a warning if any caller has
+    a daily budget, which a restart then starts afresh."""
+    if not settings.usage_file:
+        if quotas.has_daily:
+            log.warning(
+                "callers have daily_tokens but [scheduler] usage_file is not set: the day's "
+                "usage is kept in memory only, and a restarted scheduler starts every "
+                "budget afresh"
+            )
+        return None
+    usage = UsageFile(settings.usage_file, quotas)
+    usage.load(time.time())
+    svc.on_stop(lambda: usage.close(time.time()))
+    return usage
+
+
 def main(args: argparse.Namespace) -> int:
     boot = Bootstrap("scheduler", args, os.environ)
     config: StackConfig = load_config_or_exit(args.config)
@@ -193,9 +226,13 @@ def main(args: argparse.Namespace) -> int:
 
     async def start(svc: Service) -> None:
         clock = time.monotonic
-        params = core_params(settings, config.endpoints)
-        host = Host(initial_state(replica_specs(config), params, clock()), clock)
+        params = core_params(settings, config.endpoints, config.callers)
+        quotas = Quotas.of(config.callers)  # B13: tokens_per_minute, daily_tokens
+        usage = start_usage(settings, quotas, svc)
+        host = Host(initial_state(replica_specs(config), params, clock()), clock, quotas)
         svc.task(host.run(), name="writer")
+        if usage is not None:
+            svc.task(usage.save_forever(time.time), name="usage file")
         static = static_endpoints(config)
         prober = Prober(static, secrets.api_keys, settings.probe_period_s, host.post)
         svc.on_stop(prober.client.aclose)

@@ -16,8 +16,11 @@ Two kinds of series, all prefixed ``luftpause_scheduler_``:
   the ``decide`` call itself (by event type).
 
 Label cardinality is bounded by the configuration (replicas) and by enums (class,
-phase, reason, event type): callers and runs never become labels; held callers are
-counted per class instead.
+phase, reason, event type); runs never become labels. Callers do only as
+:class:`CallerLabels` bounds them (B13): a configured caller's name, up to
+:data:`SUB_LABELS` of its sub-callers (``alice/ci``, the first seen), then
+``alice/other``; every caller that is not configured is ``other``. Without
+``[[callers]]`` every caller is ``other``.
 
 Each :class:`SchedulerMetrics` has its own registry, so several schedulers in one
 process (tests) do not share counters. The series are listed in
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import get_args
 
 from prometheus_client import (
@@ -83,6 +86,7 @@ DECIDE_BUCKETS = (
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 CLASSES = tuple(c.value for c in ServiceClass)
+OVER_QUOTA = "over_quota"  # the rejections' reason for B13's refusals (not a core code)
 
 
 def event_label(event_type: type) -> str:
@@ -92,13 +96,43 @@ def event_label(event_type: type) -> str:
 
 EVENT_TYPES: tuple[type, ...] = get_args(Event)
 
+SUB_LABELS = 8  # sub-callers of a configured caller with their own label value
+OTHER = "other"
+
+
+class CallerLabels:
+    """A caller's ``caller`` label value, bounded (see the module docstring): at most
+    ``len(configured) * (SUB_LABELS + 2) + 1`` values, whatever callers come."""
+
+    def __init__(self, configured: Iterable[str] = (), per_caller: int = SUB_LABELS) -> None:
+        self.configured = tuple(configured)
+        self.per_caller = per_caller
+        self._subs: dict[str, dict[str, None]] = {name: {} for name in self.configured}
+
+    def __call__(self, caller: str) -> str:
+        name, slash, sub = caller.partition("/")
+        subs = self._subs.get(name)
+        if subs is None:
+            return OTHER
+        if not slash:
+            return name
+        if sub in subs:
+            return caller
+        if len(subs) < self.per_caller and sub != OTHER:
+            subs[sub] = None
+            return caller
+        return f"{name}/{OTHER}"
+
 
 class _StateCollector(Collector):
     """Gauges read from the latest state at scrape time (a read, like ``/status``)."""
 
-    def __init__(self, state: Callable[[], State], clock: Callable[[], float]) -> None:
+    def __init__(
+        self, state: Callable[[], State], clock: Callable[[], float], labels: CallerLabels
+    ) -> None:
         self._state = state
         self._clock = clock
+        self._labels = labels
 
     def collect(self) -> Iterator[Metric]:
         state = self._state()
@@ -106,6 +140,7 @@ class _StateCollector(Collector):
         yield from self._replicas(state, now)
         yield from self._held(state, now)
         yield from self._turns_and_runs(state)
+        yield from self._callers(state)
 
     @staticmethod
     def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
@@ -316,14 +351,50 @@ class _StateCollector(Collector):
             by_dataplane.add_metric([dataplane], n)
         yield by_dataplane
 
+    def _callers(self, state: State) -> Iterator[Metric]:
+        """B13: turns in flight and held per caller label (every configured caller's,
+        0 included; the others while they have turns)."""
+        label = self._labels
+        in_flight = dict.fromkeys(label.configured, 0)
+        held = dict.fromkeys(label.configured, 0)
+        for caller, n in state.caller_in_flight.items():
+            key = label(caller)
+            in_flight[key] = in_flight.get(key, 0) + n
+        for h in state.held.values():
+            key = label(h.caller)
+            held[key] = held.get(key, 0) + 1
+        by_in_flight = self._gauge(
+            "caller_in_flight",
+            "Generative turns in flight per caller (B13): a configured caller's own, each "
+            "of its first 8 sub-callers' (NAME/SUB), the rest's (NAME/other); every "
+            "caller not configured as other",
+            ["caller"],
+        )
+        by_held = self._gauge(
+            "caller_held",
+            "Turns held by the scheduler per caller, labelled as caller_in_flight (B13)",
+            ["caller"],
+        )
+        for key in sorted(in_flight):
+            by_in_flight.add_metric([key], in_flight[key])
+        for key in sorted(held):
+            by_held.add_metric([key], held[key])
+        yield from (by_in_flight, by_held)
+
 
 class SchedulerMetrics:
     """The registry of one scheduler: state gauges plus counters fed by :meth:`decided`."""
 
-    def __init__(self, state: Callable[[], State], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        state: Callable[[], State],
+        clock: Callable[[], float],
+        labels: CallerLabels | None = None,
+    ) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series are noise
         self.registry = CollectorRegistry()
-        self.registry.register(_StateCollector(state, clock))
+        self.labels = labels or CallerLabels(state().params.callers)
+        self.registry.register(_StateCollector(state, clock, self.labels))
         ProcessCollector(registry=self.registry)
         self.admissions = Counter(
             PREFIX + "admissions",
@@ -355,6 +426,20 @@ class SchedulerMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.caller_tokens = Counter(
+            PREFIX + "caller_tokens",
+            "Prompt + completion tokens of finished turns per caller, labelled as "
+            "caller_in_flight (B13)",
+            ["caller"],
+            registry=self.registry,
+        )
+        self.caller_refused = Counter(
+            PREFIX + "caller_refused",
+            "Turns refused for a caller's token limit (B13), by caller (labelled as "
+            "caller_in_flight) and limit (tokens_per_minute or daily_tokens)",
+            ["caller", "limit"],
+            registry=self.registry,
+        )
         decide_time = Histogram(
             PREFIX + "decide_duration_seconds",
             "Time of one decide(state, event) call of the pure core, by event type",
@@ -367,6 +452,9 @@ class SchedulerMetrics:
         self._wait = {c: self.admission_wait.labels(c.value) for c in ServiceClass}
         for code in RejectCode:
             self.rejections.labels(code.value)
+        self.rejections.labels(OVER_QUOTA)
+        for name in self.labels.configured:
+            self.caller_tokens.labels(name)
         for reason in DropReason:
             self.drops.labels(reason.value)
         self._admitted = {
@@ -411,6 +499,16 @@ class SchedulerMetrics:
                     self.drops.labels(action.reason.value).inc()
                 case ForgetRun():
                     self.runs_forgotten.inc()
+
+    def charged(self, caller: str, tokens: int) -> None:
+        """A finished turn of ``caller`` used ``tokens`` (prompt + completion)."""
+        if tokens > 0:
+            self.caller_tokens.labels(self.labels(caller)).inc(tokens)
+
+    def over_quota(self, caller: str, limit: str) -> None:
+        """A turn of ``caller`` was refused for its account's ``limit`` (B13)."""
+        self.rejections.labels(OVER_QUOTA).inc()
+        self.caller_refused.labels(self.labels(caller), limit).inc()
 
     def _forget_replicas(self, names: set[str]) -> None:
         """B11: a replica the core dropped (it left) takes its label values with it, so

@@ -31,6 +31,7 @@ from starlette.routing import Route
 from luftpause.auth import BearerAuth
 from luftpause.http_errors import ASGIApp, JsonErrorAnswers, Refusal, refusal_message
 from luftpause.scheduler.core.view import run_status, status
+from luftpause.scheduler.service.callers_view import callers_status
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.membership import Membership, UnknownReplica
 from luftpause.scheduler.service.page import page_routes
@@ -46,7 +47,9 @@ def status_app(
     membership: Membership | None = None,  # the admin routes' (B11); None: not served
 ) -> ASGIApp:
     async def get_status(request: Request) -> JSONResponse:
-        body = status(host.state, clock())
+        state, now = host.state, clock()
+        body = status(state, now)
+        body.update(callers_status(state, host.quotas, now, host.wall()))  # B13
         body["counters"] = dict(sorted(host.counters.items()))
         body.update(extra())
         return JSONResponse(body)

@@ -4,7 +4,8 @@ dataplane's turn span (``AdmitRequest.traceparent``), from the call's arrival to
 the decision. Attributes: ``luftpause.turn_id``, ``luftpause.run_id``,
 ``luftpause.service_class``, ``luftpause.caller``, then ``luftpause.replica`` and
 ``luftpause.held_ms`` (the core's held time) when admitted, or
-``luftpause.rejected`` (the reason code) when not.
+``luftpause.rejected`` (the reason code; ``over_quota`` for a caller's token limit,
+B13, with ``luftpause.limit``) when not.
 
 With no tracer provider configured, the span is a non-recording no-op.
 """
@@ -20,6 +21,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.scheduler.core.actions import Admit, Reject
 from luftpause.scheduler.service import convert
+from luftpause.scheduler.service.quotas import OverQuota
 from luftpause.telemetry import context_of
 
 _tracer = trace.get_tracer("luftpause.scheduler")
@@ -48,10 +50,14 @@ def start_admit(request: pb.AdmitRequest) -> Span:
     )
 
 
-def decided(span: Span, outcome: Admit | Reject) -> None:
+def decided(span: Span, outcome: Admit | Reject | OverQuota) -> None:
     if isinstance(outcome, Admit):
         span.set_attribute("luftpause.replica", outcome.replica)
         span.set_attribute("luftpause.held_ms", round(outcome.held_s * 1000.0, 3))
+    elif isinstance(outcome, OverQuota):
+        span.set_attribute("luftpause.rejected", "over_quota")
+        span.set_attribute("luftpause.limit", outcome.limit)
+        span.set_status(Status(StatusCode.ERROR, outcome.message[:200]))
     else:
         span.set_attribute("luftpause.rejected", outcome.code.value)
         span.set_status(Status(StatusCode.ERROR, outcome.message[:200]))

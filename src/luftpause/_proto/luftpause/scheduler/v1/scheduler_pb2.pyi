@@ -31,6 +31,7 @@ class RejectCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REJECT_CODE_UNSPECIFIED: _ClassVar[RejectCode]
     REJECT_CODE_UNKNOWN_MODEL: _ClassVar[RejectCode]
     REJECT_CODE_INVALID_REQUEST: _ClassVar[RejectCode]
+    REJECT_CODE_OVER_QUOTA: _ClassVar[RejectCode]
 SERVICE_CLASS_UNSPECIFIED: ServiceClass
 SERVICE_CLASS_BATCH: ServiceClass
 SERVICE_CLASS_INTERACTIVE: ServiceClass
@@ -44,6 +45,7 @@ RUN_PHASE_PAUSED_ON_TOOL: RunPhase
 REJECT_CODE_UNSPECIFIED: RejectCode
 REJECT_CODE_UNKNOWN_MODEL: RejectCode
 REJECT_CODE_INVALID_REQUEST: RejectCode
+REJECT_CODE_OVER_QUOTA: RejectCode
 
 class AdmitRequest(_message.Message):
     __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "kind", "dataplane_id", "traceparent", "echoed_tool_call_ids")
@@ -90,12 +92,16 @@ class Admitted(_message.Message):
     def __init__(self, replica: _Optional[str] = ..., url: _Optional[str] = ..., held_s: _Optional[float] = ..., run_id: _Optional[str] = ..., retain_s: _Optional[float] = ...) -> None: ...
 
 class Rejected(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "retry_after_s", "limit")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     code: RejectCode
     message: str
-    def __init__(self, code: _Optional[_Union[RejectCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    retry_after_s: float
+    limit: str
+    def __init__(self, code: _Optional[_Union[RejectCode, str]] = ..., message: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., limit: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
