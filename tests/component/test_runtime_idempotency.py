@@ -134,7 +134,7 @@ async def test_a_retry_while_the_first_spawn_is_under_way_waits_for_it(tmp_path:
     async with serving(tmp_path) as s:
         with held_journal(s.rt) as release:
             first = asyncio.create_task(s.spawn(ARGS))
-            await until(lambda: "job-7" in s.rt._keyed, "the first spawn under way")
+            await until(lambda: (None, "job-7") in s.rt._keyed, "the first spawn under way")
             retry = asyncio.create_task(s.spawn(ARGS))
             other = await s.call("spawn", {**ARGS, "task": "other"})
             assert other["isError"] is True

@@ -271,7 +271,7 @@ def test_replay_binds_each_idempotency_key_to_its_first_run() -> None:
     assert record.idempotency_key == "job-1" and record.request_digest == "d1"  # type: ignore[union-attr]
     assert parse(encode(record)) == record
     state = replayed(records)
-    assert state.idempotency_keys == {"job-1": "k1"}
+    assert state.idempotency_keys == {(None, "job-1"): "k1"}
     first = state.run_for_key("job-1")
     assert first is not None and first.id == "k1" and first.request_digest == "d1"
     assert state.runs["a"].idempotency_key is None and state.run_for_key("nope") is None

@@ -3,7 +3,8 @@
 * No labels: the dataplane's single-pass replica (``POST /v1/decide``, vLLM
   ``/classify`` format: body ``{"model"?, "input"}``, answer ``data[0].label``
   and ``data[0].probs``).
-* 2-20 labels: one *interactive* turn on a generative replica with
+* 2-20 labels: one *interactive* turn (B13: *batch* for a keyed caller that may
+  not use interactive) on a generative replica with
   ``max_tokens: 1``, ``logprobs: true``, ``top_logprobs: 20``. Each label is
   scored by the probability of the top-logprob token that is the longest
   prefix of it (case and leading whitespace ignored: tokenizers split words
@@ -62,7 +63,12 @@ def prompt_for(text: str, labels: Sequence[str]) -> list[dict[str, str]]:
 
 
 async def decide(
-    rt: Runtime, text: str, labels: list[str] | None, model: str | None, caller: str
+    rt: Runtime,
+    text: str,
+    labels: list[str] | None,
+    model: str | None,
+    caller: str,
+    service_class: str = "interactive",
 ) -> dict[str, Any]:
     from luftpause.runtime.loop import RuntimeError_, check_text
 
@@ -108,7 +114,7 @@ async def decide(
     }
     try:
         # One token: nothing for the decode pace to time, and logprobs come whole.
-        data = await rt.llm.chat(body, Identity(run_id, "interactive", caller), stream=False)
+        data = await rt.llm.chat(body, Identity(run_id, service_class, caller), stream=False)
     except TurnFailed as exc:
         raise RuntimeError_(f"decide failed: {exc}") from None
     finally:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import json
 import logging
@@ -47,6 +48,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
 
 from luftpause import telemetry
+from luftpause.callers import TRUSTED, ClassDenied, KeyedCaller, Principal, served_class
 from luftpause.config import RuntimeSettings
 from luftpause.runtime import tracing
 from luftpause.runtime.core import (
@@ -110,6 +112,46 @@ def _key_reused(key: str, first: str) -> str:
     )
 
 
+def visible_to(principal: Principal, run: Run) -> bool:
+    """B13: a configured caller's key sees only the runs it owns (its own spawns and
+    their sub-agents); the token, and a stack without callers, see every run."""
+    return not isinstance(principal, KeyedCaller) or run.owner == principal.name
+
+
+def owner_for(principal: Principal, parent: Run | None) -> str | None:
+    """B13: whose a new run is: the key's caller; under the token, its parent's owner (a
+    sub-agent stays in its tree's hands), else nobody's (the token's)."""
+    if isinstance(principal, KeyedCaller):
+        return principal.name
+    return parent.owner if parent is not None else None
+
+
+def caller_for(principal: Principal, parent: Run | None, claimed: str) -> str:
+    """The caller a new run's turns carry (R4, B13): a keyed request's is its key's
+    caller; under the token, a sub-agent of a keyed caller's run inherits that run's
+    caller, and any other run is the request's own (its MCP session or client name)."""
+    if isinstance(principal, KeyedCaller):
+        return principal.name
+    if parent is not None and parent.owner is not None:
+        return parent.caller
+    return claimed
+
+
+def class_for(principal: Principal, asked: str | None, default: str) -> tuple[str, str | None]:
+    """The class a new run is served in and the class it asked for and was denied (B13).
+
+    A class asked for (``serviceClass``) goes through :func:`luftpause.callers.served_class`:
+    granted, downgraded (the denied class is returned) or ``ClassDenied``. The default
+    (the parent's class, else ``interactive``) was not asked for: a caller that may not
+    use it gets the class it may use, and nothing is denied."""
+    if asked is not None:
+        return served_class(principal, asked)
+    if isinstance(principal, KeyedCaller) and default not in principal.classes:
+        downgrading = dataclasses.replace(principal, on_denied_class="downgrade")
+        return served_class(downgrading, default)[0], None
+    return default, None
+
+
 class BudgetTripped(Exception):
     """Raised in the run whose check tripped a budget; the subtree is already ended."""
 
@@ -138,9 +180,11 @@ class Runtime:
     _timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopping: bool = False
-    # Spawns with an idempotency key that are still under way: key -> (the digest of
-    # their arguments, the task that spawns). A second spawn with the key waits on it.
-    _keyed: dict[str, tuple[str, asyncio.Task[Run]]] = field(default_factory=dict)
+    # Spawns with an idempotency key that are still under way: (owner, key) -> (the digest
+    # of their arguments, the task that spawns). A second spawn with the key waits on it.
+    _keyed: dict[tuple[str | None, str], tuple[str, asyncio.Task[Run]]] = field(
+        default_factory=dict
+    )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -249,9 +293,16 @@ class Runtime:
             raise RuntimeError_("no model given, none configured, and the dataplane lists none")
         return models[0]
 
-    async def spawn(self, req: SpawnArgs, caller: str, traceparent: str | None = None) -> Run:
+    async def spawn(
+        self,
+        req: SpawnArgs,
+        caller: str,
+        traceparent: str | None = None,
+        *,
+        principal: Principal = TRUSTED,
+    ) -> Run:
         """Start a run (or, for a known idempotency key, find it); see :meth:`spawn_or_reuse`."""
-        run, _ = await self.spawn_or_reuse(req, caller, traceparent)
+        run, _ = await self.spawn_or_reuse(req, caller, traceparent, principal=principal)
         return run
 
     async def spawn_or_reuse(
@@ -262,6 +313,7 @@ class Runtime:
         *,
         harness_call: str | None = None,
         traced: bool = True,
+        principal: Principal = TRUSTED,
     ) -> tuple[Run, bool]:
         """Start a run; True with the run when its idempotency key named an existing one.
 
@@ -280,11 +332,20 @@ class Runtime:
         started, journaled or replayed; while that spawn is still under way, the retry
         waits for its outcome (its run, or its error) instead of starting another.
         With other arguments (:func:`request_digest`) the key is refused.
+
+        ``principal`` (B13): who asks. A configured caller's key spawns runs of its own
+        (:func:`owner_for`, :func:`caller_for`), in a class it may use
+        (:func:`class_for`), under a parent it owns; and its idempotency keys are its
+        own: the same key from another caller, or from the token, is another key.
         """
         key = req.idempotency_key
         origin = (harness_call, traced)
         if key is None:
-            return await self._spawn(req, caller, traceparent, origin=origin), False
+            return await self._spawn(
+                req, caller, traceparent, origin=origin, principal=principal
+            ), False
+        parent = self.state.runs.get(req.parent) if req.parent is not None else None
+        scoped = (owner_for(principal, parent), key)
         digest = request_digest(
             req,
             max_tool_calls=self.settings.default_max_tool_calls,
@@ -292,13 +353,13 @@ class Runtime:
         )
         # No await between these checks and registering the spawn: two calls with one
         # key cannot both get past them.
-        under_way = self._keyed.get(key)
+        under_way = self._keyed.get(scoped)
         if under_way is not None:
             first_digest, spawning = under_way
             if first_digest != digest:
                 raise RuntimeError_(_key_reused(key, "a spawn still under way"))
             return await asyncio.shield(spawning), True
-        existing = self.state.run_for_key(key)
+        existing = self.state.run_for_key(key, scoped[0])
         if existing is not None:
             if existing.request_digest not in (None, digest):
                 raise RuntimeError_(_key_reused(key, f"run {existing.id}"))
@@ -306,16 +367,25 @@ class Runtime:
         # The whole spawn runs on its own: a caller that goes away does not take it
         # down with it while a retry may be waiting on it.
         spawning = self._background_task(
-            self._spawn(req, caller, traceparent, key=key, digest=digest, origin=origin),
+            self._spawn(
+                req,
+                caller,
+                traceparent,
+                key=key,
+                digest=digest,
+                origin=origin,
+                principal=principal,
+            ),
             "spawn-keyed",
         )
-        self._keyed[key] = (digest, spawning)
-        spawning.add_done_callback(functools.partial(self._spawned, key))
+        self._keyed[scoped] = (digest, spawning)
+        spawning.add_done_callback(functools.partial(self._spawned, scoped))
         return await asyncio.shield(spawning), False
 
-    def _spawned(self, key: str, spawning: asyncio.Task[Run]) -> None:
-        if self._keyed.get(key, (None, None))[1] is spawning:
-            del self._keyed[key]
+    def _spawned(self, scoped: tuple[str | None, str], spawning: asyncio.Task[Run]) -> None:
+        key = scoped[1]
+        if self._keyed.get(scoped, (None, None))[1] is spawning:
+            del self._keyed[scoped]
         if spawning.cancelled():
             return
         exc = spawning.exception()  # retrieved here: its callers, if any are left, got it too
@@ -331,18 +401,27 @@ class Runtime:
         key: str | None = None,
         digest: str | None = None,
         origin: tuple[str | None, bool] = (None, True),
+        principal: Principal = TRUSTED,
     ) -> Run:
         for label, text in (("task", req.task), ("model", req.model), ("system", req.system)):
             check_text(label, text)
         parent: Run | None = None
         if req.parent is not None:
             parent = self.state.runs.get(req.parent)
-            if parent is None:
+            if parent is None or not visible_to(principal, parent):
                 raise RuntimeError_(f"unknown parent handle {shown(req.parent)}")
         if req.service_class is not None and req.service_class not in SERVICE_CLASSES:
             raise RuntimeError_(
                 f"serviceClass must be 'interactive' or 'batch', got {shown(req.service_class)}"
             )
+        try:
+            service_class, class_denied = class_for(
+                principal,
+                req.service_class,
+                parent.spec.service_class if parent is not None else "interactive",
+            )
+        except ClassDenied as exc:
+            raise RuntimeError_(str(exc)) from None
         for label, names in (("tools", req.tools), ("approveTools", req.approve_tools)):
             if not names:
                 continue
@@ -356,9 +435,6 @@ class Runtime:
                     f"{', '.join(sorted(self.hub.tools)) or '(none: no tool server is connected)'}"
                 )
         model = req.model or await self.default_model()
-        service_class = req.service_class or (
-            parent.spec.service_class if parent is not None else "interactive"
-        )
         spec = RunSpec(
             task=req.task,
             model=model,
@@ -393,11 +469,13 @@ class Runtime:
             spec=spec,
             parent=parent.id if parent is not None else None,
             created=self.clock(),
-            caller=caller,
+            caller=caller_for(principal, parent, caller),
             traceparent=self._parent_trace(parent, traceparent),
             idempotency_key=key,
             request_digest=digest,
             session=session,
+            owner=owner_for(principal, parent),
+            class_denied=class_denied,
         )
 
         async def commit() -> Run:
@@ -803,6 +881,7 @@ class Runtime:
             "children": list(run.children),
             "model": run.spec.model,
             "serviceClass": run.spec.service_class,
+            **({"classDenied": run.class_denied} if run.class_denied is not None else {}),
             "result": run.result,
             "error": run.error,
             "turns": run.own.turns,

@@ -15,6 +15,12 @@ batch load comes from generators that name their class explicitly. So:
 ``serviceClass`` defaults to the parent run's class when ``parent`` is given
 (a subtree is one piece of work), else ``interactive``. Pipelines that fan out
 bulk work pass ``serviceClass: "batch"``.
+
+Callers bound to keys (B13): with ``[[callers]]``, ``/mcp`` takes each caller's key
+(read at start from its ``key_env``/``key_file``; a relative ``key_file`` is relative
+to the working directory, as ``state_dir`` is; the files are read again when they
+change and on SIGHUP) besides ``LUFTPAUSE_TOKEN``. A key that cannot be used stops
+the start with a configuration error naming the caller (status 2).
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ import argparse
 import logging
 import os
 import secrets
+import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from luftpause.config import RuntimeSettings, StackConfig, load_secrets
+from luftpause.callers import Gate, gate_for, install_reload_signal
+from luftpause.config import ConfigError, RuntimeSettings, StackConfig, load_secrets
 from luftpause.runtime.journal import Journal, JournalError
 from luftpause.runtime.llm import DataplaneClient
 from luftpause.runtime.loop import Runtime
@@ -113,8 +121,12 @@ def request_state_key(state_dir: Path) -> bytes:
     return key
 
 
-async def start(svc: Service, settings: RuntimeSettings, token: str | None) -> None:
+async def start(
+    svc: Service, settings: RuntimeSettings, token: str | None, gate: Gate | None = None
+) -> None:
     sock = svc.bind(settings.port)
+    if gate is not None:
+        install_reload_signal(gate)
     journal = Journal(Path(settings.state_dir))
     try:
         lines = journal.open()
@@ -149,6 +161,7 @@ async def start(svc: Service, settings: RuntimeSettings, token: str | None) -> N
         on_start=on_start,
         on_stop=on_stop,
         request_state_key=request_state_key(Path(settings.state_dir)),
+        gate=gate,
     )
     await svc.serve_asgi("http", sock, app, malformed=malformed_answer)
     svc.on_ready(
@@ -167,13 +180,24 @@ def main(args: argparse.Namespace) -> int:
     boot = Bootstrap(SERVICE, args, os.environ)
     config: StackConfig = load_config_or_exit(args.config)
     settings = settings_from(config, args)
-    # Only the token matters here; engine API keys are the dataplane's business.
-    secrets = load_secrets(config.model_copy(update={"endpoints": ()}))
+    try:
+        # Only the token matters here; engine API keys are the dataplane's business.
+        secrets = load_secrets(config.model_copy(update={"endpoints": ()}))
+        gate = gate_for(config.callers, os.environ, secrets.token)
+    except ConfigError as exc:
+        print(f"luftpause runtime: configuration error:\n{exc}", file=sys.stderr)
+        return 2
     if not secrets.token:
         log.warning("LUFTPAUSE_TOKEN is not set: /mcp and /status accept every request (X2)")
+    if gate.keyring is not None:
+        log.info(
+            "callers: %s (%d keys); /mcp takes their keys or LUFTPAUSE_TOKEN",
+            ", ".join(gate.keyring.callers),
+            len(gate.keyring),
+        )
     return boot.run(
         settings.host,
-        lambda svc: start(svc, settings, secrets.token),
+        lambda svc: start(svc, settings, secrets.token, gate),
         # The openai client reaches the dataplane over httpx, the MCP client the HTTP
         # tool servers over httpx2 (it also puts the trace context in each request's _meta).
         instrumentations=(Instrumentation.ASGI, Instrumentation.HTTPX, Instrumentation.HTTPX2),

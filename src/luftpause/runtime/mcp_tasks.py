@@ -717,6 +717,7 @@ class TaskHandle(abc.ABC):
         arguments: Mapping[str, Any],
         input_responses: Mapping[str, Any] | None = None,
         client_info: Implementation | None = None,
+        request: Any = None,
     ) -> None:
         self.tool = tool
         self.arguments: Mapping[str, Any] = dict(arguments)
@@ -724,6 +725,9 @@ class TaskHandle(abc.ABC):
         """Answers carried by the creating ``tools/call`` (after a ``prepare`` round)."""
         self.client_info = client_info
         """The ``clientInfo`` of the client that created the task, when it sent one."""
+        self.request = request
+        """The transport's request that created the task (a Starlette ``Request`` over
+        HTTP; None elsewhere): what the owner reads the request's credential from."""
         self.cancel_requested = False
         """True once the client cancelled the task (``tasks/cancel``)."""
         self.shutting_down = False
@@ -1053,6 +1057,7 @@ class TasksExtension(Extension):
             tool=name,
             arguments=arguments,
             client_info=_client_info(request_context),
+            request=request_context.request,
         )
         return await tool.work(handle, dict(arguments))
 
@@ -1200,6 +1205,7 @@ class TasksExtension(Extension):
             arguments=params.arguments or {},
             input_responses=responses,
             client_info=_client_info(ctx),
+            request=ctx.request,
         )
         self._live[record.task_id] = handle
         runner = asyncio.create_task(

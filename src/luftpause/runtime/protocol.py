@@ -9,7 +9,9 @@ self-contained requests that the SDK routes by their ``MCP-Protocol-Version``.
 
 Caller identity (R4): the ``Mcp-Session-Id`` of a legacy session; a modern
 request has no session, so its caller is its ``clientInfo`` name (or
-``anonymous``).
+``anonymous``). With ``[[callers]]`` (B13), a request made with a caller's key is
+that caller's (:func:`principal_of`: the HTTP layer puts the principal in the
+request's ASGI scope); one made with the token is trusted, and named as above.
 
 Approval flow per era (R11). A run waiting for approval is *covered* by an
 ``await``/``run`` call that names it or one of its ancestors.
@@ -54,8 +56,9 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 
+from luftpause.callers import TRUSTED, KeyedCaller, Principal
 from luftpause.runtime.core import Run
-from luftpause.runtime.loop import Runtime, RuntimeError_
+from luftpause.runtime.loop import Runtime, RuntimeError_, visible_to
 from luftpause.shown import SHOWN_CHARS, shown
 from luftpause.tool_calls import MAX_CALL_ID_CHARS
 
@@ -86,6 +89,23 @@ def tool_result(payload: dict[str, Any]) -> CallToolResult:
         content=[TextContent(type="text", text=json.dumps(payload, ensure_ascii=False))],
         structured_content=payload,
     )
+
+
+PRINCIPAL_SCOPE_KEY = "luftpause.principal"
+"""The ASGI scope key under which the HTTP layer leaves a request's principal (B13)."""
+
+
+def principal_in(request: Any) -> Principal:
+    """The principal of a transport request (a Starlette ``Request``): the configured
+    caller whose key it carried, else ``TRUSTED`` (the token, no auth, or no HTTP)."""
+    scope = getattr(request, "scope", None)
+    found = scope.get(PRINCIPAL_SCOPE_KEY) if isinstance(scope, Mapping) else None
+    return found if isinstance(found, KeyedCaller) else TRUSTED
+
+
+def principal_of(ctx: Context[Any, Any]) -> Principal:
+    """The principal of the request a tool call came in (:func:`principal_in`)."""
+    return principal_in(ctx.request_context.request)
 
 
 def caller_of(ctx: Context[Any, Any]) -> str:
@@ -181,8 +201,10 @@ class Waiter:
         mode: str,
         deadline: float,
         asked: set[str],
+        principal: Principal = TRUSTED,
     ) -> None:
         self.rt = rt
+        self.principal = principal
         self.ctx = ctx
         self.runs = runs
         self.mode = mode
@@ -218,6 +240,8 @@ class Waiter:
             run = self.rt.state.runs.get(handle)
             if run is None or run.pending is None or run.pending.key != call_key:
                 continue  # answered meanwhile by someone else, or the run ended
+            if not visible_to(self.principal, run):
+                continue  # B13: another caller's run, as if there were none
             self.asked.add(f"{handle}/{call_key}")
             allow = allow_from(response)
             if allow is None:

@@ -3,7 +3,8 @@
 ``build_mcp`` puts the tool layer (``tools.py``) on the SDK's MCP server; how
 calls talk to their clients is the protocol layer (``protocol.py``). This
 module adds what HTTP needs around them: DNS-rebinding protection, bearer-token
-auth (X2), and JSON for every error answer: the SDK's plain-text or empty refusals
+auth (X2; with ``[[callers]]``, callers' keys on ``/mcp``: :class:`CallerAuth`, B13),
+and JSON for every error answer: the SDK's plain-text or empty refusals
 on ``/mcp`` (a bad ``Content-Type`` or ``Accept``, a body over the limit, a wrong
 method, a foreign ``Host`` or ``Origin``) become JSON-RPC errors with the same
 status, naming what was wrong and what is expected; an unknown route or a bug
@@ -29,7 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
-from luftpause.auth import BearerAuth
+from luftpause.auth import BearerAuth, bearer_ok, refusal
+from luftpause.callers import Gate
 from luftpause.http_errors import (
     JsonErrorAnswers,
     Malformed,
@@ -40,7 +42,7 @@ from luftpause.http_errors import (
 from luftpause.runtime.http_headers import StripHeaderWhitespace
 from luftpause.runtime.loop import Runtime
 from luftpause.runtime.mcp_tasks import TasksExtension, TaskStore
-from luftpause.runtime.protocol import describe_argument_errors
+from luftpause.runtime.protocol import PRINCIPAL_SCOPE_KEY, describe_argument_errors
 from luftpause.runtime.status import status_tree
 from luftpause.runtime.tools import INSTRUCTIONS, RuntimeTools
 from luftpause.shown import shown
@@ -214,6 +216,55 @@ def _needs_token(path: str) -> bool:
     return path.startswith((MCP_PATH, "/status"))
 
 
+KEY_REFUSED = (
+    "missing or unknown key (set Authorization: Bearer <your caller key>, or x-api-key: "
+    "<your caller key>)"
+)
+
+
+class CallerAuth:
+    """ASGI middleware for a stack with ``[[callers]]`` (B13): ``/mcp`` takes a caller's
+    key or the token (``Authorization: Bearer`` or ``x-api-key``), and leaves the
+    request's principal in its scope (``PRINCIPAL_SCOPE_KEY``) for the tools; ``/status``
+    takes the token only (``Authorization: Bearer``, as without callers); ``/health``
+    and ``/metrics`` are open. A refusal is the services' 401 and never quotes what was
+    presented."""
+
+    def __init__(self, app: ASGIApp, gate: Gate) -> None:
+        self.app = app
+        self.gate = gate
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = str(scope.get("path", ""))
+        if path.startswith(MCP_PATH):
+            authorization = api_key = None
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization":
+                    authorization = value
+                elif name == b"x-api-key":
+                    api_key = value
+            principal = self.gate.principal(authorization, api_key)
+            if principal is None:
+                await refusal(KEY_REFUSED)(scope, receive, send)
+                return
+            scope[PRINCIPAL_SCOPE_KEY] = principal
+        elif path.startswith("/status"):
+            token = self.gate.token
+            given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+            if token is not None and not bearer_ok(given, token):
+                await refusal()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(
     rt: Runtime,
     *,
@@ -222,7 +273,11 @@ def build_app(
     on_start: Callable[[], Awaitable[None]],
     on_stop: Callable[[], Awaitable[None]],
     request_state_key: bytes | None = None,
+    gate: Gate | None = None,
 ) -> ASGIApp:
+    """The runtime's app. ``gate`` (built from ``[[callers]]``): callers' keys on
+    ``/mcp`` (:class:`CallerAuth`); without callers (no gate, or one without a
+    keyring) the token alone guards ``/mcp`` and ``/status``, as before."""
     tasks = TasksExtension(TaskStore(Path(rt.settings.state_dir)))
     mcp = build_mcp(rt, request_state_key=request_state_key, tasks=tasks)
     mcp_app = mcp.streamable_http_app(
@@ -261,6 +316,7 @@ def build_app(
         ],
         lifespan=lifespan,
     )
-    return StripHeaderWhitespace(
-        BearerAuth(JsonErrorAnswers(app, refusal_body), token, _needs_token)
-    )
+    inner = JsonErrorAnswers(app, refusal_body)
+    if gate is not None and gate.keyring is not None:
+        return StripHeaderWhitespace(CallerAuth(inner, gate))
+    return StripHeaderWhitespace(BearerAuth(inner, token, _needs_token))

@@ -1,5 +1,12 @@
 """The runtime's MCP tools (R1-R3, R9, R11, R13): what each one does.
 
+Callers bound to keys (B13): a call made with a configured caller's key
+(:func:`~luftpause.runtime.protocol.principal_of`) spawns runs of that caller, in a
+class it may use (a class it asked for and may not use is downgraded, and the answer
+says ``classDenied``, or refused, per caller), and sees only its own runs: every tool
+that names a run answers another caller's as it answers a handle that does not exist,
+and ``status`` lists its own. The token sees every run.
+
 Each tool is a method of :class:`RuntimeTools`; :meth:`RuntimeTools.register`
 adds them to an ``MCPServer`` with their descriptions and annotations. How a
 call waits and asks its client for approvals lives in ``protocol.py``; the
@@ -20,10 +27,11 @@ from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import Field, ValidationError
 
 from luftpause import telemetry
+from luftpause.callers import TRUSTED, KeyedCaller, Principal
 from luftpause.runtime import tracing
 from luftpause.runtime.core import Run
 from luftpause.runtime.decide import decide as run_decide
-from luftpause.runtime.loop import Runtime, RuntimeError_
+from luftpause.runtime.loop import Runtime, RuntimeError_, class_for, visible_to
 from luftpause.runtime.mcp_tasks import TaskHandle, TasksExtension, elicitation_request
 from luftpause.runtime.protocol import (
     APPROVAL_SCHEMA,
@@ -37,6 +45,8 @@ from luftpause.runtime.protocol import (
     caller_of,
     describe_argument_errors,
     harness_call_id,
+    principal_in,
+    principal_of,
     request_state_of,
     tool_result,
 )
@@ -94,9 +104,12 @@ class RuntimeTools:
 
     # ------------------------------------------------------------------ helpers
 
-    def lookup(self, handles: list[str]) -> list[Run]:
+    def lookup(self, handles: list[str], principal: Principal = TRUSTED) -> list[Run]:
+        """The runs ``handles`` name; a run ``principal`` may not see is unknown (B13)."""
         runs = self.rt.state.runs
-        missing = [h for h in dict.fromkeys(handles) if h not in runs]
+        missing = [
+            h for h in dict.fromkeys(handles) if h not in runs or not visible_to(principal, runs[h])
+        ]
         if missing:
             raise ToolError(f"unknown handle(s): {shown_list(missing)}")
         return [runs[h] for h in dict.fromkeys(handles)]
@@ -119,6 +132,7 @@ class RuntimeTools:
                 traceparent,
                 harness_call=harness_call_id(meta) if args.parent is None else None,
                 traced=tracing.brings_trace(meta, ctx.headers),
+                principal=principal_of(ctx),
             )
         except RuntimeError_ as exc:
             raise ToolError(str(exc)) from None
@@ -135,6 +149,8 @@ class RuntimeTools:
             "parent": run.parent,
             "session": run.session,
         }
+        if run.class_denied is not None:  # B13: asked for a class its key may not use
+            payload["classDenied"] = run.class_denied
         if reused:
             payload["reused"] = True  # an earlier spawn with this idempotencyKey started it
         return tool_result(payload)
@@ -146,11 +162,14 @@ class RuntimeTools:
         mode: str,
         timeout: float,  # noqa: ASYNC109 - the spec's parameter name (R3)
     ) -> CallToolResult | InputRequiredResult:
-        runs = self.lookup(handles)
+        principal = principal_of(ctx)
+        runs = self.lookup(handles, principal)
         timeout, note = self._clamped(timeout)
         state = request_state_of(ctx)
         deadline = float(state.get("deadline") or (time.time() + timeout))
-        waiter = Waiter(self.rt, ctx, runs, mode, deadline, set(state.get("asked") or ()))
+        waiter = Waiter(
+            self.rt, ctx, runs, mode, deadline, set(state.get("asked") or ()), principal
+        )
         await waiter.apply_responses(ctx.input_responses)
         outcome = await waiter.wait()
         if isinstance(outcome, InputRequiredResult):
@@ -177,12 +196,16 @@ class RuntimeTools:
         state = request_state_of(ctx)
         handle = state.get("handle")
         started = handle if isinstance(handle, str) else None
-        if started is not None and started in rt.state.runs:
-            the_run = rt.state.runs[started]  # a retry after an input-required round
+        principal = principal_of(ctx)
+        earlier = rt.state.runs.get(started) if started is not None else None
+        if earlier is not None and visible_to(principal, earlier):
+            the_run = earlier  # a retry after an input-required round
         else:
             the_run, _ = await self.do_spawn(spawn_args_from(arguments), ctx)
         deadline = float(state.get("deadline") or (time.time() + timeout))
-        waiter = Waiter(rt, ctx, [the_run], "all", deadline, set(state.get("asked") or ()))
+        waiter = Waiter(
+            rt, ctx, [the_run], "all", deadline, set(state.get("asked") or ()), principal
+        )
         await waiter.apply_responses(ctx.input_responses)
         outcome = await waiter.wait()
         if isinstance(outcome, InputRequiredResult):
@@ -226,7 +249,12 @@ class RuntimeTools:
         # journaled must still end the run the spawn starts.
         handle.on_cancel(cancel_tree)
         spawning = asyncio.ensure_future(
-            rt.spawn(args, caller_named(handle.client_info), telemetry.traceparent_of())
+            rt.spawn(
+                args,
+                caller_named(handle.client_info),
+                telemetry.traceparent_of(),
+                principal=principal_in(handle.request),
+            )
         )
         try:
             the_run = await asyncio.shield(spawning)
@@ -289,10 +317,14 @@ class RuntimeTools:
             with contextlib.suppress(RuntimeError_):
                 await self.rt.decide_approval(run, allow, pending.key)
 
-    async def status(self, handle: str | None) -> CallToolResult:
+    async def status(self, handle: str | None, principal: Principal = TRUSTED) -> CallToolResult:
         if handle is not None:
-            return tool_result(self.rt.run_json(self.lookup([handle])[0]))
-        runs = sorted(self.rt.state.runs.values(), key=lambda r: r.created, reverse=True)
+            return tool_result(self.rt.run_json(self.lookup([handle], principal)[0]))
+        runs = sorted(
+            (r for r in self.rt.state.runs.values() if visible_to(principal, r)),
+            key=lambda r: r.created,
+            reverse=True,
+        )
         counts: dict[str, int] = {}
         for r in runs:
             counts[r.state.value] = counts.get(r.state.value, 0) + 1
@@ -309,15 +341,17 @@ class RuntimeTools:
         ]
         return tool_result({"total": len(runs), "byState": counts, "runs": listed})
 
-    async def cancel(self, handle: str) -> CallToolResult:
-        target = self.lookup([handle])[0]
+    async def cancel(self, handle: str, principal: Principal = TRUSTED) -> CallToolResult:
+        target = self.lookup([handle], principal)[0]
         cancelled = await self.rt.cancel_tree(target, "cancelled by the client")
         return tool_result(
             {"handle": target.id, "cancelled": cancelled, "state": target.state.value}
         )
 
-    async def approve(self, handle: str, allow: bool) -> CallToolResult:
-        target = self.lookup([handle])[0]
+    async def approve(
+        self, handle: str, allow: bool, principal: Principal = TRUSTED
+    ) -> CallToolResult:
+        target = self.lookup([handle], principal)[0]
         pending = target.pending
         if pending is None:
             raise ToolError(
@@ -339,8 +373,12 @@ class RuntimeTools:
     async def decide(
         self, input: str, ctx: Context[Any, Any], labels: list[str] | None, model: str | None
     ) -> CallToolResult:
+        principal = principal_of(ctx)
+        # B13: decide's turn is interactive where the caller may use it (not asked for).
+        service_class, _ = class_for(principal, None, "interactive")
+        caller = principal.name if isinstance(principal, KeyedCaller) else caller_of(ctx)
         try:
-            payload = await run_decide(self.rt, input, labels, model, caller_of(ctx))
+            payload = await run_decide(self.rt, input, labels, model, caller, service_class)
         except RuntimeError_ as exc:
             raise ToolError(str(exc)) from None
         return tool_result(payload)
@@ -432,8 +470,10 @@ class RuntimeTools:
             handle: Annotated[
                 str | None, Field(description="A run handle; omit for all runs.")
             ] = None,
+            *,
+            ctx: Context[Any, Any],
         ) -> CallToolResult:
-            return await self.status(handle)
+            return await self.status(handle, principal_of(ctx))
 
         mcp.add_tool(
             status,
@@ -449,8 +489,9 @@ class RuntimeTools:
 
         async def cancel(
             handle: Annotated[str, Field(min_length=1, description="The run to cancel.")],
+            ctx: Context[Any, Any],
         ) -> CallToolResult:
-            return await self.cancel(handle)
+            return await self.cancel(handle, principal_of(ctx))
 
         mcp.add_tool(
             cancel,
@@ -471,8 +512,9 @@ class RuntimeTools:
         async def approve(
             handle: Annotated[str, Field(min_length=1, description="The waiting run.")],
             allow: Annotated[bool, Field(description="true to allow the call, false to decline")],
+            ctx: Context[Any, Any],
         ) -> CallToolResult:
-            return await self.approve(handle, allow)
+            return await self.approve(handle, allow, principal_of(ctx))
 
         mcp.add_tool(
             approve,

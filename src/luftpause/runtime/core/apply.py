@@ -12,7 +12,7 @@ Rules, per record type:
 
 * ``spawn`` creates the run and links it under its parent (a parent the journal
   lost leaves the run a root), and binds its idempotency key, if it has one, to
-  it (a key already bound keeps its first run);
+  it among its owner's keys (a key already bound keeps its first run);
 * ``budget`` marks the owner's budget exceeded, even on a finished run (its
   subtree may still be running);
 * every other record changes an unfinished run only: a finished run is final,
@@ -106,10 +106,12 @@ def _spawn(state: RuntimeState, record: Spawn) -> Run:
         idempotency_key=record.idempotency_key,
         request_digest=record.request_digest,
         session=record.session,
+        owner=record.owner,
+        class_denied=record.class_denied,
     )
     state.runs[run.id] = run
     if record.idempotency_key is not None:
-        state.idempotency_keys.setdefault(record.idempotency_key, run.id)
+        state.idempotency_keys.setdefault((record.owner, record.idempotency_key), run.id)
     if parent is not None and parent in state.runs:
         state.runs[parent].children.append(run.id)
     return run

@@ -9,12 +9,17 @@ keyed by the run and, where the step repeats, a sequence number:
 ``t``         fields                                                  key
 ============  ======================================================  ===============
 ``spawn``     ``spec, parent, created, caller, traceparent,             run
-              idempotencyKey, requestDigest, session``: the run exists
+              idempotencyKey, requestDigest, session, owner,
+              classDenied``: the run exists
               (``traceparent``: the trace its spans join; the key and
               the digest of the arguments it came with, when the
               client gave a key: both absent in older journals;
               ``session``: the agent harness's run whose tool call
-              spawned it, when the dataplane knew it, #38)
+              spawned it, when the dataplane knew it, #38;
+              ``owner``: the configured caller whose key spawned
+              the run or its tree's root, B13, absent = the token's;
+              ``classDenied``: the class it asked for and was
+              denied, served in ``spec.serviceClass`` instead)
 ``turn``      ``seq, message, usage``: model turn ``seq`` ended in      run, seq
               tool calls; ``message`` is the assistant message, its
               calls in structured form even when recovered from text
@@ -119,6 +124,12 @@ class Spawn(_Record):
     # The harness's run (the dataplane's run id) whose tool call spawned this run: the
     # session the run tree groups it under (#38; absent = none, and in older journals).
     session: str | None = Field(default=None, min_length=1)
+    # B13: the configured caller (``[[callers]]``) whose key spawned this run, or the run
+    # at the root of its tree: only that caller's key sees the run (absent = a run of the
+    # token, or of a stack without callers). The class its spawn asked for and was denied
+    # (served in ``spec.service_class`` instead; absent = none denied).
+    owner: str | None = Field(default=None, min_length=1)
+    class_denied: str | None = None
 
 
 class Turn(_Record):

@@ -157,6 +157,8 @@ class Run:
     idempotency_key: str | None = None  # the client's key, when it gave one
     request_digest: str | None = None  # digest of the arguments the key came with
     session: str | None = None  # the harness's run whose tool call spawned it (#38)
+    owner: str | None = None  # B13: the configured caller whose key owns it (None: the token)
+    class_denied: str | None = None  # B13: the class its spawn asked for and was denied
 
     @property
     def done(self) -> bool:
@@ -197,11 +199,13 @@ class RuntimeState:
 
     runs: dict[str, Run] = field(default_factory=dict)
     seen: set[tuple[str, ...]] = field(default_factory=set)
-    idempotency_keys: dict[str, str] = field(default_factory=dict)  # key -> run handle
+    # (owner, key) -> run handle: each keyed caller's keys are its own (B13); the token's
+    # (and a stack without callers) have owner None.
+    idempotency_keys: dict[tuple[str | None, str], str] = field(default_factory=dict)
 
-    def run_for_key(self, key: str) -> Run | None:
-        """The run a spawn with idempotency key ``key`` started, if any."""
-        run_id = self.idempotency_keys.get(key)
+    def run_for_key(self, key: str, owner: str | None = None) -> Run | None:
+        """The run a spawn with idempotency key ``key`` started among ``owner``'s runs."""
+        run_id = self.idempotency_keys.get((owner, key))
         return self.runs.get(run_id) if run_id is not None else None
 
     # ------------------------------------------------------------------ approvals
