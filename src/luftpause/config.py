@@ -686,7 +686,8 @@ class CallerConfig(_Frozen):
     """An environment variable holding the key (several keys, for a rotation, separated by
     commas or spaces). Read at start."""
     key_file: str | None = None
-    """A file holding the key: one per line (several during a rotation), ``#`` comments,
+    """A file holding the key (a relative path is from the service's working directory, as
+    every path here): one per line (several during a rotation), ``#`` comments,
     or ``sha256:HEX`` lines holding a key's hash instead of the key. Read again when it
     changes (checked every 2 seconds) and on SIGHUP, without a restart:
     this is how keys rotate (a Kubernetes Secret mounted as a file updates in place)."""

@@ -310,7 +310,7 @@ def _count(text: str) -> tuple[int, bool]:
     return len(set(digests)), any(not w.lower().startswith(HASH_PREFIX) for w in words)
 
 
-def _sources(c: CallerConfig, environ: Mapping[str, str], base: Path) -> tuple[str, int, list[str]]:
+def _sources(c: CallerConfig, environ: Mapping[str, str]) -> tuple[str, int, list[str]]:
     """A caller's key sources as shown, its number of distinct keys, and warnings."""
     shown: list[str] = []
     digests: set[bytes] = set()
@@ -320,8 +320,7 @@ def _sources(c: CallerConfig, environ: Mapping[str, str], base: Path) -> tuple[s
         digests |= set(parse_keys(value, "")[0])
         shown.append(f"${c.key_env} ({_count(value)[0]})")
     if c.key_file:
-        path = Path(c.key_file)
-        path = path if path.is_absolute() else base / path
+        path = Path(c.key_file)  # (as the services read it: from the working directory)
         try:
             text = path.read_text("utf-8")
             mode = path.stat().st_mode
@@ -349,10 +348,10 @@ def _limits(c: CallerConfig) -> str:
     return ", ".join(limits) or "none"
 
 
-def summary(config: StackConfig, environ: Mapping[str, str], base: Path) -> list[str]:
+def summary(config: StackConfig, environ: Mapping[str, str]) -> list[str]:
     lines: list[str] = []
     for c in config.callers:
-        sources, count, warnings = _sources(c, environ, base)
+        sources, count, warnings = _sources(c, environ)
         denied = "downgraded" if c.on_denied_class == "downgrade" else "refused with a 403"
         lines += [
             f"  {c.name}",
@@ -373,7 +372,6 @@ def keys_check(
     err: TextIO,
 ) -> int:
     path = Path(args.config) if args.config else default_config_path()
-    base = path.absolute().parent  # where a relative key_file is
     try:
         config, _ = load_config(path, environ)
     except ConfigError as exc:
@@ -388,7 +386,7 @@ def keys_check(
     keyring: Keyring | None = None
     try:
         if config.callers:
-            keyring = Keyring(config.callers, environ, token, base_dir=base)
+            keyring = Keyring(config.callers, environ, token)
     except ConfigError as exc:
         problems += str(exc).splitlines()
     if problems:
@@ -409,7 +407,7 @@ def keys_check(
             f"{PROG} check: {path}: {len(config.callers)} callers, {len(keyring)} keys",
             file=out,
         )
-        print("\n".join(summary(config, environ, base)), file=out)
+        print("\n".join(summary(config, environ)), file=out)
     if presented is None:
         return 0
     principal = Gate(token, keyring).principal(None, presented)

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from luftpause.callers import gate_for
 from luftpause.config import CallerConfig
+from luftpause.scheduler.service.quotas import Quotas
 
 TOKEN = "s3cret-service-token"
 ALICE = "lp_alice-key-0123456789abcdef"  # interactive and batch
@@ -166,6 +167,38 @@ async def test_a_key_ends_only_its_own_callers_runs(keyed: Stack) -> None:
     assert refused.status_code == 403
     assert (await keyed.client.delete("/v1/runs/mine", headers=bearer(ALICE))).status_code == 200
     assert (await keyed.client.delete("/v1/runs/theirs", headers=bearer(TOKEN))).status_code == 200
+
+
+async def test_a_caller_past_its_tokens_per_minute_gets_429_with_retry_after(
+    keyed: Stack,
+) -> None:
+    """B13: once alice has spent her 4 tokens per minute (a turn reports 6), her next turn
+    is a 429 with Retry-After, in OpenAI's shape (``rate_limit_exceeded``) and in
+    Anthropic's (``rate_limit_error``) on Messages, and never reaches the engine; mallory,
+    with no limit, is served meanwhile."""
+    limited = (CALLERS[0].model_copy(update={"tokens_per_minute": 4}), *CALLERS[1:])
+    keyed.host.quotas = Quotas.of(limited)
+    first = await keyed.client.post("/v1/chat/completions", json=chat(), headers=bearer(ALICE))
+    assert first.status_code == 200
+    await settle(keyed.host, lambda: not keyed.host.state.turns)
+    seen = len(keyed.engine.seen)
+    refused = await keyed.client.post("/v1/chat/completions", json=chat(), headers=bearer(ALICE))
+    assert refused.status_code == 429, refused.text
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    error = refused.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and "'alice'" in error["message"]
+    messages = await keyed.client.post(
+        "/v1/messages",
+        json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": ALICE},
+    )
+    assert messages.status_code == 429 and "retry-after" in messages.headers
+    assert messages.json()["error"]["type"] == "rate_limit_error"
+    assert len(keyed.engine.seen) == seen
+    other = await keyed.client.post("/v1/chat/completions", json=chat(), headers=bearer(MALLORY))
+    assert other.status_code == 200
+    metrics = (await keyed.client.get("/metrics")).text
+    assert 'luftpause_dataplane_over_quota_total{limit="tokens_per_minute"} 2.0' in metrics
 
 
 _TEXT = st.text(alphabet=string.printable + "é\u2028ÿ", max_size=80)

@@ -397,7 +397,10 @@ async def test_a_key_rotated_in_its_file_works_without_a_restart(
     ("change", "says"),
     [
         ({"CAROL_KEY": ""}, "caller 'carol': environment variable CAROL_KEY is not set"),
-        ({"CAROL_KEY": ALICE}, "callers 'alice' and 'carol' are given the same key"),
+        (
+            {"CAROL_KEY": ALICE},
+            "callers 'alice' ($ALICE_KEY) and 'carol' ($CAROL_KEY) are given the same key",
+        ),
         ({"LUFTPAUSE_TOKEN": ""}, "[[callers]] needs LUFTPAUSE_TOKEN set"),
     ],
 )

@@ -152,7 +152,9 @@ async def test_a_caller_over_its_tokens_per_minute_is_refused_while_another_is_a
     assert r.code == pb.REJECT_CODE_OVER_QUOTA
     assert (r.retry_after_s, r.limit) == (31.0, "tokens_per_minute")
     assert r.message == "caller 'alice' used its 100 tokens per minute; retry in 31 s"
-    assert _outcome(refused) == Rejected(False, r.message, over_quota=True, retry_after_s=31.0)
+    assert _outcome(refused) == Rejected(
+        False, r.message, over_quota=True, retry_after_s=31.0, limit="tokens_per_minute"
+    )
     assert "a2" not in sched.host.state.held and "a2" not in sched.host.state.turns
 
     link = sched.stub.Link()

@@ -221,6 +221,13 @@ def test_hash_refuses_bad_input_without_quoting_it() -> None:
 # ---- keys check -----------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative key_file is from the working directory, for the services as for
+    ``keys check``: the tests' stacks sit in it."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _stack(tmp_path: Path, key_file_text: str) -> tuple[Path, str]:
     keys_dir = tmp_path / "keys"
     keys_dir.mkdir()
@@ -242,7 +249,7 @@ def _stack(tmp_path: Path, key_file_text: str) -> tuple[Path, str]:
         "weight = 2.5\n"
         'on_denied_class = "refuse"\n'
     )
-    return stack, str(keys_dir / "alice")
+    return stack, "keys/alice"
 
 
 ALICE_1 = "lp_alice-1-0123456789abcdefghijk"
@@ -250,7 +257,7 @@ ALICE_2 = "lp_alice-2-0123456789abcdefghijk"
 
 
 def test_check_shows_each_caller_as_a_service_loads_it(tmp_path: Path) -> None:
-    """B13: each caller's key sources (a relative key file from the stack's directory),
+    """B13: each caller's key sources (a relative key file from the working directory),
     its number of keys, classes, weight and limits; no key shown."""
     stack, alice_file = _stack(tmp_path, f"{ALICE_1}\n{key_hash(ALICE_2)}\n{ALICE_1}\n")
     env = {"LUFTPAUSE_TOKEN": TOKEN, "BOB_KEY": BOB_KEY}

@@ -213,3 +213,26 @@ def test_defaults_are_the_local_stack() -> None:
     args = args_of("--agents", "1")
     assert args.target == "http://127.0.0.1:8080/v1"
     assert args.runtime == "http://127.0.0.1:7000/mcp"
+
+
+def test_a_group_carries_its_callers_key_from_the_environment() -> None:
+    """B13: ``key_env`` names the variable with a caller's key; the group's turns carry it
+    as their bearer (instead of --token), it never shows in the group's repr, and an
+    unset variable is refused naming it."""
+    from luftpause.loadgen.agents import AgentOptions, run_headers
+
+    data = {
+        "group": [
+            {"count": 2, "class": "batch", "caller": "mallory", "key_env": "K_M"},
+            {"count": 1, "class": "interactive", "caller": "alice"},
+        ]
+    }
+    keyed, plain = parse_mix(data, environ={"K_M": "lp_mallory-0123456789abcdef"})
+    assert keyed.key == "lp_mallory-0123456789abcdef" and plain.key is None
+    assert "lp_mallory" not in repr(keyed)
+    options = AgentOptions(model="m", token="service-token")
+    headers = run_headers(keyed, "run-1", 2, options)
+    assert headers["Authorization"] == "Bearer lp_mallory-0123456789abcdef"
+    assert "Authorization" not in run_headers(plain, "run-2", 2, options)
+    with pytest.raises(MixError, match="key_env names K_M, which is not set"):
+        parse_mix(data, environ={})

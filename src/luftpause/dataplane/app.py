@@ -85,6 +85,7 @@ from luftpause.dataplane.errors import (
     Forbidden,
     InternalError,
     NotJson,
+    OverQuota,
     TurnError,
     Unauthorized,
     UnknownModel,
@@ -715,6 +716,9 @@ async def _admit_untraced(
     if isinstance(outcome, Rejected):
         if outcome.unknown_model:
             raise UnknownModel(outcome.message)
+        if outcome.over_quota:
+            dp.metrics.over_quota_of(outcome.limit or "unknown").inc()
+            raise OverQuota(outcome.message, outcome.retry_after_s, outcome.limit)
         raise BadRequest(outcome.message)
     # Everything the dataplane held it for, a scheduler outage included (the
     # scheduler's own held_s starts again with each retry).

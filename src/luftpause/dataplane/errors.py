@@ -33,6 +33,7 @@ of model name is not sent back whole.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar
@@ -143,6 +144,26 @@ class Forbidden(TurnError):
     status = 403
     outcome = Outcome.REJECTED
     code = "class_not_allowed"
+
+
+class OverQuota(TurnError):
+    """The caller spent its tokens per minute or its daily tokens (B13): a 429 with
+    ``Retry-After`` (whole seconds), in the client API's error shape. ``code``:
+    ``rate_limit_exceeded`` for the per-minute bucket, ``insufficient_quota`` for the
+    daily budget (OpenAI's codes for the two)."""
+
+    status = 429
+    outcome = Outcome.REJECTED
+
+    def __init__(self, message: str, retry_after_s: float, limit: str) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, math.ceil(retry_after_s))
+        self.limit = limit
+
+    def response(self, run_id: str | None, shape: ErrorShape = openai_error) -> Response:
+        code = "insufficient_quota" if self.limit == "daily_tokens" else "rate_limit_exceeded"
+        headers = {"retry-after": str(self.retry_after)}
+        return error_response(self.status, self.message, run_id, headers, code, shape)
 
 
 class UnknownModel(TurnError):

@@ -79,6 +79,7 @@ class Rejected:
     # (REJECT_CODE_OVER_QUOTA): a 429, with Retry-After from retry_after_s
     over_quota: bool = False
     retry_after_s: float = 0.0
+    limit: str = ""  # which: "tokens_per_minute" | "daily_tokens"
 
 
 def _outcome(response: pb.AdmitResponse) -> Admitted | Rejected:
@@ -91,6 +92,7 @@ def _outcome(response: pb.AdmitResponse) -> Admitted | Rejected:
         r.message,
         over_quota=r.code == pb.REJECT_CODE_OVER_QUOTA,
         retry_after_s=r.retry_after_s if r.code == pb.REJECT_CODE_OVER_QUOTA else 0.0,
+        limit=r.limit if r.code == pb.REJECT_CODE_OVER_QUOTA else "",
     )
 
 

@@ -287,6 +287,8 @@ def run_headers(
     with ``program_context = "headers"`` Claude Code's session headers (the top-level
     run is the session; a sub-agent is an agent of it, below its parent)."""
     headers = {"x-fake-tool-results": str(n_tools)}
+    if group.key:  # B13: the group's caller key instead of --token
+        headers["Authorization"] = f"Bearer {group.key}"
     if options.class_headers:
         headers.update(
             {

@@ -688,8 +688,9 @@ async def run_load(
                 )
             tools = content.openai_tools(pool.tools, tool_names) if pool is not None else []
             for g in subs:
+                headers = agents.auth_headers(g.key) if g.key else runtime_headers
                 sessions[g.name] = await stack.enter_async_context(
-                    spawn.SessionPool(args.runtime, min(8, g.count), headers=runtime_headers)
+                    spawn.SessionPool(args.runtime, min(8, g.count), headers=headers)
                 )
             if args.spawn:
                 fan_group = Group(

@@ -16,6 +16,8 @@ falls back to the command line's value::
     max_tokens = 256
     profile = "coding-agent"  # runs shaped like real traces (B10); see docs/guides/workloads.md
     start_s = 0               # seconds after the start before its agents begin (a load step)
+    key_env = "ALICE_KEY"     # a caller's key (B13) in this environment variable: the
+                              # group's requests carry it instead of --token
 
     [[group]]
     count = 4
@@ -24,8 +26,10 @@ falls back to the command line's value::
 
 from __future__ import annotations
 
+import os
 import tomllib
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +93,8 @@ class Group:
     max_tokens: int = 256
     profile: str | None = None  # a name in workload.PROFILES: the run shape replaces the above
     start_s: float = 0.0  # seconds after the start before its first agent begins
+    # B13: the caller key its requests carry instead of --token (never shown or reported)
+    key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -166,11 +172,15 @@ def parse_group(text: str, index: int, defaults: Defaults = Defaults()) -> Group
 
 _KEYS = {
     "count", "class", "caller", "name", "kind", "context_chars", "tool_calls", "max_tokens",
-    "profile", "start_s",
+    "profile", "start_s", "key_env",
 }  # fmt: skip
 
 
-def parse_mix(data: dict[str, Any], defaults: Defaults = Defaults()) -> list[Group]:
+def parse_mix(
+    data: dict[str, Any],
+    defaults: Defaults = Defaults(),
+    environ: Mapping[str, str] | None = None,
+) -> list[Group]:
     extra = set(data) - {"group"}
     if extra:
         raise MixError(f"mix: unknown top-level key(s): {', '.join(sorted(extra))}")
@@ -216,9 +226,22 @@ def parse_mix(data: dict[str, Any], defaults: Defaults = Defaults()) -> list[Gro
                     name,
                 ),
                 start_s=_seconds(entry.get("start_s", 0.0), f"mix: group {name}: start_s"),
+                key=_key(entry.get("key_env"), name, os.environ if environ is None else environ),
             )
         )
     return unique_names(groups)
+
+
+def _key(variable: Any, name: str, environ: Mapping[str, str]) -> str | None:
+    """The key in a group's ``key_env`` variable (None without one)."""
+    if variable is None:
+        return None
+    if not isinstance(variable, str) or not variable:
+        raise MixError(f"mix: group {name}: key_env must name an environment variable")
+    key = environ.get(variable, "").strip()
+    if not key:
+        raise MixError(f"mix: group {name}: key_env names {variable}, which is not set")
+    return key
 
 
 def _seconds(value: Any, what: str) -> float:
