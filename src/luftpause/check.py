@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from luftpause import callers
 from luftpause.config import (
     ConfigError,
     EndpointKind,
@@ -190,6 +191,19 @@ def run_check(
             load_secrets(config, environ)
         except ConfigError as exc:
             problems.append(str(exc))
+    keys = 0
+    if config.callers and service in ("dataplane", "runtime"):
+        # B13: the callers' keys are read as the service reads them (never shown)
+        try:
+            gate = callers.gate_for(config.callers, environ, environ.get("LUFTPAUSE_TOKEN") or None)
+            keys = len(gate.keyring) if gate.keyring is not None else 0
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if config.callers and service == "runtime":
+        try:
+            load_secrets(config.model_copy(update={"endpoints": ()}), environ)
+        except ConfigError as exc:  # (callers need the token)
+            problems.append(str(exc))
     try:
         tracing = TracingSettings.from_env(environ)
     except TracingConfigError as exc:
@@ -207,6 +221,10 @@ def run_check(
         summary += _endpoint_lines(config, environ)
     auth = "required (LUFTPAUSE_TOKEN is set)" if token else "OFF (LUFTPAUSE_TOKEN is not set)"
     summary.append(f"  auth         {auth}")
+    if config.callers:
+        names = ", ".join(c.name for c in config.callers)
+        loaded = f"; {keys} keys" if service in ("dataplane", "runtime") else ""
+        summary.append(f"  callers      {len(config.callers)} ({names}){loaded}")
     summary.append(
         f"  tracing      {tracing.protocol} to {tracing.endpoint}"
         if tracing is not None

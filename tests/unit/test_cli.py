@@ -169,3 +169,24 @@ def test_a_port_out_of_range_is_refused_before_anything_starts(
     out = run(service, flag, value)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"{flag} {value} is not a port number" in out.stderr
+
+
+def test_check_reads_the_callers_keys_as_the_services_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B13: --check of the dataplane and the runtime loads the callers' keys (never shown)
+    and refuses what the service would refuse at start: no token, an unset key."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    stack = tmp_path / "stack.toml"
+    stack.write_text('[[callers]]\nname = "alice"\nkey_env = "ALICE_KEY"\n')
+    key = "lp_alice-check-0123456789abcdef"
+    env = {"LUFTPAUSE_TOKEN": "service-token-0123", "ALICE_KEY": key}
+    for service in ("dataplane", "runtime"):
+        assert cli.main([service, "--config", str(stack), "--check"], environ=env) == 0
+        out = capsys.readouterr().out
+        assert "callers      1 (alice); 1 keys" in out and key not in out
+    assert cli.main(["runtime", "--config", str(stack), "--check"], environ={"ALICE_KEY": key}) == 2
+    assert "needs LUFTPAUSE_TOKEN" in capsys.readouterr().err
+    env = {"LUFTPAUSE_TOKEN": "service-token-0123"}
+    assert cli.main(["dataplane", "--config", str(stack), "--check"], environ=env) == 2
+    assert "ALICE_KEY is not set" in capsys.readouterr().err
