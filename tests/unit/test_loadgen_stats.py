@@ -172,7 +172,7 @@ def test_turns_ended_in_the_window_count_whether_or_not_their_run_finished() -> 
     assert inter["turns_ended"] == {
         "turns": 3,
         "turns_per_min": 3.0,
-        "wall_s": {"p50": 2.0, "p95": 2.9},
+        "wall_s": {"p50": 2.0, "p90": 2.8, "p95": 2.9},
         "completion_tokens_per_min": 90.0,
     }
     assert summary["classes"]["batch"]["turns_ended"]["turns"] == 1
@@ -181,6 +181,24 @@ def test_turns_ended_in_the_window_count_whether_or_not_their_run_finished() -> 
     assert text is not None
     assert "| interactive | 3 | 3.0 | 2.00 | 2.90 | 90 |" in text
     assert "| group me | 3 |" in text
+
+
+def test_two_groups_claiming_one_class_get_their_own_turn_percentiles() -> None:
+    """H3, B13: a caller's agents and another's posing as it may claim the same class;
+    each group's turns (p50/p90/p95 of their wall time) are its own, the class's are
+    both together - how tools/bench/callers.py tells the honest caller's latency from
+    the impostor's."""
+    honest = [ended("interactive", 10.0 + i, w, group="alice") for i, w in enumerate((1, 2, 3))]
+    posing = [ended("interactive", 20.0 + i, 10.0 + i, group="mallory") for i in range(11)]
+    groups = [("alice", "interactive"), ("mallory", "interactive")]
+    summary = summarise([], [], (0.0, 60.0), groups, turns=honest + posing)
+    alice = summary["groups"]["alice"]["turns_ended"]
+    assert alice["turns"] == 3
+    assert alice["wall_s"] == {"p50": 2.0, "p90": 2.8, "p95": 2.9}
+    mallory = summary["groups"]["mallory"]["turns_ended"]
+    assert mallory["wall_s"] == {"p50": 15.0, "p90": 19.0, "p95": 19.5}
+    assert summary["classes"]["interactive"]["turns_ended"]["turns"] == 14
+    assert summary["classes"]["interactive"]["turns_ended"]["wall_s"]["p50"] == 13.5
 
 
 def test_groups_that_log_no_turns_get_no_turns_view() -> None:

@@ -23,10 +23,11 @@ numbers the table and the JSON show, per class and per group:
   including in the warm-up, and never dropped;
 * ``turns_ended`` (when the load logged every turn as it ended, :class:`EndedTurn`):
   the model turns that *ended* inside the window, whether or not their run did -
-  how many, per minute, their wall time p50/p95 and reply tokens per minute. Runs
-  that take longer than the window (long agent traces, B10) show here what a
-  window of runs/min cannot: how long each turn kept its user waiting, and how much
-  work got done.
+  how many, per minute, their wall time p50/p90/p95 and reply tokens per minute,
+  per class and per group (two groups claiming one class - a caller and another
+  posing as it, B13 - are told apart by their groups). Runs that take longer than
+  the window (long agent traces, B10) show here what a window of runs/min cannot: how
+  long each turn kept its user waiting, and how much work got done.
 
 Percentiles interpolate linearly between order statistics (numpy's default).
 """
@@ -213,7 +214,11 @@ def summarise_turns(turns: Sequence[EndedTurn], window_s: float) -> dict[str, An
     return {
         "turns": len(turns),
         "turns_per_min": round(runs_per_min(len(turns), window_s), 3),
-        "wall_s": {"p50": _r(percentile(walls, 50)), "p95": _r(percentile(walls, 95))},
+        "wall_s": {
+            "p50": _r(percentile(walls, 50)),
+            "p90": _r(percentile(walls, 90)),
+            "p95": _r(percentile(walls, 95)),
+        },
         "completion_tokens_per_min": round(runs_per_min(tokens, window_s), 1),
     }
 
