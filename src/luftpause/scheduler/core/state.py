@@ -38,6 +38,7 @@ from typing import Any
 from immutables import Map
 
 from luftpause.scheduler.core.types import (
+    EMPTY_MAP,
     EndpointKind,
     Params,
     ReplicaSpec,
@@ -57,7 +58,7 @@ def free_lane(kind: EndpointKind, model: str) -> Lane:
     return ("free", kind._value_, model)  # _value_: .value is a slow property
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Fifo:
     """A persistent FIFO of turn IDs: slots ``head..tail-1`` of ``items``.
 
@@ -67,6 +68,11 @@ class Fifo:
     head: int = 0
     tail: int = 0
     items: Map[int, str] = field(default_factory=Map)
+
+    def __init__(self, head: int = 0, tail: int = 0, items: Map[int, str] = EMPTY_MAP) -> None:
+        object.__setattr__(self, "head", head)
+        object.__setattr__(self, "tail", tail)
+        object.__setattr__(self, "items", items)
 
     def push(self, turn_id: str) -> tuple[Fifo, int]:
         return Fifo(self.head, self.tail + 1, self.items.set(self.tail, turn_id)), self.tail
@@ -89,7 +95,7 @@ class Fifo:
         return len(self.items)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ReplicaState:
     spec: ReplicaSpec
     healthy: bool = False  # unknown until the first probe
@@ -127,8 +133,60 @@ class ReplicaState:
     ws_tokens: int = 0
     ws_known: int = 0
 
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        healthy: bool = False,
+        cap: int | None = None,
+        in_flight: int = 0,
+        reserved: int = 0,
+        pinned_runs: int = 0,
+        queued_probes: int = 0,
+        running: int | None = None,
+        waiting: int | None = None,
+        kv_usage: float | None = None,
+        probed_at: float | None = None,
+        reports_cache: bool = False,
+        prefix_misses: int = 0,
+        missed_since_probe: bool = False,
+        ramping: bool = False,
+        batch_in_flight: int = 0,
+        pace_cap: int | None = None,
+        pace_s: float | None = None,
+        pace_set_at: float | None = None,
+        pace_best_s: float | None = None,
+        run_limit: int | None = None,
+        kv_tokens: int | None = None,
+        ws_tokens: int = 0,
+        ws_known: int = 0,
+    ) -> None:
+        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "healthy", healthy)
+        object.__setattr__(self, "cap", cap)
+        object.__setattr__(self, "in_flight", in_flight)
+        object.__setattr__(self, "reserved", reserved)
+        object.__setattr__(self, "pinned_runs", pinned_runs)
+        object.__setattr__(self, "queued_probes", queued_probes)
+        object.__setattr__(self, "running", running)
+        object.__setattr__(self, "waiting", waiting)
+        object.__setattr__(self, "kv_usage", kv_usage)
+        object.__setattr__(self, "probed_at", probed_at)
+        object.__setattr__(self, "reports_cache", reports_cache)
+        object.__setattr__(self, "prefix_misses", prefix_misses)
+        object.__setattr__(self, "missed_since_probe", missed_since_probe)
+        object.__setattr__(self, "ramping", ramping)
+        object.__setattr__(self, "batch_in_flight", batch_in_flight)
+        object.__setattr__(self, "pace_cap", pace_cap)
+        object.__setattr__(self, "pace_s", pace_s)
+        object.__setattr__(self, "pace_set_at", pace_set_at)
+        object.__setattr__(self, "pace_best_s", pace_best_s)
+        object.__setattr__(self, "run_limit", run_limit)
+        object.__setattr__(self, "kv_tokens", kv_tokens)
+        object.__setattr__(self, "ws_tokens", ws_tokens)
+        object.__setattr__(self, "ws_known", ws_known)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class RunState:
     run_id: str
     phase: RunPhase
@@ -154,8 +212,44 @@ class RunState:
     # turns were served, in ``Params.attained_measure`` units; 0 while that order is off.
     attained: float = 0.0
 
+    def __init__(
+        self,
+        run_id: str,
+        phase: RunPhase,
+        replica: str | None,
+        service_class: ServiceClass,
+        caller: str,
+        last_active: float,
+        in_flight: int = 0,
+        reserved_on: str | None = None,
+        ended: bool = False,
+        last_prompt: int = 0,
+        last_prompt_on: str | None = None,
+        turns: int = 0,
+        moves: int = 0,
+        paused_tools: tuple[str, ...] = (),
+        lapsed: bool = False,
+        attained: float = 0.0,
+    ) -> None:
+        object.__setattr__(self, "run_id", run_id)
+        object.__setattr__(self, "phase", phase)
+        object.__setattr__(self, "replica", replica)
+        object.__setattr__(self, "service_class", service_class)
+        object.__setattr__(self, "caller", caller)
+        object.__setattr__(self, "last_active", last_active)
+        object.__setattr__(self, "in_flight", in_flight)
+        object.__setattr__(self, "reserved_on", reserved_on)
+        object.__setattr__(self, "ended", ended)
+        object.__setattr__(self, "last_prompt", last_prompt)
+        object.__setattr__(self, "last_prompt_on", last_prompt_on)
+        object.__setattr__(self, "turns", turns)
+        object.__setattr__(self, "moves", moves)
+        object.__setattr__(self, "paused_tools", paused_tools)
+        object.__setattr__(self, "lapsed", lapsed)
+        object.__setattr__(self, "attained", attained)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class TurnState:
     """An admitted turn."""
 
@@ -177,8 +271,42 @@ class TurnState:
     trace_id: str = ""  # the turn's trace (X1), from its request
     batch_beside: int = 0  # decode pace: other batch turns in flight on its replica at admission
 
+    def __init__(
+        self,
+        turn_id: str,
+        run_id: str,
+        replica: str,
+        model: str,
+        service_class: ServiceClass,
+        caller: str,
+        kind: EndpointKind,
+        dataplane_id: str,
+        admitted_at: float,
+        deadline: float,
+        started: bool = False,
+        first_token_at: float | None = None,
+        expect_cached: int = 0,
+        trace_id: str = "",
+        batch_beside: int = 0,
+    ) -> None:
+        object.__setattr__(self, "turn_id", turn_id)
+        object.__setattr__(self, "run_id", run_id)
+        object.__setattr__(self, "replica", replica)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "service_class", service_class)
+        object.__setattr__(self, "caller", caller)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "dataplane_id", dataplane_id)
+        object.__setattr__(self, "admitted_at", admitted_at)
+        object.__setattr__(self, "deadline", deadline)
+        object.__setattr__(self, "started", started)
+        object.__setattr__(self, "first_token_at", first_token_at)
+        object.__setattr__(self, "expect_cached", expect_cached)
+        object.__setattr__(self, "trace_id", trace_id)
+        object.__setattr__(self, "batch_beside", batch_beside)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class HeldTurn:
     turn_id: str
     run_id: str
@@ -196,8 +324,38 @@ class HeldTurn:
     # level 0 waits in a FIFO of its own per level (``order.queue_caller``). 0 while off.
     tier: int = 0
 
+    def __init__(
+        self,
+        turn_id: str,
+        run_id: str,
+        model: str,
+        service_class: ServiceClass,
+        caller: str,
+        kind: EndpointKind,
+        dataplane_id: str,
+        requested_at: float,
+        seq: int,
+        lane: Lane,
+        slot: int,
+        trace_id: str = "",
+        tier: int = 0,
+    ) -> None:
+        object.__setattr__(self, "turn_id", turn_id)
+        object.__setattr__(self, "run_id", run_id)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "service_class", service_class)
+        object.__setattr__(self, "caller", caller)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "dataplane_id", dataplane_id)
+        object.__setattr__(self, "requested_at", requested_at)
+        object.__setattr__(self, "seq", seq)
+        object.__setattr__(self, "lane", lane)
+        object.__setattr__(self, "slot", slot)
+        object.__setattr__(self, "trace_id", trace_id)
+        object.__setattr__(self, "tier", tier)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class ToolTime:
     """How long a tool keeps its runs away: the smoothed duration of the pauses runs
     came back from and their smoothed deviation (as a TCP round-trip estimate)."""
@@ -206,8 +364,13 @@ class ToolTime:
     dev_s: float
     samples: int
 
+    def __init__(self, mean_s: float, dev_s: float, samples: int) -> None:
+        object.__setattr__(self, "mean_s", mean_s)
+        object.__setattr__(self, "dev_s", dev_s)
+        object.__setattr__(self, "samples", samples)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class State:
     params: Params
     now: float
@@ -242,6 +405,56 @@ class State:
     # Sub-callers (order.py "Callers and sub-callers"): per account ``a``, the generative
     # turns in flight of its sub-callers ``a/x`` (its own are in ``caller_in_flight[a]``).
     sub_in_flight: Map[str, int] = field(default_factory=Map)
+
+    def __init__(
+        self,
+        params: Params,
+        now: float,
+        seq: int,
+        replicas: Map[str, ReplicaState],
+        serving: Map[tuple[EndpointKind, str], tuple[str, ...]],
+        runs: Map[str, RunState],
+        turns: Map[str, TurnState],
+        held: Map[str, HeldTurn],
+        held_by_run: Map[str, Map[str, None]],
+        unhealthy: Map[str, None],
+        queues: Map[QueueKey, Fifo],
+        waiting_callers: Map[tuple[Lane, ServiceClass], Map[str, None]],
+        caller_in_flight: Map[str, int],
+        turn_deadlines: Map[int, Map[str, None]],
+        run_deadlines: Map[int, Map[str, None]],
+        swept_until: int,
+        lost_dataplanes: Map[str, float] = EMPTY_MAP,
+        tool_times: Map[str, ToolTime] = EMPTY_MAP,
+        vtc: Map[str, float] = EMPTY_MAP,
+        caller_held: Map[str, int] = EMPTY_MAP,
+        draining: Map[str, float] = EMPTY_MAP,
+        left: Map[str, None] = EMPTY_MAP,
+        sub_in_flight: Map[str, int] = EMPTY_MAP,
+    ) -> None:
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "now", now)
+        object.__setattr__(self, "seq", seq)
+        object.__setattr__(self, "replicas", replicas)
+        object.__setattr__(self, "serving", serving)
+        object.__setattr__(self, "runs", runs)
+        object.__setattr__(self, "turns", turns)
+        object.__setattr__(self, "held", held)
+        object.__setattr__(self, "held_by_run", held_by_run)
+        object.__setattr__(self, "unhealthy", unhealthy)
+        object.__setattr__(self, "queues", queues)
+        object.__setattr__(self, "waiting_callers", waiting_callers)
+        object.__setattr__(self, "caller_in_flight", caller_in_flight)
+        object.__setattr__(self, "turn_deadlines", turn_deadlines)
+        object.__setattr__(self, "run_deadlines", run_deadlines)
+        object.__setattr__(self, "swept_until", swept_until)
+        object.__setattr__(self, "lost_dataplanes", lost_dataplanes)
+        object.__setattr__(self, "tool_times", tool_times)
+        object.__setattr__(self, "vtc", vtc)
+        object.__setattr__(self, "caller_held", caller_held)
+        object.__setattr__(self, "draining", draining)
+        object.__setattr__(self, "left", left)
+        object.__setattr__(self, "sub_in_flight", sub_in_flight)
 
 
 def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float = 0.0) -> State:
@@ -300,11 +513,19 @@ def initial_state(replicas: tuple[ReplicaSpec, ...], params: Params, now: float 
 # frozen instance, equal to the one the dataclass constructor would build from the
 # same arguments (tests/unit/test_core_records.py checks each, field by field).
 # Each takes every field, in the dataclass's field order.
+#
+# Compiled by mypyc (docs/development "The compiled core") the records are native
+# classes: no ``__slots__``, no ``__class__`` assignment, and their ``__init__`` is
+# already direct stores. There each ``new_*`` calls the constructor (``COMPILED``).
+
+
+COMPILED: bool = "__slots__" not in vars(State)
+"""True when this module runs compiled by mypyc (its records are native classes)."""
 
 
 def _draft(cls: type) -> type:
-    """A mutable class with the slots of the frozen dataclass ``cls``."""
-    return type(f"_{cls.__name__}Draft", (), {"__slots__": cls.__dict__["__slots__"]})
+    """A mutable class with the slots of the frozen dataclass ``cls`` (none compiled)."""
+    return type(f"_{cls.__name__}Draft", (), {"__slots__": cls.__dict__.get("__slots__", ())})
 
 
 _new = object.__new__
@@ -340,6 +561,32 @@ def new_state(
     left: Map[str, None],
     sub_in_flight: Map[str, int],
 ) -> State:
+    if COMPILED:
+        return State(
+            params,
+            now,
+            seq,
+            replicas,
+            serving,
+            runs,
+            turns,
+            held,
+            held_by_run,
+            unhealthy,
+            queues,
+            waiting_callers,
+            caller_in_flight,
+            turn_deadlines,
+            run_deadlines,
+            swept_until,
+            lost_dataplanes,
+            tool_times,
+            vtc,
+            caller_held,
+            draining,
+            left,
+            sub_in_flight,
+        )
     s: Any = _new(_StateDraft)
     s.params = params
     s.now = now
@@ -394,6 +641,33 @@ def new_replica(
     ws_tokens: int,
     ws_known: int,
 ) -> ReplicaState:
+    if COMPILED:
+        return ReplicaState(
+            spec,
+            healthy,
+            cap,
+            in_flight,
+            reserved,
+            pinned_runs,
+            queued_probes,
+            running,
+            waiting,
+            kv_usage,
+            probed_at,
+            reports_cache,
+            prefix_misses,
+            missed_since_probe,
+            ramping,
+            batch_in_flight,
+            pace_cap,
+            pace_s,
+            pace_set_at,
+            pace_best_s,
+            run_limit,
+            kv_tokens,
+            ws_tokens,
+            ws_known,
+        )
     r: Any = _new(_ReplicaDraft)
     r.spec = spec
     r.healthy = healthy
@@ -441,6 +715,25 @@ def new_run(
     lapsed: bool,
     attained: float,
 ) -> RunState:
+    if COMPILED:
+        return RunState(
+            run_id,
+            phase,
+            replica,
+            service_class,
+            caller,
+            last_active,
+            in_flight,
+            reserved_on,
+            ended,
+            last_prompt,
+            last_prompt_on,
+            turns,
+            moves,
+            paused_tools,
+            lapsed,
+            attained,
+        )
     r: Any = _new(_RunDraft)
     r.run_id = run_id
     r.phase = phase
@@ -479,6 +772,24 @@ def new_turn(
     trace_id: str,
     batch_beside: int,
 ) -> TurnState:
+    if COMPILED:
+        return TurnState(
+            turn_id,
+            run_id,
+            replica,
+            model,
+            service_class,
+            caller,
+            kind,
+            dataplane_id,
+            admitted_at,
+            deadline,
+            started,
+            first_token_at,
+            expect_cached,
+            trace_id,
+            batch_beside,
+        )
     t: Any = _new(_TurnDraft)
     t.turn_id = turn_id
     t.run_id = run_id
@@ -514,6 +825,22 @@ def new_held(
     trace_id: str,
     tier: int,
 ) -> HeldTurn:
+    if COMPILED:
+        return HeldTurn(
+            turn_id,
+            run_id,
+            model,
+            service_class,
+            caller,
+            kind,
+            dataplane_id,
+            requested_at,
+            seq,
+            lane,
+            slot,
+            trace_id,
+            tier,
+        )
     h: Any = _new(_HeldDraft)
     h.turn_id = turn_id
     h.run_id = run_id

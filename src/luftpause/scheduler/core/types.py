@@ -5,8 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from immutables import Map
+
+# The records below are frozen dataclasses with a hand-written ``__init__`` (``init=False``)
+# that stores each field with ``object.__setattr__``, as the generated one does. mypyc
+# (the compiled core, docs/development) turns those calls into direct stores in the native
+# class; the generated ``__init__`` would stay interpreted there and make the compiled core
+# slower than the pure one. A field's default is the ``__init__`` parameter's default;
+# ``EMPTY_MAP`` stands for ``field(default_factory=Map)`` (a Map is immutable: one empty
+# Map serves every record). tests/unit/test_core_records.py checks that every record's
+# ``__init__`` takes its fields in order with their defaults, and stays frozen.
+EMPTY_MAP: Map[Any, Any] = Map()
 
 
 class ServiceClass(Enum):
@@ -53,7 +64,7 @@ class DropReason(Enum):
     RELEASED = "released"  # its dataplane resynced without it
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ReplicaSpec:
     """A configured endpoint as the core sees it: a name, a kind, the models it serves.
 
@@ -68,8 +79,16 @@ class ReplicaSpec:
     models: frozenset[str]
     orders_classes: bool = False
 
+    def __init__(
+        self, name: str, kind: EndpointKind, models: frozenset[str], orders_classes: bool = False
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "models", models)
+        object.__setattr__(self, "orders_classes", orders_classes)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class CallerPolicy:
     """A configured caller's place in the held-turn order (B13, ``order.py``): its
     ``weight`` (its share under contention; its sub-callers share it) and the most of its
@@ -79,8 +98,12 @@ class CallerPolicy:
     weight: float = 1.0
     max_in_flight: int | None = None
 
+    def __init__(self, weight: float = 1.0, max_in_flight: int | None = None) -> None:
+        object.__setattr__(self, "weight", weight)
+        object.__setattr__(self, "max_in_flight", max_in_flight)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Params:
     """Policy constants (SPEC constants table); all times in seconds."""
 
@@ -159,3 +182,59 @@ class Params:
     # Configured callers (B13, ``order.py`` "Callers and sub-callers"): name -> its weight
     # and in-flight limit. A caller not named here has weight 1 and no limit.
     callers: Mapping[str, CallerPolicy] = field(default_factory=Map)
+
+    def __init__(
+        self,
+        turn_timeout_s: float = 600.0,
+        dataplane_grace_s: float = 15.0,
+        run_idle_expiry_s: float = 1800.0,
+        cap_raise_step: int = 1,
+        initial_cap: int | None = 16,
+        queue_probes: int = 2,
+        keep_prefixes: bool = True,
+        prefix_miss_share: float = 0.5,
+        interactive_pace_s: float | None = 0.1,
+        pace_min_tokens: int = 16,
+        tool_lease_min_s: float = 10.0,
+        tool_lease_factor: float = 2.0,
+        tool_lease_default_s: float = 120.0,
+        tool_estimates_max: int = 1024,
+        interactive_slowdown: float | None = None,
+        kv_retention: bool = False,
+        working_set: WorkingSet = WorkingSet.OFF,
+        working_set_share: float = 0.9,
+        working_set_kv_usage: float | None = None,
+        fairness: str = "in_flight",
+        prompt_weight: float = 1.0,
+        completion_weight: float = 2.0,
+        batch_order: str = "arrival",
+        attained_measure: str = "tokens",
+        target_packing: bool = False,
+        callers: Mapping[str, CallerPolicy] = EMPTY_MAP,
+    ) -> None:
+        object.__setattr__(self, "turn_timeout_s", turn_timeout_s)
+        object.__setattr__(self, "dataplane_grace_s", dataplane_grace_s)
+        object.__setattr__(self, "run_idle_expiry_s", run_idle_expiry_s)
+        object.__setattr__(self, "cap_raise_step", cap_raise_step)
+        object.__setattr__(self, "initial_cap", initial_cap)
+        object.__setattr__(self, "queue_probes", queue_probes)
+        object.__setattr__(self, "keep_prefixes", keep_prefixes)
+        object.__setattr__(self, "prefix_miss_share", prefix_miss_share)
+        object.__setattr__(self, "interactive_pace_s", interactive_pace_s)
+        object.__setattr__(self, "pace_min_tokens", pace_min_tokens)
+        object.__setattr__(self, "tool_lease_min_s", tool_lease_min_s)
+        object.__setattr__(self, "tool_lease_factor", tool_lease_factor)
+        object.__setattr__(self, "tool_lease_default_s", tool_lease_default_s)
+        object.__setattr__(self, "tool_estimates_max", tool_estimates_max)
+        object.__setattr__(self, "interactive_slowdown", interactive_slowdown)
+        object.__setattr__(self, "kv_retention", kv_retention)
+        object.__setattr__(self, "working_set", working_set)
+        object.__setattr__(self, "working_set_share", working_set_share)
+        object.__setattr__(self, "working_set_kv_usage", working_set_kv_usage)
+        object.__setattr__(self, "fairness", fairness)
+        object.__setattr__(self, "prompt_weight", prompt_weight)
+        object.__setattr__(self, "completion_weight", completion_weight)
+        object.__setattr__(self, "batch_order", batch_order)
+        object.__setattr__(self, "attained_measure", attained_measure)
+        object.__setattr__(self, "target_packing", target_packing)
+        object.__setattr__(self, "callers", callers)
