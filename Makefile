@@ -5,13 +5,35 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?=
 
-.PHONY: run test docs docs-build docs-gen docs-check lint typecheck contracts proto proto-check unit component integration conformance clients bench-core clean
+.PHONY: run test test-compiled docs docs-build docs-gen docs-check lint typecheck contracts proto proto-check unit component integration conformance clients bench-core clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,examples,docs]'
 	@touch $(STAMP)
+
+# The compiled core (docs/development "The compiled core"): luftpause installed (not
+# editable) into its own venv with LUFTPAUSE_MYPYC=1, so that mypyc compiles
+# luftpause.scheduler.core (setup.py); then the tests that import the core run against
+# it, and fail unless the compiled build is the one loaded (LUFTPAUSE_EXPECT_CORE).
+# .ci/run runs it after `make test`. /build is removed first: a compiled build's
+# objects there must not end up in a pure wheel built later.
+VENV_MYPYC := .venv-mypyc
+PY_MYPYC := $(VENV_MYPYC)/bin/python
+CORE_TESTS := tests/unit/test_core_*.py tests/unit/test_config.py tests/unit/test_probe.py \
+	tests/unit/test_quotas.py tests/unit/test_sim.py
+
+test-compiled:
+	@test -x $(PY_MYPYC) || $(PYTHON) -m venv $(VENV_MYPYC)
+	$(PY_MYPYC) -m pip install --quiet -c constraints.txt 'setuptools>=69' wheel mypy \
+		pytest pytest-asyncio pytest-timeout hypothesis
+	rm -rf build
+	LUFTPAUSE_MYPYC=1 $(PY_MYPYC) -m pip install --quiet --no-build-isolation -c constraints.txt .
+	rm -rf build
+	$(PY_MYPYC) -c "import importlib; m = importlib.import_module('luftpause.scheduler.core.decide'); \
+		assert m.__file__.endswith('.so'), m.__file__; print('compiled core:', m.__file__)"
+	LUFTPAUSE_EXPECT_CORE=compiled $(PY_MYPYC) -m pytest -q -p no:cacheprovider $(CORE_TESTS)
 
 run: $(STAMP)
 	$(VENV)/bin/luftpause up $(if $(CONFIG),--config $(CONFIG),)
@@ -78,4 +100,4 @@ bench-core: $(STAMP)
 	$(PY) tools/bench/core.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site
+	rm -rf $(VENV) $(VENV_MYPYC) build .mypy_cache .ruff_cache .pytest_cache .hypothesis site

@@ -20,7 +20,15 @@ records each event rebuilds (the new State, the turn, the run, the replica's
 counters; see the end of ``state.py`` for how they are built quickly). Time is
 shared machines' time: run it on a quiet machine, or compare runs interleaved.
 
-Usage: ``python tools/bench/core.py [--quick] [--json PATH] [--profile]``.
+The compiled core (docs/development "The compiled core"): the table says which build
+of ``luftpause.scheduler.core`` it timed, pure Python or compiled by mypyc. With
+``--compiled-venv .venv-mypyc`` (``make test-compiled`` builds it) the same cells are
+then timed again by that venv's python, which loads the compiled build, and the two
+builds' figures are printed side by side; its goal: >= 250,000 events/s at 10k runs x 64
+replicas (issue #42).
+
+Usage: ``python tools/bench/core.py [--quick] [--json PATH] [--profile]
+[--compiled-venv DIR]``.
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ import os
 import pstats
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -58,6 +68,7 @@ from luftpause.scheduler.core import (
     initial_state,
 )
 from luftpause.scheduler.core.events import Event
+from luftpause.scheduler.core.state import COMPILED
 
 RUNS = (1_000, 10_000, 100_000)
 REPLICAS = (8, 64, 512)
@@ -67,6 +78,8 @@ ACTIVE = 240  # outstanding turns (held + in flight), the same in every cell
 PAUSED_AT_START = 200  # runs paused on a tool when timing starts (the rest are idle)
 CHUNKS = 7  # the timed events are split in chunks; the median chunk is reported
 GOAL_EVENTS_PER_S = 100_000.0
+GOAL_COMPILED_EVENTS_PER_S = 250_000.0  # the compiled build (issue #42)
+BUILD = "compiled (mypyc)" if COMPILED else "pure Python"
 GOAL_CELL = (10_000, 64)
 GOAL_GROWTH = 2.0
 STEP_S = 0.001  # simulated time between events
@@ -322,11 +335,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="after the table, cProfile the 10k runs x 64 replicas cell",
     )
+    parser.add_argument(
+        "--compiled-venv",
+        metavar="DIR",
+        type=Path,
+        help="then time the compiled build installed in DIR (make test-compiled: .venv-mypyc) "
+        "and print both builds side by side",
+    )
     args = parser.parse_args(argv)
+    if args.compiled_venv is not None and COMPILED:
+        parser.error("--compiled-venv: run this with the pure build's python (.venv)")
     events = 4_000 if args.quick else 20_000
     warmup = 1_000 if args.quick else 3_000
 
     print(f"luftpause scheduler core: decide() throughput, one core, {events} timed events/cell")
+    print(f"build: {BUILD}, luftpause.scheduler.core from {Path(core_file()).parent}")
     print(
         f"python {sys.version.split()[0]}; {ACTIVE} outstanding turns; {CALLERS} callers; "
         f"{MODELS} models; us/event = median of {CHUNKS} chunks, time inside decide() only"
@@ -373,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(
             json.dumps(
                 {
+                    "build": BUILD,
                     "events_per_cell": events,
                     "cells": [asdict(c) for c in cells],
                     "growth_1k_to_100k": growth,
@@ -391,6 +415,56 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         print()
         print(profile(GOAL_CELL[0], GOAL_CELL[1], events, warmup))
+    if args.compiled_venv is not None:
+        return side_by_side(cells, args.compiled_venv, args.quick)
+    return 0
+
+
+def core_file() -> str:
+    return str(sys.modules["luftpause.scheduler.core.decide"].__file__)
+
+
+def side_by_side(pure: list[Cell], venv: Path, quick: bool) -> int:
+    """Time the same cells with ``venv``'s python (the compiled build) and print both."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"--compiled-venv {venv}: no {python} (make test-compiled builds it)")
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "compiled.json"
+        cmd = [str(python), __file__, "--json", str(out), *(["--quick"] if quick else [])]
+        print()
+        print("the compiled build, timed by", python, flush=True)
+        subprocess.run(cmd, check=True)
+        other = json.loads(out.read_text())
+    if other.get("build") != "compiled (mypyc)":
+        print(f"{python} loaded the {other.get('build')} build, not the compiled one")
+        return 2
+    by = {(c["runs"], c["replicas"]): c for c in other["cells"]}
+    print()
+    print("both builds (us/event and events/s; speedup = pure / compiled us/event):")
+    header = (
+        f"{'runs':>8} {'replicas':>9} {'pure us':>8} {'pure ev/s':>10} "
+        f"{'mypyc us':>9} {'mypyc ev/s':>11} {'speedup':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    ratios = []
+    for c in pure:
+        m = by[(c.runs, c.replicas)]
+        ratio = c.us_per_event / m["us_per_event"]
+        ratios.append(ratio)
+        print(
+            f"{c.runs:>8} {c.replicas:>9} {c.us_per_event:>8.2f} {c.events_per_s:>10,.0f} "
+            f"{m['us_per_event']:>9.2f} {m['events_per_s']:>11,.0f} {ratio:>7.2f}x"
+        )
+    print(f"speedup, geometric mean over the cells: {statistics.geometric_mean(ratios):.2f}x")
+    goal = by[GOAL_CELL]["events_per_s"]
+    print(
+        f"compiled throughput at {GOAL_CELL[0]:,} runs x {GOAL_CELL[1]} replicas: "
+        f"{goal:,.0f} events/s (goal >= {GOAL_COMPILED_EVENTS_PER_S:,.0f})  "
+        f"{'met' if goal >= GOAL_COMPILED_EVENTS_PER_S else 'MISSED'}"
+    )
     return 0
 
 
