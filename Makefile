@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml constraints.txt
 # editable) into its own venv with LUFTPAUSE_MYPYC=1, so that mypyc compiles
 # luftpause.scheduler.core (setup.py); then the tests that import the core run against
 # it, and fail unless the compiled build is the one loaded (LUFTPAUSE_EXPECT_CORE).
-# .ci/run runs it after `make test`. /build is removed first: a compiled build's
+# .ci/run runs it after `make test`. (mypyc reads the core's imports' types, so immutables
+# is installed before the build.) /build is removed first: a compiled build's
 # objects there must not end up in a pure wheel built later.
 VENV_MYPYC := .venv-mypyc
 PY_MYPYC := $(VENV_MYPYC)/bin/python
@@ -27,7 +28,7 @@ CORE_TESTS := tests/unit/test_core_*.py tests/unit/test_config.py tests/unit/tes
 test-compiled:
 	@test -x $(PY_MYPYC) || $(PYTHON) -m venv $(VENV_MYPYC)
 	$(PY_MYPYC) -m pip install --quiet -c constraints.txt 'setuptools>=69' wheel mypy \
-		pytest pytest-asyncio pytest-timeout hypothesis
+		immutables pytest pytest-asyncio pytest-timeout hypothesis
 	rm -rf build
 	LUFTPAUSE_MYPYC=1 $(PY_MYPYC) -m pip install --quiet --no-build-isolation -c constraints.txt .
 	rm -rf build
