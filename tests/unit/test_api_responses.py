@@ -20,7 +20,7 @@ from openai.types.responses import ResponseInputContentParam, ResponseInputItemP
 from luftpause.dataplane.apis import responses
 from luftpause.dataplane.apis.responses import ResponsesRequest, error_body, parse
 from luftpause.dataplane.errors import BadRequest
-from luftpause.dataplane.relay import TurnOutcome
+from luftpause.dataplane.outcome import TurnOutcome
 
 HARNESS = Path(__file__).parent.parent / "data" / "harness"
 

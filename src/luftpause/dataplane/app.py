@@ -94,14 +94,8 @@ from luftpause.dataplane.errors import (
     shown,
 )
 from luftpause.dataplane.metrics import Metrics
-from luftpause.dataplane.relay import (
-    NativeTap,
-    RelayStream,
-    SseTap,
-    TranslatingTap,
-    TurnOutcome,
-    loads,
-)
+from luftpause.dataplane.outcome import TurnOutcome, loads
+from luftpause.dataplane.relay import NativeTap, RelayStream, SseTap, TranslatingTap
 from luftpause.dataplane.request import (
     ChatRequest,
     chat_request,

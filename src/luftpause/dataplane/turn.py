@@ -36,7 +36,7 @@ from luftpause.dataplane.errors import (
     openai_error,
 )
 from luftpause.dataplane.metrics import Metrics
-from luftpause.dataplane.relay import TurnOutcome
+from luftpause.dataplane.outcome import TurnOutcome
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.tool_calls import ToolCallOrigin, ToolCallOrigins, reportable

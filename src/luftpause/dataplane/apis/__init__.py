@@ -46,7 +46,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from luftpause.dataplane.relay import TurnOutcome
+    from luftpause.dataplane.outcome import TurnOutcome
 
 
 class StreamTranslator(Protocol):

@@ -149,7 +149,7 @@ from luftpause.dataplane.request import parse_object
 
 if TYPE_CHECKING:
     from luftpause.dataplane.apis import StreamTranslator, Translated
-    from luftpause.dataplane.relay import TurnOutcome
+    from luftpause.dataplane.outcome import TurnOutcome
 
 log = logging.getLogger("luftpause.dataplane.apis.messages")
 

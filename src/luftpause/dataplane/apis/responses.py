@@ -111,7 +111,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from luftpause.dataplane.apis import StreamTranslator, Translated
 from luftpause.dataplane.apis.images import checked_detail, checked_url, content_parts, image_part
 from luftpause.dataplane.errors import BadRequest, openai_error, shown
-from luftpause.dataplane.relay import TurnOutcome
+from luftpause.dataplane.outcome import TurnOutcome
 from luftpause.dataplane.request import kind_of as _kind
 from luftpause.dataplane.request import parse_object
 
