@@ -20,19 +20,16 @@ and their HTTP answer (D6). Anything else a route raises is a bug of ours: it
 is logged with its traceback and answered as a JSON 500, and an admitted turn
 it interrupts still ends.
 
-The two turn routes are every turn's path, so ``DataplaneApp`` serves them as
-plain ASGI, with no framework in between; the other routes, the 404/405
-answers and the lifespan are a FastAPI app behind it. While a turn is held or
-running, one task per request (``ClientWatch``) listens for the client leaving
-and cancels the request's task; the code awaiting at that moment turns the
-cancellation into the outcome it means (abandoned while held, client left).
+The turn routes are served as plain ASGI by ``DataplaneApp`` (``asgi.py``), with
+the client's leaving watched by ``ClientWatch`` (``watch.py``); the other routes,
+the 404/405 answers and the lifespan are a FastAPI app behind it. What every route
+shares is the ``Dataplane`` (``context.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import functools
 import itertools
 import json
@@ -40,9 +37,7 @@ import logging
 import os
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -50,27 +45,24 @@ from opentelemetry.trace import Span
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
 
 from luftpause import callers
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
-from luftpause.callers import Gate, KeyedCaller, Principal, Trusted
+from luftpause.callers import KeyedCaller, Principal, Trusted
 from luftpause.config import (
-    DataplaneSettings,
     Endpoint,
-    EndpointKind,
     KvRetention,
     NativeApi,
-    Secrets,
 )
 from luftpause.dataplane import identity, tracing
 from luftpause.dataplane.apis import ClientApi, Translated, Untranslated, client_apis
+from luftpause.dataplane.asgi import DataplaneApp, Incoming, Route, early_run, not_allowed
+from luftpause.dataplane.context import Dataplane
 from luftpause.dataplane.engine_http import (
     ENGINE_ERRORS,
     NOT_SENT,
     ConnectFailed,
     ConnectTimeout,
-    EngineClient,
     EngineResponse,
 )
 from luftpause.dataplane.errors import (
@@ -81,7 +73,6 @@ from luftpause.dataplane.errors import (
     EngineFailed,
     EngineRejected,
     EngineUnreachable,
-    ErrorShape,
     Forbidden,
     InternalError,
     NotJson,
@@ -93,7 +84,6 @@ from luftpause.dataplane.errors import (
     openai_error,
     shown,
 )
-from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.outcome import TurnOutcome, loads
 from luftpause.dataplane.relay import NativeTap, RelayStream, SseTap, TranslatingTap
 from luftpause.dataplane.request import (
@@ -104,13 +94,12 @@ from luftpause.dataplane.request import (
     parse_object,
     with_members,
 )
-from luftpause.dataplane.runs import RunTable, TurnRecord
-from luftpause.dataplane.scheduler_link import Admitted, Rejected, SchedulerLink
+from luftpause.dataplane.runs import TurnRecord
+from luftpause.dataplane.scheduler_link import Admitted, Rejected
 from luftpause.dataplane.turn import PlaceAgain, Turn, serve
-from luftpause.http_errors import Malformed
 from luftpause.members import SEPARATOR, entry_of
 from luftpause.telemetry import fastapi_telemetry
-from luftpause.tool_calls import WORKERS_HEADER, ToolCallOrigins
+from luftpause.tool_calls import WORKERS_HEADER
 
 log = logging.getLogger("luftpause.dataplane")
 
@@ -133,191 +122,6 @@ RELEASE_TIMEOUT_S = 2.0  # B8: how long a run's end waits for an engine's releas
 _CLASS_PB = {"interactive": pb.SERVICE_CLASS_INTERACTIVE, "batch": pb.SERVICE_CLASS_BATCH}
 
 
-@dataclass
-class Dataplane:
-    """Everything the routes share; built once in the entry point."""
-
-    settings: DataplaneSettings
-    endpoints: dict[str, Endpoint]
-    secrets: Secrets
-    link: SchedulerLink
-    runs: RunTable
-    memory: ToolCallOrigins  # the turn behind each tool call (D2; GET /v1/tool_calls, #38)
-    http: EngineClient  # towards engines: no read timeout, a connect timeout
-    metrics: Metrics
-    gate: Gate  # who a request is: the token, a caller's key, or refused (D9, B13)
-
-    def learn_replica(self, replica: str, url: str) -> None:
-        """B11: a replica the scheduler discovered (``ENTRY@HOST:PORT``) is served with its
-        entry's settings (key, class priority, native APIs…) at the URL the scheduler
-        gave. The map only grows as replicas appear; they are few beside the turns."""
-        if replica in self.endpoints or SEPARATOR not in replica or not url:
-            return
-        entry = self.endpoints.get(entry_of(replica))
-        if entry is not None:
-            self.endpoints[replica] = entry.model_copy(
-                update={"name": replica, "url": url.rstrip("/"), "discover": "static"}
-            )
-
-    @property
-    def generative_models(self) -> set[str]:
-        return {
-            m
-            for e in self.endpoints.values()
-            if e.kind is EndpointKind.GENERATIVE
-            for m in e.models
-        }
-
-    def native_for(self, api: str, model: str, *, everywhere: bool = False) -> bool:
-        """Whether an endpoint serving ``model`` serves ``api`` natively (``everywhere``:
-        whether every one does)."""
-        serving = [
-            e
-            for e in self.endpoints.values()
-            if e.kind is EndpointKind.GENERATIVE and model in e.models
-        ]
-        native = [e for e in serving if api in e.native_apis]
-        return bool(native) and (len(native) == len(serving) or not everywhere)
-
-    def vision_refusal(self, api: str, model: str, asked: str) -> str | None:
-        """Why a translated turn with images for ``model`` cannot go on; None when it can.
-
-        The scheduler places a turn on any healthy endpoint serving its model and knows
-        nothing of images, so images go on only when every endpoint serving the model
-        takes them: it sets ``vision = true``, or serves ``api`` itself (the client's
-        request passes through untranslated). A fleet where only some do is refused
-        too: a turn placed on one that does not would fail there, or worse, be answered
-        by a model that never saw the image."""
-        serving = [
-            e
-            for e in self.endpoints.values()
-            if e.kind is EndpointKind.GENERATIVE and model in e.models
-        ]
-        blind = [e.name for e in serving if not e.vision and api not in e.native_apis]
-        if not blind:
-            return None
-        named = f"model {shown(model)}" + (f" (asked as {shown(asked)})" if asked != model else "")
-        listed = ", ".join(blind[:5]) + (f" and {len(blind) - 5} more" if len(blind) > 5 else "")
-        if len(blind) == len(serving):
-            return (
-                f"{named} is not served by a vision endpoint; set vision = true on its "
-                f"endpoint ({listed}) to forward images"
-            )
-        return (
-            f"{named} is served by endpoints with and without vision = true (without: "
-            f"{listed}); a turn may be placed on any of them, so images are forwarded only "
-            "when every endpoint serving the model sets vision = true"
-        )
-
-    def served_model(self, asked: str) -> str:
-        """The model that serves a turn asking for ``asked``: itself if a generative
-        endpoint serves it, else the target of the first alias that matches it (B9)."""
-        served = self.generative_models
-        if asked in served:
-            return asked
-        for alias, target in self.settings.model_aliases.items():
-            if fnmatch.fnmatchcase(asked, alias):
-                return target
-        if asked in self.single_pass_models:
-            raise UnknownModel(
-                f"model {shown(asked)} is a single-pass model: it classifies, it "
-                "does not chat; send its input to POST /v1/decide"
-            )
-        message = f"no Generative replica serves model {shown(asked)}"
-        if self.settings.model_aliases:
-            aliases = ", ".join(self.settings.model_aliases)
-            message += f", and no alias matches it (dataplane.model_aliases: {aliases})"
-        raise UnknownModel(message)
-
-    @property
-    def single_pass_models(self) -> list[str]:
-        seen: list[str] = []
-        for e in self.endpoints.values():
-            if e.kind is EndpointKind.SINGLE_PASS:
-                seen.extend(m for m in e.models if m not in seen)
-        return seen
-
-
-class ClientWatch:
-    """Notices the client leaving while its turn is held or runs: one task reads
-    ``receive`` (after the request body, the next message is the disconnect) and,
-    when the client goes, cancels the task serving the request. Whatever that task
-    awaited then sees ``CancelledError`` with ``left`` set, and says what it meant."""
-
-    __slots__ = ("_receive", "_stopped", "_target", "_watcher", "left")
-
-    def __init__(self, receive: Receive) -> None:
-        self.left = False
-        self._receive = receive
-        self._stopped = False
-        self._target: asyncio.Task[Any] | None = None
-        self._watcher: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Watch from now on (the request body has been read)."""
-        if self._watcher is None:
-            self._target = asyncio.current_task()
-            self._watcher = asyncio.create_task(self._watch())
-
-    def stop(self) -> None:
-        self._stopped = True
-        if self._watcher is not None:
-            self._watcher.cancel()
-
-    def left_now(self) -> bool:
-        """Called on ``CancelledError``: True (and the cancellation is consumed) when it
-        was this watch's doing, because the client left; False for any other cancel."""
-        if not self.left:
-            return False
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            task.uncancel()
-        return True
-
-    async def _watch(self) -> None:
-        while True:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                break
-        if not self._stopped and self._target is not None:
-            self.left = True
-            self._target.cancel()
-
-
-class Incoming:
-    """A request on a turn route, as the handlers read it."""
-
-    __slots__ = (
-        "arrived_at",
-        "engine",
-        "extra_headers",
-        "headers",
-        "method",
-        "path",
-        "query",
-        "receive",
-        "run_id",
-        "scheduler_held_s",
-        "shape",
-        "watch",
-    )
-
-    def __init__(self, scope: Scope, receive: Receive) -> None:
-        self.arrived_at = time.monotonic()
-        self.extra_headers: list[tuple[bytes, bytes]] = []  # added to whatever is answered
-        self.engine: EngineResponse | None = None  # the engine's reply, once its head is in
-        self.scheduler_held_s = 0.0  # how long the scheduler held the turn for capacity
-        self.headers = Headers(scope=scope)
-        self.receive = receive
-        self.method: str = scope["method"]
-        self.path: str = scope["path"]
-        self.query: bytes = scope.get("query_string", b"")
-        self.run_id: str | None = None  # the run the answer names, once known
-        self.shape: ErrorShape = openai_error  # errors in the route's API's shape
-        self.watch = ClientWatch(receive)
-
-
-Route = Callable[["Dataplane", Incoming], Awaitable[Response]]
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -332,95 +136,10 @@ def _guarded(handler: Handler) -> Handler:
         except Exception:
             log.exception("internal error on %s %s", request.method, request.url.path)
             return error_response(
-                500, "internal error in the dataplane (logged)", _early_run(request.headers, "run")
+                500, "internal error in the dataplane (logged)", early_run(request.headers, "run")
             )
 
     return route
-
-
-class DataplaneApp:
-    """The dataplane's ASGI app (see the module docstring)."""
-
-    def __init__(self, dp: Dataplane, rest: FastAPI, apis: tuple[ClientApi, ...]) -> None:
-        self.dp = dp
-        self.rest = rest  # every other route, the 404/405 answers, the lifespan
-        self.routes: dict[str, Route] = {"/v1/chat/completions": _chat, "/v1/decide": _decide}
-        self.shapes: dict[str, ErrorShape] = {}
-        for api in apis:
-            self.routes[api.route] = functools.partial(_generative, api=api)
-            self.shapes[api.route] = api.error_body
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None:
-            await self.rest(scope, receive, send)
-        elif scope["method"] == "POST":
-            await self._turn(route, scope, receive, send)
-        else:
-            run_id = _early_run(Headers(scope=scope), "run")
-            shape = self.shapes.get(scope["path"], openai_error)
-            answer = _not_allowed(scope["method"], scope["path"], "POST", run_id, shape)
-            await answer(scope, receive, send)
-
-    def malformed(self, request: Malformed) -> tuple[dict[str, Any], dict[str, str]]:
-        """The 400 for a request uvicorn's HTTP parser refused (a control character in a
-        header value, ...): the error shape of the route it was sent to (OpenAI's unless
-        that route speaks another API), naming the run it named before the fault, or a new
-        run (D6)."""
-        path = request.path
-        shape = next(
-            (s for r, s in self.shapes.items() if path == r or path.startswith(r + "/")),
-            openai_error,
-        )
-        named = (request.header(identity.RUN_HEADER.encode()) or "").strip()
-        run_id = named if 0 < len(named) <= identity.MAX_RUN_ID else f"run-{uuid.uuid4().hex}"
-        return shape(400, request.problem, None), {identity.RUN_HEADER: run_id}
-
-    async def _turn(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        incoming = Incoming(scope, receive)
-        try:
-            try:
-                response = await route(self.dp, incoming)
-            except Exception:
-                # Our own errors are always JSON (D6): a bug of ours is logged with its
-                # traceback and answered as a 500 in the OpenAI error shape.
-                log.exception("internal error on %s %s", incoming.method, incoming.path)
-                run_id = incoming.run_id or _early_run(incoming.headers, "run")
-                response = error_response(
-                    500, "internal error in the dataplane (logged)", run_id, shape=incoming.shape
-                )
-            if incoming.extra_headers:
-                response.raw_headers = [*response.raw_headers, *incoming.extra_headers]
-            if not isinstance(response, RelayStream):
-                # The turn has ended: the end of the answer is not the client leaving (once
-                # the answer is sent, ``receive`` says "disconnect" whatever the client does).
-                incoming.watch.stop()
-            await response(scope, receive, send)
-            _own_time(self.dp, incoming)
-        except asyncio.CancelledError:
-            if not incoming.watch.left_now():
-                raise
-            # The client left; whatever the turn held has been given back on the way here.
-        finally:
-            incoming.watch.stop()
-
-
-def _own_time(dp: Dataplane, incoming: Incoming) -> None:
-    """D10: for a turn whose engine answered 200 and whose reply came in whole, the time
-    it spent in the dataplane, from its route being called to the last byte of its
-    answer handed to the server, less the engine's reply (request written to last byte
-    parsed) and the scheduler's hold for capacity. What is left is the proxy's own cost
-    outside the engine's reply: reading and parsing the request, the admission round
-    trip, forwarding, the end of the relay, and the event loop's waits on those. Work
-    and loop delays while the engine is still replying (the relay's per-chunk work) are
-    inside the subtracted span, so this is a lower bound; a wait through a scheduler
-    outage counts, as the scheduler's hold restarts with each retry."""
-    engine = incoming.engine
-    if engine is None or engine.status != 200 or not engine.ended_at or incoming.watch.left:
-        return
-    total = time.monotonic() - incoming.arrived_at
-    own = total - (engine.ended_at - engine.sent_at) - incoming.scheduler_held_s
-    dp.metrics.own.observe(max(own, 0.0))
 
 
 def create_app(dp: Dataplane) -> DataplaneApp:
@@ -455,13 +174,13 @@ def create_app(dp: Dataplane) -> DataplaneApp:
     async def no_such_route(request: Request, exc: StarletteHTTPException) -> Response:
         """Unknown routes and wrong methods answer in the same shape as every other
         error of ours (D6), naming what the dataplane does serve."""
-        run_id = _early_run(request.headers, "run")
+        run_id = early_run(request.headers, "run")
         method, path = request.method, request.url.path
         # Under an API's route (e.g. /v1/messages/count_tokens), in that API's shape.
         shape = next((a.error_body for a in apis if path.startswith(a.route + "/")), openai_error)
         if exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow", "")
-            return _not_allowed(method, path, allowed, run_id, shape)
+            return not_allowed(method, path, allowed, run_id, shape)
         if exc.status_code == 404:
             return error_response(
                 404,
@@ -475,7 +194,7 @@ def create_app(dp: Dataplane) -> DataplaneApp:
     @app.get("/v1/models")
     @_guarded
     async def models(request: Request) -> Response:
-        run_id = _early_run(request.headers, "run")
+        run_id = early_run(request.headers, "run")
         try:
             _authorize(dp, request.headers)
         except Unauthorized as exc:
@@ -562,7 +281,10 @@ def create_app(dp: Dataplane) -> DataplaneApp:
             {"status": "ok", "scheduler": "up" if dp.link.ready.is_set() else "unreachable"}
         )
 
-    return DataplaneApp(dp, app, apis)
+    routes: dict[str, Route] = {"/v1/chat/completions": _chat, "/v1/decide": _decide}
+    for api in apis:
+        routes[api.route] = functools.partial(_generative, api=api)
+    return DataplaneApp(dp, app, routes, {api.route: api.error_body for api in apis})
 
 
 async def _sweep(dp: Dataplane) -> None:
@@ -570,19 +292,6 @@ async def _sweep(dp: Dataplane) -> None:
         await asyncio.sleep(dp.settings.tool_call_id_sweep_s)
         dp.memory.sweep()
         dp.runs.prune()
-
-
-def _not_allowed(
-    method: str, path: str, allowed: str, run_id: str, shape: ErrorShape = openai_error
-) -> Response:
-    return error_response(
-        405,
-        f"{method} is not allowed on {path}; use {allowed or 'another method'}",
-        run_id,
-        {"allow": allowed} if allowed else None,
-        code="method_not_allowed",
-        shape=shape,
-    )
 
 
 def _authorize(dp: Dataplane, headers: Headers) -> Principal:
@@ -760,13 +469,6 @@ class _TurnIds:
 new_turn_id = _TurnIds()
 
 
-def _early_run(headers: Headers, prefix: str) -> str:
-    """The run an answer names before the body is read (D6: every answer names one):
-    the run the client named, if usable, else a new run ID."""
-    run_id = headers.get(identity.RUN_HEADER, "").strip()
-    return run_id if 0 < len(run_id) <= identity.MAX_RUN_ID else f"{prefix}-{uuid.uuid4().hex}"
-
-
 def _api_request(dp: Dataplane, api: ClientApi, raw: bytes) -> Translated:
     """The request translated; or, when the proxy cannot translate it but every endpoint
     serving its model serves the API natively, the request to pass through as it is
@@ -796,7 +498,7 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
     """A generative turn on Chat Completions (``api`` None) or on another client API,
     which is translated to Chat Completions unless the replica serves it natively (B9).
     Either way the turn is scheduled the same."""
-    incoming.run_id = _early_run(incoming.headers, "run")
+    incoming.run_id = early_run(incoming.headers, "run")
     if api is not None:
         incoming.shape = api.error_body
     cls = "batch"
@@ -1269,7 +971,7 @@ async def _forward_api(
 
 async def _decide(dp: Dataplane, incoming: Incoming) -> Response:
     """D7: a single-pass turn to a classifier replica (vLLM ``/classify`` format)."""
-    run_id = incoming.run_id = _early_run(incoming.headers, "decide")
+    run_id = incoming.run_id = early_run(incoming.headers, "decide")
     cls = "interactive"
     try:
         principal = _authorize(dp, incoming.headers)

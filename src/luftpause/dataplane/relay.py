@@ -28,10 +28,10 @@ from starlette.responses import Response
 from luftpause.dataplane.engine_http import ENGINE_ERRORS, EngineResponse
 from luftpause.dataplane.errors import ClientLeft, EngineFailed, InternalError, TurnError
 from luftpause.dataplane.outcome import TurnOutcome, loads
+from luftpause.dataplane.watch import ClientWatch
 
 if TYPE_CHECKING:
     from luftpause.dataplane.apis import ClientApi, StreamTranslator
-    from luftpause.dataplane.app import ClientWatch
     from luftpause.dataplane.turn import Turn
 
 log = logging.getLogger("luftpause.dataplane.relay")
