@@ -7,8 +7,8 @@ its run, class, caller and span, #38), ``GET /metrics``, ``GET /health``.
 A chat turn: authenticate (D9) → parse and validate every field the proxy reads
 or rewrites (``request.py``) → resolve run, class, caller (D2, D3) → unknown
 model is a 404 before queueing (S6), images for a model not every endpoint of
-which sets ``vision = true`` a 400 (B9) → Admit through the scheduler, waiting with
-no deadline, abandoning if the client leaves (D4) → from here a ``Turn`` owns
+which sets ``vision = true`` a 400 (B9) → Admit through the scheduler
+(``admission.py``), waiting with no deadline, abandoning if the client leaves (D4) → from here a ``Turn`` owns
 the turn's lifetime (``turn.py``): it is ended exactly once, by this module or
 by the stream relay → forward to the admitted replica with that replica's own
 key → relay the reply unchanged → report started, first token, finished or
@@ -31,17 +31,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import json
 import logging
-import os
-import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from opentelemetry.trace import Span
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
@@ -55,6 +50,7 @@ from luftpause.config import (
     NativeApi,
 )
 from luftpause.dataplane import identity, tracing
+from luftpause.dataplane.admission import admit, new_turn_id
 from luftpause.dataplane.apis import ClientApi, Translated, Untranslated, client_apis
 from luftpause.dataplane.asgi import DataplaneApp, Incoming, Route, early_run, not_allowed
 from luftpause.dataplane.context import Dataplane
@@ -66,7 +62,6 @@ from luftpause.dataplane.engine_http import (
     EngineResponse,
 )
 from luftpause.dataplane.errors import (
-    Abandoned,
     BadRequest,
     BodyTooLarge,
     ClientLeft,
@@ -76,7 +71,6 @@ from luftpause.dataplane.errors import (
     Forbidden,
     InternalError,
     NotJson,
-    OverQuota,
     TurnError,
     Unauthorized,
     UnknownModel,
@@ -95,7 +89,7 @@ from luftpause.dataplane.request import (
     with_members,
 )
 from luftpause.dataplane.runs import TurnRecord
-from luftpause.dataplane.scheduler_link import Admitted, Rejected
+from luftpause.dataplane.scheduler_link import Admitted
 from luftpause.dataplane.turn import PlaceAgain, Turn, serve
 from luftpause.members import SEPARATOR, entry_of
 from luftpause.telemetry import fastapi_telemetry
@@ -384,91 +378,6 @@ def _engine_headers(dp: Dataplane, incoming: Incoming, replica: str) -> dict[str
     return headers
 
 
-async def _admit(
-    dp: Dataplane, incoming: Incoming, req: pb.AdmitRequest, cls: str, span: Span
-) -> Admitted:
-    """Ask the scheduler and wait while held (D4). On the way out, the turn is either
-    admitted (and the caller owns it and its ``span``) or it never took a slot: the
-    client left (``Abandoned``) or the scheduler refused it, and its span is ended."""
-    req.traceparent = tracing.traceparent_of(span)
-    try:
-        admitted = await _admit_untraced(dp, incoming, req, cls)
-    except BaseException as exc:
-        tracing.end(span, exc.outcome.value if isinstance(exc, TurnError) else "abandoned")
-        raise
-    tracing.admitted(span, replica=admitted.replica, held_s=admitted.held_s)
-    return admitted
-
-
-async def _admit_untraced(
-    dp: Dataplane, incoming: Incoming, req: pb.AdmitRequest, cls: str
-) -> Admitted:
-    t0 = time.monotonic()
-    holding = dp.metrics.holding_of(cls)
-    holding.inc()
-    incoming.watch.start()
-    try:
-        outcome = await dp.link.admit(req)
-    except asyncio.CancelledError:
-        _abandoned(dp, req.turn_id, req.run_id)
-        if incoming.watch.left_now():  # D4: the client left while held; no engine request
-            raise Abandoned("client left while the turn was held") from None
-        raise
-    finally:
-        holding.dec()
-    if isinstance(outcome, Rejected):
-        if outcome.unknown_model:
-            raise UnknownModel(outcome.message)
-        if outcome.over_quota:
-            dp.metrics.over_quota_of(outcome.limit or "unknown").inc()
-            raise OverQuota(outcome.message, outcome.retry_after_s, outcome.limit)
-        raise BadRequest(outcome.message)
-    # Everything the dataplane held it for, a scheduler outage included (the
-    # scheduler's own held_s starts again with each retry).
-    held_s = time.monotonic() - t0
-    dp.metrics.held_of(cls).observe(held_s)
-    incoming.scheduler_held_s += outcome.held_s  # (a turn placed again asks twice)
-    dp.learn_replica(outcome.replica, outcome.url)
-    return Admitted(outcome.replica, outcome.url, held_s, outcome.run_id, outcome.retain_s)
-
-
-def _abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
-    """The client left while its turn was held. Cancelling the Admit call abandons a
-    turn the scheduler still holds, but not one it admitted while the cancel was on its
-    way (or whose answer arrived as the client left): report that one as failed, so its
-    slot is freed now rather than at the turn timeout. A held or unknown turn ignores it.
-    """
-    dp.link.report(
-        pb.TurnEvent(
-            turn_id=turn_id,
-            run_id=run_id,
-            failed=pb.TurnFailed(reason="client left while the turn was held"),
-        )
-    )
-
-
-class _TurnIds:
-    """Turn IDs unique across dataplanes and restarts, without a ``uuid4`` per turn (its
-    system call and object were about 2 % of the dataplane's CPU per turn): this
-    process's random 64-bit prefix, then a counter. A forked child draws its own prefix.
-    (Run IDs the dataplane makes stay ``uuid4``: a client may hold one for the run's
-    life, and it must not be guessable from another.)"""
-
-    def __init__(self) -> None:
-        self.reset()
-        os.register_at_fork(after_in_child=self.reset)
-
-    def reset(self) -> None:
-        self.prefix = f"turn-{secrets.token_hex(8)}"
-        self.numbers = itertools.count()
-
-    def __call__(self) -> str:
-        return f"{self.prefix}{next(self.numbers):016x}"
-
-
-new_turn_id = _TurnIds()
-
-
 def _api_request(dp: Dataplane, api: ClientApi, raw: bytes) -> Translated:
     """The request translated; or, when the proxy cannot translate it but every endpoint
     serving its model serves the API natively, the request to pass through as it is
@@ -545,7 +454,7 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
             service_class=cls,
             run_id=run_id,
         )
-        admitted = await _admit(
+        admitted = await admit(
             dp,
             incoming,
             pb.AdmitRequest(
@@ -638,7 +547,7 @@ async def _serve_placing_again(
         incoming.headers, route=route, model=record.model, service_class=cls, run_id=record.run_id
     )
     try:
-        again = await _admit(dp, incoming, request, cls, span)
+        again = await admit(dp, incoming, request, cls, span)
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns_of(cls, exc.outcome.value).inc()
         return exc.response(record.run_id, incoming.shape)
@@ -997,7 +906,7 @@ async def _decide(dp: Dataplane, incoming: Incoming) -> Response:
             service_class=cls,
             run_id=run_id,
         )
-        admitted = await _admit(
+        admitted = await admit(
             dp,
             incoming,
             pb.AdmitRequest(
