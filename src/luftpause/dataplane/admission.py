@@ -15,24 +15,44 @@ import itertools
 import os
 import secrets
 import time
+from collections.abc import Sequence
 
 from opentelemetry.trace import Span
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
-from luftpause.dataplane import tracing
+from luftpause.dataplane import link_codec, tracing
 from luftpause.dataplane.asgi import Incoming
 from luftpause.dataplane.context import Dataplane
 from luftpause.dataplane.errors import Abandoned, BadRequest, OverQuota, TurnError, UnknownModel
-from luftpause.dataplane.scheduler_link import Admitted, Rejected
+from luftpause.dataplane.link_codec import Admitted, Rejected
 
 
 async def admit(
-    dp: Dataplane, incoming: Incoming, req: pb.AdmitRequest, cls: str, span: Span
+    dp: Dataplane,
+    incoming: Incoming,
+    span: Span,
+    *,
+    turn_id: str,
+    run_id: str,
+    model: str,
+    cls: str,
+    caller: str,
+    single_pass: bool = False,
+    echoed_tool_call_ids: Sequence[str] = (),
 ) -> Admitted:
     """Ask the scheduler and wait while held (D4). On the way out, the turn is either
     admitted (and the caller owns it and its ``span``) or it never took a slot: the
     client left (``Abandoned``) or the scheduler refused it, and its span is ended."""
-    req.traceparent = tracing.traceparent_of(span)
+    req = link_codec.admit_request(
+        turn_id,
+        run_id,
+        model,
+        cls,
+        caller,
+        single_pass=single_pass,
+        echoed_tool_call_ids=echoed_tool_call_ids,
+        traceparent=tracing.traceparent_of(span),
+    )
     try:
         admitted = await _admit_untraced(dp, incoming, req, cls)
     except BaseException as exc:
@@ -80,13 +100,7 @@ def abandoned(dp: Dataplane, turn_id: str, run_id: str) -> None:
     way (or whose answer arrived as the client left): report that one as failed, so its
     slot is freed now rather than at the turn timeout. A held or unknown turn ignores it.
     """
-    dp.link.report(
-        pb.TurnEvent(
-            turn_id=turn_id,
-            run_id=run_id,
-            failed=pb.TurnFailed(reason="client left while the turn was held"),
-        )
-    )
+    dp.link.report(link_codec.failed(turn_id, run_id, "client left while the turn was held"))
 
 
 class _TurnIds:

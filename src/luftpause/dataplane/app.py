@@ -4,16 +4,16 @@ Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/decide``,
 ``DELETE /v1/runs/{id}``, ``GET /v1/tool_calls/{id}`` (which turn made a tool call:
 its run, class, caller and span, #38), ``GET /metrics``, ``GET /health``.
 
-A chat turn: authenticate (D9) → parse and validate every field the proxy reads
-or rewrites (``request.py``) → resolve run, class, caller (D2, D3) → unknown
-model is a 404 before queueing (S6), images for a model not every endpoint of
-which sets ``vision = true`` a 400 (B9) → Admit through the scheduler
-(``admission.py``), waiting with no deadline, abandoning if the client leaves (D4) → from here a ``Turn`` owns
-the turn's lifetime (``turn.py``): it is ended exactly once, by this module or
-by the stream relay → forward to the admitted replica with that replica's own
-key → relay the reply unchanged → report started, first token, finished or
-failed (D5). A turn whose engine connection failed (so the engine never saw it)
-is admitted once more, elsewhere, as a new turn (``_serve_placing_again``).
+A chat turn: authenticate (D9) → parse and validate every field the proxy reads or
+rewrites (``request.py``) → resolve run, class, caller (D2, D3) → unknown model is a
+404 before queueing (S6), images for a model not every endpoint of which sets
+``vision = true`` a 400 (B9) → Admit through the scheduler (``admission.py``),
+waiting with no deadline, abandoning if the client leaves (D4) → from here a
+``Turn`` owns the turn's lifetime (``turn.py``): it is ended exactly once, by this
+module or by the stream relay → forward to the admitted replica with that replica's
+own key → relay the reply unchanged → report started, first token, finished or
+failed (D5). A turn whose engine connection failed (so the engine never saw it) is
+admitted once more, elsewhere, as a new turn (``_serve_placing_again``).
 
 Failures are raised as ``errors.TurnError`` members, which carry their outcome
 and their HTTP answer (D6). Anything else a route raises is a bug of ours: it
@@ -42,7 +42,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from luftpause import callers
-from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.callers import KeyedCaller, Principal, Trusted
 from luftpause.config import (
     Endpoint,
@@ -78,6 +77,7 @@ from luftpause.dataplane.errors import (
     openai_error,
     shown,
 )
+from luftpause.dataplane.link_codec import Admitted
 from luftpause.dataplane.outcome import TurnOutcome, loads
 from luftpause.dataplane.relay import NativeTap, RelayStream, SseTap, TranslatingTap
 from luftpause.dataplane.request import (
@@ -89,7 +89,6 @@ from luftpause.dataplane.request import (
     with_members,
 )
 from luftpause.dataplane.runs import TurnRecord
-from luftpause.dataplane.scheduler_link import Admitted
 from luftpause.dataplane.turn import PlaceAgain, Turn, serve
 from luftpause.members import SEPARATOR, entry_of
 from luftpause.telemetry import fastapi_telemetry
@@ -113,7 +112,6 @@ _DROP = {
     "x-api-key",
 }
 RELEASE_TIMEOUT_S = 2.0  # B8: how long a run's end waits for an engine's release answer
-_CLASS_PB = {"interactive": pb.SERVICE_CLASS_INTERACTIVE, "batch": pb.SERVICE_CLASS_BATCH}
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -457,17 +455,13 @@ async def _generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) 
         admitted = await admit(
             dp,
             incoming,
-            pb.AdmitRequest(
-                turn_id=turn_id,
-                run_id=run_id,
-                model=model,
-                service_class=_CLASS_PB[cls],
-                caller=caller,
-                kind=pb.ENDPOINT_KIND_GENERATIVE,
-                echoed_tool_call_ids=echoed,
-            ),
-            cls,
             span,
+            turn_id=turn_id,
+            run_id=run_id,
+            model=model,
+            cls=cls,
+            caller=caller,
+            echoed_tool_call_ids=echoed,
         )
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns_of(cls, exc.outcome.value).inc()
@@ -535,23 +529,26 @@ async def _serve_placing_again(
         error = refused.error
     cls = record.service_class
     single_pass = route == "decide"
-    request = pb.AdmitRequest(
-        turn_id=f"{record.turn_id}-again",
-        run_id=record.run_id,
-        model=record.model,
-        service_class=_CLASS_PB[cls],
-        caller=record.caller,
-        kind=pb.ENDPOINT_KIND_SINGLE_PASS if single_pass else pb.ENDPOINT_KIND_GENERATIVE,
-    )
+    turn_id = f"{record.turn_id}-again"
     span = tracing.start_turn(
         incoming.headers, route=route, model=record.model, service_class=cls, run_id=record.run_id
     )
     try:
-        again = await admit(dp, incoming, request, cls, span)
+        again = await admit(
+            dp,
+            incoming,
+            span,
+            turn_id=turn_id,
+            run_id=record.run_id,
+            model=record.model,
+            cls=cls,
+            caller=record.caller,
+            single_pass=single_pass,
+        )
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns_of(cls, exc.outcome.value).inc()
         return exc.response(record.run_id, incoming.shape)
-    second = turn.successor(request.turn_id, again.replica, span)
+    second = turn.successor(turn_id, again.replica, span)
     if again.replica == record.replica:
         # The scheduler does not take the replica out (yet, or any more): the client
         # gets the first turn's error, and the second turn is given back unsent.
@@ -567,7 +564,7 @@ async def _serve_placing_again(
         record.turn_id,
         record.run_id,
         again.replica,
-        request.turn_id,
+        turn_id,
         error.message[:200],
     )
     return await serve(second, forward(second, again), incoming.shape)
@@ -909,16 +906,13 @@ async def _decide(dp: Dataplane, incoming: Incoming) -> Response:
         admitted = await admit(
             dp,
             incoming,
-            pb.AdmitRequest(
-                turn_id=turn_id,
-                run_id=run_id,
-                model=model,
-                service_class=_CLASS_PB[cls],
-                caller=caller,
-                kind=pb.ENDPOINT_KIND_SINGLE_PASS,
-            ),
-            cls,
             span,
+            turn_id=turn_id,
+            run_id=run_id,
+            model=model,
+            cls=cls,
+            caller=caller,
+            single_pass=True,
         )
     except TurnError as exc:  # never admitted: nothing to end
         dp.metrics.turns_of(cls, exc.outcome.value).inc()
