@@ -3,14 +3,15 @@
 The turn routes (``POST /v1/chat/completions``, ``/v1/messages``, ``/v1/responses``,
 ``/v1/decide``) are every turn's path, so ``DataplaneApp`` serves them with no
 framework in between: it builds the request's ``Incoming``, awaits the route
-(``app.py``), adds the headers the route asked for, and sends the answer; every
-other path, the 404/405 answers and the lifespan go to the FastAPI app behind it
-(``app.py``). An exception a route did not expect is a bug of ours: it is
-logged with its traceback and answered as a JSON 500 (D6).
+(``routes/``, wired in by ``app.py``), adds the headers the route asked for, and
+sends the answer; every other path, the 404/405 answers and the lifespan go to the
+FastAPI app behind it (``routes/rest.py``). An exception a route did not expect is a
+bug of ours: it is logged with its traceback and answered as a JSON 500 (D6).
 
-While a turn is held or running, one task per request (``ClientWatch``, ``watch.py``) listens for
-the client leaving and cancels the request's task; the code awaiting at that moment
-turns the cancellation into the outcome it means (abandoned while held, client left).
+While a turn is held or running, one task per request (``ClientWatch``,
+``watch.py``) listens for the client leaving and cancels the request's task; the
+code awaiting at that moment turns the cancellation into the outcome it means
+(abandoned while held, client left).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Engines (every SGLang and vLLM) speak Chat Completions; Claude Code speaks only
 Anthropic Messages (``messages.py``) and Codex CLI only OpenAI Responses
 (``responses.py``). Each module translates its API to Chat Completions and the
 engine's reply back, and the dataplane schedules the turn exactly like a Chat
-Completions turn (``app.py``).
+Completions turn (``routes/``).
 
 A module gives the dataplane:
 
