@@ -24,7 +24,9 @@ from luftpause.config import (
     MetricsFlavour,
     Secrets,
 )
-from luftpause.dataplane.app import Dataplane, DataplaneApp, create_app
+from luftpause.dataplane.app import create_app
+from luftpause.dataplane.asgi import DataplaneApp
+from luftpause.dataplane.context import Dataplane
 from luftpause.dataplane.engine_http import EngineClient
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable

@@ -35,15 +35,16 @@ from _dataplane_stack import (
 )
 
 from luftpause.config import Endpoint, EndpointKind, MetricsFlavour
-from luftpause.dataplane import app as app_module
 from luftpause.dataplane import relay
-from luftpause.dataplane.app import _engine_error, create_app
+from luftpause.dataplane.app import create_app
 from luftpause.dataplane.engine_http import (
     BadResponse,
     ConnectFailed,
     ConnectTimeout,
     Disconnected,
 )
+from luftpause.dataplane.routes import chat as chat_routes
+from luftpause.dataplane.routes.engine import engine_error
 from luftpause.scheduler.core import EndpointKind as CoreKind
 from luftpause.scheduler.core import Params, ReplicaProbed, ReplicaSpec, initial_state
 from luftpause.scheduler.service.grpc_server import SchedulerServicer, start_grpc
@@ -179,7 +180,7 @@ async def test_a_failure_before_the_relay_takes_over_closes_the_engine_request(
     stack.engine.reply = lambda r: httpx.Response(
         200, content=b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"}
     )
-    monkeypatch.setattr(app_module, "SseTap", broken_tap)
+    monkeypatch.setattr(chat_routes, "SseTap", broken_tap)
     resp = await stack.client.post(CHAT, json=chat(stream=True))
     assert resp.status_code == 500
     await nothing_in_flight(stack)
@@ -348,7 +349,7 @@ def test_only_errors_that_say_the_engine_is_unreachable_take_it_out(
     dataplane's own resource limits (open files, local ports) do not. Either way no
     connection was made, so the engine never saw the turn (it may be placed again)."""
     exc = ConnectFailed("127.0.0.1", 1, OSError(os_errno, os.strerror(os_errno)))
-    error = _engine_error("engine-a", exc)
+    error = engine_error("engine-a", exc)
     assert error.replica_unreachable is unreachable
     assert error.not_sent
     assert error.message.startswith("engine engine-a: connection failed")
@@ -368,7 +369,7 @@ def test_only_a_failed_connect_says_the_engine_never_saw_the_turn(
 ) -> None:
     """D6: only a connection that was never made means no byte of the request reached
     the engine; a reset or a broken reply may come after the engine read it."""
-    assert _engine_error("engine-a", exc).not_sent is not_sent
+    assert engine_error("engine-a", exc).not_sent is not_sent
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,8 @@ from _engine_helpers import RecordingEngine
 
 from luftpause.callers import Gate
 from luftpause.config import DataplaneSettings, Endpoint, MetricsFlavour, Secrets
-from luftpause.dataplane.app import Dataplane, create_app
+from luftpause.dataplane.app import create_app
+from luftpause.dataplane.context import Dataplane
 from luftpause.dataplane.engine_http import EngineClient
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from luftpause.config import load_config
-from luftpause.dataplane.scheduler_link import Rejected, _outcome
+from luftpause.dataplane.link_codec import Rejected, admit_answer
 from luftpause.scheduler.core import ReplicaProbed, initial_state
 from luftpause.scheduler.service.grpc_server import SchedulerServer, start_grpc
 from luftpause.scheduler.service.host import Host
@@ -152,7 +152,7 @@ async def test_a_caller_over_its_tokens_per_minute_is_refused_while_another_is_a
     assert r.code == pb.REJECT_CODE_OVER_QUOTA
     assert (r.retry_after_s, r.limit) == (31.0, "tokens_per_minute")
     assert r.message == "caller 'alice' used its 100 tokens per minute; retry in 31 s"
-    assert _outcome(refused) == Rejected(
+    assert admit_answer(refused) == Rejected(
         False, r.message, over_quota=True, retry_after_s=31.0, limit="tokens_per_minute"
     )
     assert "a2" not in sched.host.state.held and "a2" not in sched.host.state.turns

@@ -11,7 +11,7 @@ import time
 import httpx
 
 from luftpause.config import Endpoint
-from luftpause.dataplane.app import Dataplane
+from luftpause.dataplane.context import Dataplane
 from luftpause.members import entry_of, member_name
 from luftpause.scheduler.core import EndpointKind, Params, ReplicaSpec, initial_state
 from luftpause.scheduler.service.host import Host

@@ -22,8 +22,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.auth import bearer
+from luftpause.dataplane.link_codec import Admitted
 from luftpause.dataplane.runs import RunTable
-from luftpause.dataplane.scheduler_link import Admitted, SchedulerLink
+from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.linkwire import FrameReader, frame
 from luftpause.scheduler.core import (
     ClockTicked,

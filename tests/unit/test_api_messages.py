@@ -21,7 +21,7 @@ import pytest
 from luftpause.dataplane.apis import StreamTranslator, Translated, images
 from luftpause.dataplane.apis import messages as msgs
 from luftpause.dataplane.errors import BadRequest
-from luftpause.dataplane.relay import TurnOutcome
+from luftpause.dataplane.outcome import TurnOutcome
 
 HARNESS = Path(__file__).resolve().parents[1] / "data" / "harness"
 

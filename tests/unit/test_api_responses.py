@@ -19,8 +19,10 @@ from openai.types.responses import ResponseInputContentParam, ResponseInputItemP
 
 from luftpause.dataplane.apis import responses
 from luftpause.dataplane.apis.responses import ResponsesRequest, error_body, parse
+from luftpause.dataplane.apis.responses.reply import _custom_input
+from luftpause.dataplane.apis.responses.stream import _CustomInput
 from luftpause.dataplane.errors import BadRequest
-from luftpause.dataplane.relay import TurnOutcome
+from luftpause.dataplane.outcome import TurnOutcome
 
 HARNESS = Path(__file__).parent.parent / "data" / "harness"
 
@@ -870,9 +872,9 @@ def test_custom_input_decodes_any_split(text: str, cuts: list[int]) -> None:
     for ascii_only in (True, False):
         arguments = json.dumps({"input": text}, ensure_ascii=ascii_only)
         points = sorted({min(c, len(arguments)) for c in cuts} | {0, len(arguments)})
-        decoder = responses._CustomInput()
+        decoder = _CustomInput()
         sent = "".join(decoder.feed(arguments[a:b]) for a, b in itertools.pairwise(points))
-        sent += decoder.rest(responses._custom_input(arguments))
+        sent += decoder.rest(_custom_input(arguments))
         assert sent == text
 
 

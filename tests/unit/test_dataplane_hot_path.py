@@ -14,7 +14,7 @@ from opentelemetry.trace import INVALID_SPAN, NoOpTracer
 from prometheus_client import CollectorRegistry, Counter
 
 from luftpause.dataplane import tracing
-from luftpause.dataplane.app import _TurnIds
+from luftpause.dataplane.admission import _TurnIds
 from luftpause.dataplane.metrics import Children
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from luftpause.dataplane.apis import ClientApi, client_apis
-from luftpause.dataplane.relay import NativeTap, SseTap, TranslatingTap, TurnOutcome
+from luftpause.dataplane.outcome import TurnOutcome
+from luftpause.dataplane.relay import NativeTap, SseTap, TranslatingTap
 
 
 def sse(*chunks: object, done: bool = True, sep: str = "\n\n") -> bytes:

@@ -32,8 +32,9 @@ from typing import Any
 import uvloop
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause.dataplane.link_codec import Admitted
 from luftpause.dataplane.runs import RunTable
-from luftpause.dataplane.scheduler_link import Admitted, SchedulerLink
+from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.procs import launch, stop_all
 
 TRANSPORTS = ("tcp", "grpc")

@@ -10,7 +10,8 @@ import time
 
 from luftpause import callers
 from luftpause.config import ConfigError, StackConfig, load_secrets
-from luftpause.dataplane.app import Dataplane, create_app
+from luftpause.dataplane.app import create_app
+from luftpause.dataplane.context import Dataplane
 from luftpause.dataplane.engine_http import EngineClient
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable

@@ -31,23 +31,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import grpc
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from luftpause.auth import bearer
-from luftpause.dataplane.runs import GENERATING, PAUSED_ON_TOOL, RunTable
+from luftpause.dataplane import link_codec
+from luftpause.dataplane.link_codec import Admitted, Rejected
+from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.tcp_link import LinkBroken, LinkRefused, TcpLinkCall
 
 log = logging.getLogger("luftpause.dataplane.scheduler")
 
-_CLASS = {"interactive": pb.SERVICE_CLASS_INTERACTIVE, "batch": pb.SERVICE_CLASS_BATCH}
-_PHASE = {
-    GENERATING: pb.RUN_PHASE_GENERATING,
-    PAUSED_ON_TOOL: pb.RUN_PHASE_PAUSED_ON_TOOL,
-}
 # HTTP/2 keepalive towards the scheduler (which allows a ping every 5 s): a scheduler
 # that vanished without closing the connection is noticed, and the link rebuilt.
 _KEEPALIVE = (
@@ -60,40 +56,6 @@ _KEEPALIVE = (
 # of a dataplane whose stream ended and never came back (S11).
 DATAPLANE_ID_KEY = "luftpause-dataplane-id"
 REPORT_FLUSH_S = 0.005
-
-
-@dataclass(frozen=True)
-class Admitted:
-    replica: str
-    url: str
-    held_s: float
-    run_id: str = ""  # the run the scheduler admitted the turn under ("" = as asked)
-    retain_s: float = 0.0  # B8: how long to ask the engine to keep the prefix (0: no hint)
-
-
-@dataclass(frozen=True)
-class Rejected:
-    unknown_model: bool
-    message: str
-    # B13: the caller's account spent its tokens_per_minute or daily_tokens
-    # (REJECT_CODE_OVER_QUOTA): a 429, with Retry-After from retry_after_s
-    over_quota: bool = False
-    retry_after_s: float = 0.0
-    limit: str = ""  # which: "tokens_per_minute" | "daily_tokens"
-
-
-def _outcome(response: pb.AdmitResponse) -> Admitted | Rejected:
-    if response.WhichOneof("outcome") == "admitted":
-        a = response.admitted
-        return Admitted(a.replica, a.url, a.held_s, a.run_id, a.retain_s)
-    r = response.rejected
-    return Rejected(
-        r.code == pb.REJECT_CODE_UNKNOWN_MODEL,
-        r.message,
-        over_quota=r.code == pb.REJECT_CODE_OVER_QUOTA,
-        retry_after_s=r.retry_after_s if r.code == pb.REJECT_CODE_OVER_QUOTA else 0.0,
-        limit=r.limit if r.code == pb.REJECT_CODE_OVER_QUOTA else "",
-    )
 
 
 class SchedulerLink:
@@ -198,7 +160,7 @@ class SchedulerLink:
         # flight (the snapshot lists them: a restarted scheduler must hear of the end).
         for run_id in sorted(self._pending_run_ends | set(self.runs.over())):
             await self.stub.RunEnded(
-                pb.RunEndedRequest(run_id=run_id), timeout=10.0, metadata=self._auth
+                link_codec.run_ended(run_id), timeout=10.0, metadata=self._auth
             )
         self._pending_run_ends.clear()
         self.connects += 1
@@ -284,35 +246,12 @@ class SchedulerLink:
             self._flush = None
         if not (self._events or self._abandoned or self._admit):
             return None
-        up = pb.LinkUp(events=self._events, abandoned=self._abandoned, admit=self._admit)
+        up = link_codec.link_up(self._events, self._abandoned, self._admit)
         self._events, self._abandoned, self._admit = [], [], []
         return up
 
     def snapshot(self) -> pb.ResyncRequest:
-        req = pb.ResyncRequest(dataplane_id=self.dataplane_id)
-        for run in self.runs.runs.values():
-            req.runs.append(
-                pb.RunSnapshot(
-                    run_id=run.run_id,
-                    last_replica=run.replica or "",
-                    phase=_PHASE.get(run.phase, pb.RUN_PHASE_IDLE),
-                    service_class=_CLASS[run.service_class],
-                    caller=run.caller,
-                )
-            )
-        for turn in self.runs.turns.values():
-            req.in_flight.append(
-                pb.TurnSnapshot(
-                    turn_id=turn.turn_id,
-                    run_id=turn.run_id,
-                    replica=turn.replica,
-                    model=turn.model,
-                    service_class=_CLASS[turn.service_class],
-                    caller=turn.caller,
-                    started=turn.started,
-                )
-            )
-        return req
+        return link_codec.snapshot(self.dataplane_id, self.runs)
 
     # -------------------------------------------------------------- requests
 
@@ -332,7 +271,7 @@ class SchedulerLink:
             else:
                 self._wake.set()
         try:
-            return _outcome(await answer)
+            return link_codec.admit_answer(await answer)
         except asyncio.CancelledError:
             if self._waiting.pop(req.turn_id, None) is not None and self._call is not None:
                 self._abandoned.append(req.turn_id)
@@ -362,9 +301,7 @@ class SchedulerLink:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(written, 1.0)
         try:
-            await self.stub.RunEnded(
-                pb.RunEndedRequest(run_id=run_id), timeout=5.0, metadata=self._auth
-            )
+            await self.stub.RunEnded(link_codec.run_ended(run_id), timeout=5.0, metadata=self._auth)
         except grpc.aio.AioRpcError:
             self._pending_run_ends.add(run_id)
 

@@ -25,6 +25,7 @@ from typing import cast
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
+from luftpause.dataplane import link_codec
 from luftpause.linkwire import FrameError, FrameReader, frame, tune
 
 CONNECT_TIMEOUT_S = 2.0
@@ -56,9 +57,9 @@ class _Protocol(asyncio.Protocol):
         try:
             for message in self.reader.feed(data):
                 if not self.welcome.done():
-                    self.welcome.set_result(pb.LinkWelcome.FromString(message))
+                    self.welcome.set_result(link_codec.welcome(message))
                 else:
-                    self.on_down(pb.LinkDown.FromString(message))
+                    self.on_down(link_codec.link_down(message))
         except (FrameError, DecodeError) as exc:
             self._fail(LinkBroken(f"the scheduler sent what is not a Link frame ({exc})"))
 
@@ -106,7 +107,7 @@ class TcpLinkCall:
         transport, protocol = await asyncio.wait_for(
             loop.create_connection(lambda: _Protocol(on_down), host, port), timeout_s
         )
-        hello = pb.LinkHello(dataplane_id=dataplane_id, authorization=authorization)
+        hello = link_codec.hello(dataplane_id, authorization)
         transport.write(frame(hello.SerializeToString()))
         try:
             welcome = await asyncio.wait_for(asyncio.shield(protocol.welcome), timeout_s)

@@ -25,8 +25,7 @@ from collections.abc import Awaitable, Callable
 from opentelemetry.trace import INVALID_SPAN, Span
 from starlette.responses import Response
 
-from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
-from luftpause.dataplane import tracing
+from luftpause.dataplane import link_codec, tracing
 from luftpause.dataplane.errors import (
     ClientLeft,
     ErrorShape,
@@ -36,7 +35,7 @@ from luftpause.dataplane.errors import (
     openai_error,
 )
 from luftpause.dataplane.metrics import Metrics
-from luftpause.dataplane.relay import TurnOutcome
+from luftpause.dataplane.outcome import TurnOutcome
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.tool_calls import ToolCallOrigin, ToolCallOrigins, reportable
@@ -71,7 +70,7 @@ class Turn:
             runs.admitted(record)
             runs.started(record.turn_id)
         metrics.in_flight_of(record.service_class).inc()
-        self._report(started=pb.TurnStarted())
+        self._link.report(link_codec.started(record.turn_id, record.run_id))
 
     def first_token(self, *, streamed: bool = True) -> None:
         """The reply's first token arrived. Only a streamed one is reported: the scheduler
@@ -82,7 +81,7 @@ class Turn:
                 time.monotonic() - self.started_at
             )
             if streamed:
-                self._report(first_token=pb.FirstToken())
+                self._link.report(link_codec.first_token(self.record.turn_id, self.record.run_id))
 
     def finished(self, outcome: TurnOutcome) -> None:
         """The engine's reply ended well."""
@@ -91,17 +90,7 @@ class Turn:
         paused = outcome.paused_on_tool
         call_ids = reportable(outcome.tool_call_ids)
         try:
-            event = pb.TurnFinished(
-                usage=pb.Usage(
-                    prompt_tokens=outcome.prompt_tokens,
-                    completion_tokens=outcome.completion_tokens,
-                    cached_tokens=outcome.cached_tokens,
-                ),
-                finish_reason=outcome.finish_reason,
-                paused_on_tool=paused,
-                tool_call_ids=call_ids,  # the scheduler remembers them for every dataplane (D2)
-                tool_names=outcome.tool_names,  # (bounded as they are read)
-            )
+            event = link_codec.finished(self.record.turn_id, self.record.run_id, outcome, call_ids)
         except (TypeError, ValueError) as exc:  # a reply value a report cannot carry
             log.exception("turn %s: cannot report its reply", self.record.turn_id)
             self.failed(InternalError.of(exc))
@@ -118,7 +107,7 @@ class Turn:
                     tracing.traceparent_of(self.span) or None,
                 ),
             )
-        self._report(finished=event)
+        self._link.report(event)
         self._end(
             Outcome.PAUSED_ON_TOOL if paused else Outcome.FINISHED,
             paused_on_tool=paused,
@@ -169,8 +158,13 @@ class Turn:
             f" (trace {trace_id:032x})" if trace_id else "",
         )
         try:
-            self._report(
-                failed=pb.TurnFailed(reason=reason, replica_unreachable=replica_unreachable)
+            self._link.report(
+                link_codec.failed(
+                    self.record.turn_id,
+                    self.record.run_id,
+                    reason,
+                    replica_unreachable=replica_unreachable,
+                )
             )
         finally:  # the slot is ours to give back whatever the report did
             self._end(outcome, paused_on_tool=False)
@@ -198,11 +192,6 @@ class Turn:
             )
         except Exception:
             log.exception("turn %s: cannot end its span", self.record.turn_id)
-
-    def _report(self, **event: object) -> None:
-        self._link.report(
-            pb.TurnEvent(turn_id=self.record.turn_id, run_id=self.record.run_id, **event)  # type: ignore[arg-type]
-        )
 
 
 class PlaceAgain(Exception):

@@ -4,7 +4,7 @@ Engines (every SGLang and vLLM) speak Chat Completions; Claude Code speaks only
 Anthropic Messages (``messages.py``) and Codex CLI only OpenAI Responses
 (``responses.py``). Each module translates its API to Chat Completions and the
 engine's reply back, and the dataplane schedules the turn exactly like a Chat
-Completions turn (``app.py``).
+Completions turn (``routes/``).
 
 A module gives the dataplane:
 
@@ -46,7 +46,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from luftpause.dataplane.relay import TurnOutcome
+    from luftpause.dataplane.outcome import TurnOutcome
 
 
 class StreamTranslator(Protocol):

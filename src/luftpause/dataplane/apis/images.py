@@ -8,7 +8,8 @@ Anthropic does not take (JPEG, PNG, GIF and WebP, the same four OpenAI takes),
 data that is not base64, a URL whose scheme is not http, https or data.
 
 Whether the engine may receive images at all is not decided here: the dataplane
-checks that every endpoint serving the model has ``vision = true`` (``app.py``).
+checks that every endpoint serving the model has ``vision = true`` (``context.py``,
+``routes/generative.py``).
 """
 
 from __future__ import annotations

@@ -3,19 +3,37 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.scheduler.core import Admit as Admitted
 from luftpause.scheduler.core import Reject
 from luftpause.scheduler.service import convert, tracing
+from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.quotas import OverQuota
 
-if TYPE_CHECKING:
-    from luftpause.scheduler.service.grpc_server import SchedulerServicer
-
 log = logging.getLogger("luftpause.scheduler.grpc")
+
+
+class Servicer(Protocol):
+    """What a Link stream needs of the servicer it belongs to
+    (``grpc_server.SchedulerServicer``), named here so that the Link's modules need
+    not import the gRPC server that builds them."""
+
+    host: Host
+
+    def _accept(self, events: Iterable[pb.TurnEvent]) -> int: ...
+
+    def _join_known_run(self, request: pb.AdmitRequest) -> None: ...
+
+    def _response(
+        self, request: pb.AdmitRequest, outcome: Admitted | Reject | OverQuota
+    ) -> pb.AdmitResponse: ...
+
+    def stream_opened(self, dataplane_id: str) -> None: ...
+
+    def stream_closed(self, dataplane_id: str) -> None: ...
 
 
 class LinkSession:
@@ -27,7 +45,7 @@ class LinkSession:
 
     def __init__(
         self,
-        servicer: SchedulerServicer,
+        servicer: Servicer,
         send: Callable[[pb.AdmitAnswer], None],
         fail: Callable[[], None],
     ) -> None:

@@ -34,17 +34,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
 from luftpause.auth import REFUSED, bearer_ok
 from luftpause.linkwire import FrameError, FrameReader, frame, tune
-from luftpause.scheduler.service.link_session import LinkSession
-
-if TYPE_CHECKING:
-    from luftpause.scheduler.service.grpc_server import SchedulerServicer
+from luftpause.scheduler.service.link_session import LinkSession, Servicer
 
 log = logging.getLogger("luftpause.scheduler.link")
 
@@ -225,7 +222,7 @@ class TcpLink:
     """The listener of the Link over TCP and its open connections."""
 
     def __init__(
-        self, servicer: SchedulerServicer, token: str | None, limits: LinkLimits = DEFAULT_LIMITS
+        self, servicer: Servicer, token: str | None, limits: LinkLimits = DEFAULT_LIMITS
     ) -> None:
         self.servicer = servicer
         self.token = token
