@@ -224,7 +224,7 @@ class EngineRequest:
     """One generation request as the engine sees it."""
 
     request_id: str
-    prompt_text: str  # the rendered prompt; its blocks key the prefix cache
+    prompt_text: str  # the rendered prompt; its blocks key the prefix cache (unless ``prompt``)
     reply_tokens: int  # natural reply length (the script's); the engine stops earlier at the cap
     max_new_tokens: int | None = None  # None: context_length - prompt tokens (SGLang's default)
     priority: int = 0
@@ -232,6 +232,9 @@ class EngineRequest:
     # finishes, its prompt's blocks are kept for ``retain_s`` under ``retain_key``.
     retain_key: str = ""
     retain_s: float = 0.0
+    # The prompt as its length and block chain (``PromptChain.prompt``) instead of text:
+    # given, ``prompt_text`` is not read (the simulator's prompts, never written out).
+    prompt: BlockPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -536,12 +539,95 @@ def block_chain(text: str, block_chars: int) -> tuple[int, ...]:
     one process, where equal prefixes always get equal keys, and two different prefixes
     share one with a chance of 2⁻⁶⁴ per pair. It is about five times cheaper than a
     cryptographic hash, and every turn's whole prompt goes through here."""
-    chain: list[int] = []
-    key = 0
-    for start in range(0, len(text) - block_chars + 1, block_chars):
-        key = hash((key, text[start : start + block_chars]))
-        chain.append(key)
-    return tuple(chain)
+    return PromptChain(block_chars).append(text).prompt().blocks
+
+
+@dataclass(frozen=True)
+class BlockPrompt:
+    """A prompt as the engine model reads it: its tokens and its full blocks' keys."""
+
+    tokens: int
+    blocks: tuple[int, ...]
+    block_chars: int  # the blocks' size (the engine's ``block_chars``)
+
+
+class PromptChain:
+    """A prompt that grows at its end (a conversation's next turn extends its last), held
+    as its length and its blocks' keys rather than its text: each ``append`` keys only
+    the blocks it completes, as ``block_chain`` keys the whole text's (the same keys).
+
+    ``append_opaque(chars, identity)`` adds ``chars`` characters without their text (a
+    run's long task, never written out). From there on the text is not needed: a block's
+    key is a hash of the key before it, ``identity`` and its place, and ``append`` adds
+    length only. That shares the same blocks between prompts as their text would if
+    ``identity`` names one conversation (prompts under one identity extend each other)
+    and the text before the opaque part already tells it from every other (two runs'
+    task heads name the run): then no block from the opaque part on is shared with
+    another conversation, by text or by these keys, and the conversation's own turns
+    share all of their common blocks either way."""
+
+    __slots__ = ("_blocks", "_identity", "_key", "_tail", "block_chars", "chars")
+
+    def __init__(self, block_chars: int) -> None:
+        if block_chars < CHARS_PER_TOKEN or block_chars % CHARS_PER_TOKEN:
+            raise ValueError(f"block_chars must be a positive multiple of {CHARS_PER_TOKEN}")
+        self.block_chars = block_chars
+        self.chars = 0
+        self._blocks: list[int] = []
+        self._key = 0
+        self._tail = ""  # the text of the last, unfilled block (while the text is known)
+        self._identity: str | None = None  # set by the first opaque part
+
+    @property
+    def tokens(self) -> int:
+        return -(-self.chars // CHARS_PER_TOKEN)  # count_tokens of the text
+
+    def copy(self) -> PromptChain:
+        other = PromptChain.__new__(PromptChain)
+        other.block_chars = self.block_chars
+        other.chars = self.chars
+        other._blocks = self._blocks.copy()
+        other._key = self._key
+        other._tail = self._tail
+        other._identity = self._identity
+        return other
+
+    def append(self, text: str) -> PromptChain:
+        if self._identity is not None:
+            return self._grow(len(text))
+        bc = self.block_chars
+        tail = self._tail + text
+        full = len(tail) - len(tail) % bc
+        key = self._key
+        blocks = self._blocks
+        for start in range(0, full, bc):
+            key = hash((key, tail[start : start + bc]))
+            blocks.append(key)
+        self._key = key
+        self._tail = tail[full:]
+        self.chars += len(text)
+        return self
+
+    def append_opaque(self, chars: int, identity: str) -> PromptChain:
+        """``chars`` characters of text unique to the conversation ``identity`` names."""
+        if self._identity is None:
+            self._identity = identity
+            self._tail = ""
+        return self._grow(chars)
+
+    def _grow(self, chars: int) -> PromptChain:
+        self.chars += chars
+        key = self._key
+        blocks = self._blocks
+        identity = self._identity
+        for place in range(len(blocks), self.chars // self.block_chars):
+            key = hash((key, identity, place))
+            blocks.append(key)
+        self._key = key
+        return self
+
+    def prompt(self) -> BlockPrompt:
+        return BlockPrompt(self.tokens, tuple(self._blocks), self.block_chars)
 
 
 class EngineModel:
@@ -582,7 +668,14 @@ class EngineModel:
             raise SubmitError("a retention time must be a finite number of seconds >= 0")
         if request.retain_s > 0 and not request.retain_key:
             raise SubmitError("a retention time needs a retention key")
-        prompt = max(1, count_tokens(request.prompt_text))
+        given = request.prompt
+        if given is not None and given.block_chars != p.block_chars:
+            raise SubmitError(
+                f"the prompt's blocks are {given.block_chars} characters; "
+                f"this engine's are {p.block_chars}"
+            )
+        tokens = count_tokens(request.prompt_text) if given is None else given.tokens
+        prompt = max(1, tokens)
         max_new = resolve_max_new(p, prompt, request.max_new_tokens)
         r = _Req(
             req=request,
@@ -590,7 +683,9 @@ class EngineModel:
             prompt_tokens=prompt,
             max_new=max_new,
             target=max(1, min(request.reply_tokens, max_new)),
-            blocks=block_chain(request.prompt_text, p.block_chars),
+            blocks=block_chain(request.prompt_text, p.block_chars)
+            if given is None
+            else given.blocks,
             enqueued_at=now,
         )
         self._seq += 1
