@@ -403,16 +403,20 @@ class BlockCache:
 
     def match(self, chain: Sequence[int]) -> int:
         """How many leading blocks of ``chain`` are cached."""
-        n = 0
-        for key in chain:
-            if key not in self._blocks:
-                break
-            n += 1
-        return n
+        blocks = self._blocks
+        for n, key in enumerate(chain):
+            if key not in blocks:
+                return n
+        return len(chain)
 
     def evictable_among(self, chain: Sequence[int]) -> int:
-        evictable, kept = self._evictable, self._kept_lru
-        return sum(1 for key in chain if key in evictable or key in kept) * self.block_tokens
+        # (a chain's keys are distinct: each stands for its whole prefix)
+        among = len(self._evictable.keys() & chain) + len(self._kept_lru.keys() & chain)
+        return among * self.block_tokens
+
+    def uncached(self, chain: Sequence[int]) -> int:
+        """How many blocks of ``chain`` are not cached."""
+        return len(chain) - len(self._blocks.keys() & chain)
 
     def lock(self, chain: Sequence[int]) -> None:
         blocks = self._blocks
@@ -429,6 +433,23 @@ class BlockCache:
 
     def insert_locked(self, key: int) -> None:
         self._blocks[key] = 1
+
+    def lock_or_insert(self, chain: Sequence[int]) -> None:
+        """``lock`` each cached block of ``chain``, ``insert_locked`` each other, in order."""
+        blocks = self._blocks
+        evictable = self._evictable
+        kept = self._kept_lru
+        for key in chain:
+            refs = blocks.get(key)
+            if refs is None:
+                blocks[key] = 1
+                continue
+            blocks[key] = refs + 1
+            if not refs:
+                if key in evictable:
+                    del evictable[key]
+                else:
+                    kept.pop(key, None)
 
     def unlock(self, chain: Sequence[int]) -> None:
         # Release leaf first so the leaf ends up older than its parent: LRU then
@@ -557,16 +578,17 @@ class PromptChain:
     the blocks it completes, as ``block_chain`` keys the whole text's (the same keys).
 
     ``append_opaque(chars, identity)`` adds ``chars`` characters without their text (a
-    run's long task, never written out). From there on the text is not needed: a block's
-    key is a hash of the key before it, ``identity`` and its place, and ``append`` adds
-    length only. That shares the same blocks between prompts as their text would if
-    ``identity`` names one conversation (prompts under one identity extend each other)
-    and the text before the opaque part already tells it from every other (two runs'
-    task heads name the run): then no block from the opaque part on is shared with
-    another conversation, by text or by these keys, and the conversation's own turns
-    share all of their common blocks either way."""
+    run's long task, never written out). From there on the text is not needed: block *i*
+    is keyed *base + i*, where *base* is a hash of the key before the opaque part and
+    ``identity`` (distinct runs' keys meet with a chance of about blocks / 2⁶³ per
+    pair), and ``append`` adds length only. That shares the same blocks between prompts
+    as their text would if ``identity`` names one conversation (prompts under one
+    identity extend each other) and the text before the opaque part already tells it
+    from every other (two runs' task heads name the run): then no block from the opaque
+    part on is shared with another conversation, by text or by these keys, and the
+    conversation's own turns share all of their common blocks either way."""
 
-    __slots__ = ("_blocks", "_identity", "_key", "_tail", "block_chars", "chars")
+    __slots__ = ("_base", "_blocks", "_identity", "_key", "_tail", "block_chars", "chars")
 
     def __init__(self, block_chars: int) -> None:
         if block_chars < CHARS_PER_TOKEN or block_chars % CHARS_PER_TOKEN:
@@ -577,6 +599,7 @@ class PromptChain:
         self._key = 0
         self._tail = ""  # the text of the last, unfilled block (while the text is known)
         self._identity: str | None = None  # set by the first opaque part
+        self._base = 0  # from the first opaque part on, block i's key is _base + i
 
     @property
     def tokens(self) -> int:
@@ -590,6 +613,7 @@ class PromptChain:
         other._key = self._key
         other._tail = self._tail
         other._identity = self._identity
+        other._base = self._base
         return other
 
     def append(self, text: str) -> PromptChain:
@@ -613,17 +637,14 @@ class PromptChain:
         if self._identity is None:
             self._identity = identity
             self._tail = ""
+            self._base = hash((self._key, identity))
         return self._grow(chars)
 
     def _grow(self, chars: int) -> PromptChain:
         self.chars += chars
-        key = self._key
         blocks = self._blocks
-        identity = self._identity
-        for place in range(len(blocks), self.chars // self.block_chars):
-            key = hash((key, identity, place))
-            blocks.append(key)
-        self._key = key
+        base = self._base
+        blocks.extend(range(base + len(blocks), base + self.chars // self.block_chars))
         return self
 
     def prompt(self) -> BlockPrompt:
@@ -925,13 +946,8 @@ class EngineModel:
         private = r.prompt_tokens - len(r.blocks) * bt + r.out
         # Blocks admitted in this same iteration by a request with the same prefix
         # are shared rather than duplicated.
-        new_keys = [k for k in fresh if k not in self.cache]
-        self._allocate(len(new_keys) * bt + private)
-        for key in fresh:
-            if key in self.cache:
-                self.cache.lock((key,))
-            else:
-                self.cache.insert_locked(key)
+        self._allocate(self.cache.uncached(fresh) * bt + private)
+        self.cache.lock_or_insert(fresh)
         r.locked = r.blocks
         r.private = private
         self._private += private
