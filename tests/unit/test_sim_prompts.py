@@ -1,5 +1,5 @@
-"""The simulator's prompts as block chains (B1): the same engine, replies and records as
-prompts rendered and hashed as text (H1's rules, one engine model for both)."""
+"""The simulator's prompts as block chains (B1, B10): the same engine, replies and records
+as prompts rendered and hashed as text (H1's rules, one engine model for both)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from luftpause.fakes.engine.model import (
 from luftpause.fakes.engine.tokens import RunningHash, count_tokens, stable_hash
 from luftpause.loadgen import content
 from luftpause.loadgen.mix import Group, ToolCalls
+from luftpause.loadgen.workload import PROFILES
 from luftpause.sim.agents import Records
 from luftpause.sim.main import SimConfig, Trace, simulate
 
@@ -141,6 +142,21 @@ CASES = [
 ]
 
 
+CODING = (
+    Group("people", 2, "interactive", "people", profile="coding-agent"),
+    Group("crowd", 6, "batch", "crowd", profile="coding-agent"),
+)
+# Long contexts in a pool they crowd: runs compact, fan out to sub-agents and are retracted.
+CODING_ENGINE = EngineParams(
+    priority_scheduling=True, context_length=131_072, kv_tokens=400_000, chunk_tokens=8192
+)
+CASES += [
+    pytest.param("luftpause", None, CODING, id="coding"),
+    pytest.param("smg", "p3", CODING, id="coding-smg-plan"),
+    pytest.param("router", None, CODING, id="coding-router"),
+]
+
+
 @pytest.mark.parametrize(("arm", "plan_seed", "groups"), CASES)
 @pytest.mark.parametrize("seed", [0, 7])
 def test_block_chain_prompts_play_the_same_events_as_text_prompts(
@@ -150,14 +166,20 @@ def test_block_chain_prompts_play_the_same_events_as_text_prompts(
     rendered and hashed as text make the same turns: the same admissions and decisions
     (the luftpause arm's every event), the same prompt, cached and reply tokens, the
     same timings, the same report."""
+    coding = groups is CODING
+    agent = PROFILES["coding-agent"]
     config = SimConfig(
+        # (a lower context cap: runs compact too)
+        profiles={agent.name: replace(agent, context_cap=50_000)},
         groups=groups,
         replicas=2,
-        duration_s=60.0,
+        duration_s=600.0 if coding else 60.0,
         warmup_s=10.0,
         seed=seed,
         plan_seed=plan_seed,
-        engine=EngineParams(priority_scheduling=True, kv_tokens=12_000),
+        engine=CODING_ENGINE
+        if coding
+        else EngineParams(priority_scheduling=True, kv_tokens=12_000),
     )
     runs = []
     for text_prompts in (True, False):

@@ -111,8 +111,8 @@ class SimConfig:
     # and tools ``--time-scale`` times faster than real time but vLLM's router in real
     # seconds; to reproduce such a flood, its time scale.
     vllm_clock_scale: float = 1.0
-    # Own-loop agents' prompts rendered and hashed as text at every turn, as the fake
-    # engine reads them (True), or carried as block chains (agents.py): the same runs.
+    # Prompts rendered and hashed as text at every turn, as the fake engine reads them
+    # (True), or carried as block chains (agents.py, shaped.py): the same runs.
     text_prompts: bool = False
 
 
@@ -243,6 +243,7 @@ def simulate(
                 agent = ShapedAgent(
                     len(agents), group, MODEL, world, arm, by_name, records, config.seed,
                     config.profiles[group.profile], config.plan_seed, slot=i,
+                    text_prompts=config.text_prompts,
                 )  # fmt: skip
             else:
                 agent = Agent(
@@ -257,7 +258,7 @@ def simulate(
     for run in config.replay:
         player = ShapedAgent(
             len(agents) + len(players), by_group[run.group], MODEL, world, arm, by_name, records,
-            config.seed,
+            config.seed, text_prompts=config.text_prompts,
         )  # fmt: skip
         player.replay(run.plan, run.id, run.start_s)
         players.append(player)
@@ -541,7 +542,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--text-prompts",
         action="store_true",
-        help="render and hash every own-loop prompt as text, as the fake engine reads it "
+        help="render and hash every prompt as text at every turn, as the fake engine reads it "
         "(slower; the same runs as the default, which carries prompts as block chains)",
     )
     sim.add_argument(
