@@ -388,7 +388,7 @@ class Agent:
             "query": query,
             "facts": [filler_fact(self.seed, "lookup", query, i) for i in range(int(limit))],
         }
-        new = [
+        new: list[dict[str, Any]] = [
             {
                 "role": "assistant",
                 "content": None,

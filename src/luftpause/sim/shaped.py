@@ -47,7 +47,7 @@ Ended = Callable[["_Play", "str | None", str], None]  # the play, failure kind (
 def first_text(plan: RunPlan, key: str, tokens: int) -> str:
     """A fresh prompt of exactly ``tokens`` tokens: the shared system prompt, then the run's."""
     text, padding = first_parts(plan, key, tokens)
-    return text + pad(padding)
+    return text + pad(padding or 0)
 
 
 def first_parts(plan: RunPlan, key: str, tokens: int) -> tuple[str, int | None]:

@@ -418,30 +418,17 @@ class BlockCache:
         """How many blocks of ``chain`` are not cached."""
         return len(chain) - len(self._blocks.keys() & chain)
 
-    def lock(self, chain: Sequence[int]) -> None:
+    def lock(self, chain: Sequence[int], insert: bool = False) -> None:
+        """Reference each block of ``chain``, all cached; with ``insert``, a block that is
+        not is inserted, referenced once."""
         blocks = self._blocks
         evictable = self._evictable
         kept = self._kept_lru
         for key in chain:
-            refs = blocks[key]
-            blocks[key] = refs + 1
-            if not refs:
-                if key in evictable:
-                    del evictable[key]
-                else:
-                    kept.pop(key, None)
-
-    def insert_locked(self, key: int) -> None:
-        self._blocks[key] = 1
-
-    def lock_or_insert(self, chain: Sequence[int]) -> None:
-        """``lock`` each cached block of ``chain``, ``insert_locked`` each other, in order."""
-        blocks = self._blocks
-        evictable = self._evictable
-        kept = self._kept_lru
-        for key in chain:
-            refs = blocks.get(key)
-            if refs is None:
+            refs = blocks.get(key, -1)
+            if refs < 0:
+                if not insert:
+                    raise KeyError(key)
                 blocks[key] = 1
                 continue
             blocks[key] = refs + 1
@@ -947,7 +934,7 @@ class EngineModel:
         # Blocks admitted in this same iteration by a request with the same prefix
         # are shared rather than duplicated.
         self._allocate(self.cache.uncached(fresh) * bt + private)
-        self.cache.lock_or_insert(fresh)
+        self.cache.lock(fresh, insert=True)
         r.locked = r.blocks
         r.private = private
         self._private += private
