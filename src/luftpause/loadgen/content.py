@@ -9,6 +9,7 @@ only the preamble, and a run's later turns share its whole earlier prompt.
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -85,24 +86,32 @@ def filler(chars: int, seed: str) -> str:
     if chars <= 0:
         return ""
     # The words ``random.Random(seed).choice(_WORDS)`` draws one by one, drawn as it
-    # draws them (rejection sampling over getrandbits) without its two calls per word:
-    # every run's task is thousands of characters of this.
+    # draws them (rejection sampling over ``getrandbits(k)``: one 32-bit output of the
+    # generator each, its top k bits) but many at a time, as every run's task is
+    # thousands of characters of this: ``getrandbits(32 * m)`` is the next m outputs,
+    # the first in the lowest bits, so every fourth byte of it little-endian is an
+    # output's top byte, whose top k bits are the draw. Words drawn beyond the last
+    # needed are cut off with the rest.
     bits = random.Random(seed).getrandbits
-    words = _WORDS
-    n = len(words)
-    k = n.bit_length()
-    parts: list[str] = []
-    size = 0
-    while size < chars + 1:  # joined length = size - 1
-        r = bits(k)
-        while r >= n:
-            r = bits(k)
-        word = words[r]
-        parts.append(word)
-        size += len(word) + 1
-    return " ".join(parts)[:chars]
+    text = ""
+    while len(text) < chars:
+        m = (chars - len(text)) // _MEAN_WORD_CHARS + 16
+        draws = bits(32 * m).to_bytes(4 * m, "little")[3::4].translate(_DRAW, _REDRAW)
+        drawn = " ".join(map(_WORDS.__getitem__, draws))
+        text = f"{text} {drawn}" if text else drawn
+    return text[:chars]
 
 
+# ``filler``'s tables: an output's top byte to the index ``choice`` draws from it, and
+# the top bytes it draws again on (an index past the words).
+_TOP_BITS = len(_WORDS).bit_length()
+assert _TOP_BITS <= 8
+_DRAW = bytes((b >> (8 - _TOP_BITS)) % 256 for b in range(256))
+_REDRAW = bytes(b for b in range(256) if b >> (8 - _TOP_BITS) >= len(_WORDS))
+_MEAN_WORD_CHARS = 6  # a little under the words' mean length with their space (7.3)
+
+
+@functools.lru_cache(maxsize=64)
 def preamble(context_chars: int) -> str:
     """The shared system message (at most a quarter of the context, ≤ 1200 characters)."""
     size = min(PREAMBLE_MAX_CHARS, context_chars // 4)
@@ -115,16 +124,29 @@ def task(context_chars: int, run_key: str, plan_key: str | None = None) -> str:
     """The per-run user message: a task naming the run (and, given one, its plan key as
     ``[plan:KEY]``, which the fake engine draws the run's replies from), padded with
     notes to the same length either way."""
+    head, notes = task_parts(context_chars, run_key, plan_key)
+    return head + filler(notes, run_key)
+
+
+def task_parts(context_chars: int, run_key: str, plan_key: str | None = None) -> tuple[str, int]:
+    """``task``'s head (which names the run) and the number of characters of notes
+    (``filler(notes, run_key)``) after it, without writing the notes."""
     marker = "" if plan_key is None else f" {plan_marker(plan_key)}"
     head = f"Task {run_key}{marker}: find facts about the river system described in these notes. "
     rest = context_chars - min(PREAMBLE_MAX_CHARS, context_chars // 4) - len(head)
-    return head + filler(rest, run_key)
+    return head, max(0, rest)
 
 
 def messages(context_chars: int, run_key: str, plan_key: str | None = None) -> list[dict[str, Any]]:
+    return conversation(context_chars, task(context_chars, run_key, plan_key))
+
+
+def conversation(context_chars: int, task_text: str) -> list[dict[str, Any]]:
+    """A run's first messages: the preamble, then ``task_text`` (``task``'s, or a text of
+    its length standing in for it)."""
     return [
         {"role": "system", "content": preamble(context_chars)},
-        {"role": "user", "content": task(context_chars, run_key, plan_key)},
+        {"role": "user", "content": task_text},
     ]
 
 

@@ -9,6 +9,18 @@ answer. A tool call is answered after the fake tool's delay (uniform 0.5-1.5 s,
 seeded per agent) with the fake tool's result; the run ends with the answer and
 the agent starts its next run at once (closed loop, no think time).
 
+The engine is sent each prompt as its length and block chain (``PromptChain``), not
+its text: a run's chain is extended by each turn's new messages, and its task's notes
+(thousands of characters of filler) are never written out: the run's messages hold
+a stand-in of the same length (the task's head, then spaces). The reply script reads
+the same from it (labels and tool directives are read from the head alone: the head
+ends in a sentence longer than a label, without a bracket or a separator, and the
+notes hold no line break, bracket, separator or label word). Where the replies are
+drawn from the conversation (no plan seed), the prompt's text is hashed as it grows
+(``RunningHash``), the notes written once per run for it. The engine's cache, the
+replies and every record are those of the text (``text_prompts``, as the fake engine
+reads prompts; tests/unit/test_sim_prompts.py holds the two to the same events).
+
 Given a plan seed, an agent's runs are those of ``luftpause loadgen --plan-seed``'s
 slot of the same group and index: run n has the load generator's tool count for run n
 and the fake engine's replies to its plan key (``loadgen.workload.plan_key``), so a
@@ -17,15 +29,36 @@ flood and the simulator can be compared on the same draws.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
-from luftpause.fakes.engine.script import ReplyKind, ScriptOptions, ToolCall, plan_reply
-from luftpause.fakes.engine.tokens import count_tokens, render_messages
+from luftpause.fakes.engine.model import (
+    BlockPrompt,
+    EngineRequest,
+    FinishedRequest,
+    PromptChain,
+    SubmitError,
+)
+from luftpause.fakes.engine.script import (
+    ReplyKind,
+    ScriptOptions,
+    ToolCall,
+    plan_reply,
+)
+from luftpause.fakes.engine.tokens import (
+    ASSISTANT_PROMPT,
+    PromptHash,
+    RunningHash,
+    TextHash,
+    count_tokens,
+    render_head,
+    render_message,
+    render_messages,
+)
 from luftpause.fakes.mcp_tools import LOOKUP_DELAY_RANGE, FakeMcpSettings, filler_fact
 from luftpause.loadgen import content
 from luftpause.loadgen.mix import Group
@@ -62,7 +95,7 @@ def when_admitted(
     arm: Arm,
     replicas: dict[str, Replica],
     ask: Ask,
-    text: str,
+    prompt: str | BlockPrompt,
     *,
     reply_tokens: int,
     max_new_tokens: int | None,
@@ -76,12 +109,13 @@ def when_admitted(
     def admitted(replica: str, held_s: float) -> None:
         request = EngineRequest(
             ask.turn_id,
-            text,
+            prompt if isinstance(prompt, str) else "",
             reply_tokens=reply_tokens,
             max_new_tokens=max_new_tokens,
             priority=arm.priority(ask.cls),
             retain_key=ask.run_id,
             retain_s=arm.retain_s(ask.turn_id),
+            prompt=None if isinstance(prompt, str) else prompt,
         )
         arm.started(ask.turn_id)
         try:
@@ -152,8 +186,12 @@ class Agent:
         script: ScriptOptions,
         plan_seed: str | None = None,
         slot: int = 0,
+        text_prompts: bool = False,
     ) -> None:
         self.index = index
+        # Prompts as text, rendered and hashed at every turn as the fake engine does
+        # (True), or as block chains extended turn by turn (see the module docstring).
+        self.text_prompts = text_prompts
         # Given a plan seed, run n (from 0) of this slot is the load generator's run n of
         # slot ``slot`` with that plan seed: its tool count and the engine's replies.
         self.plan_seed = plan_seed
@@ -193,10 +231,21 @@ class Agent:
         else:
             plan = plan_key(self.plan_seed, self.group.name, self.slot, number)
             tool_results = calls.pick(number)
+        run_id = f"sim-{key}"
+        if self.text_prompts:
+            messages, chain, hashes = (
+                content.messages(self.group.context_chars, key, plan),
+                None,
+                None,
+            )
+        else:
+            messages, chain, hashes = self._first_prompt(run_id, key, plan)
         run = _Run(
-            run_id=f"sim-{key}",
+            run_id=run_id,
             key=key,
-            messages=content.messages(self.group.context_chars, key, plan),
+            messages=messages,
+            chain=chain,
+            hashes=hashes,
             tool_results=tool_results,
             plan=plan,
             record=RunRecord(
@@ -211,22 +260,58 @@ class Agent:
         )
         self._turn(run)
 
+    def _first_prompt(
+        self, run_id: str, key: str, plan: str | None
+    ) -> tuple[list[dict[str, Any]], PromptChain, RunningHash | None]:
+        """A run's first messages, with a stand-in for the task's notes, its prompt's
+        chain so far and, where the replies are drawn from the conversation, its hash."""
+        chars = self.group.context_chars
+        head, notes = content.task_parts(chars, key, plan)
+        stand_in = head + " " * notes
+        messages = content.conversation(chars, stand_in)
+        block_chars = next(iter(self.replicas.values())).model.params.block_chars
+        base, base_hash = _shared_prompt(chars, block_chars, hashed=plan is None)
+        chain = base.copy()
+        hashes = None if base_hash is None else base_hash.copy()
+        rendered = render_message(messages[-1])
+        cut = rendered.index(stand_in) + len(head)
+        chain.append(rendered[:cut]).append_opaque(notes, run_id).append(rendered[cut + notes :])
+        if hashes is not None:  # (the notes written once, for the hash only)
+            hashes.feed(rendered[:cut]).feed(content.filler(notes, key))
+            hashes.feed(rendered[cut + notes :])
+        return messages, chain, hashes
+
     def _turn(self, run: _Run) -> None:
         if run.record.turns >= MAX_TURNS:
             self._failed(run, "too_many_turns", f"no answer after {MAX_TURNS} turns")
             return
         run.record.turns += 1
         self.records.turns += 1
-        prompt = render_messages(run.messages, TOOLS)
+        prompt: str | BlockPrompt
+        if run.chain is None:
+            prompt = render_messages(run.messages, TOOLS)
+            prompt_hash: PromptHash = TextHash(prompt)
+            context_tokens = count_tokens(prompt)
+        else:
+            prompt = run.chain.copy().append(ASSISTANT_PROMPT).prompt()
+            context_tokens = prompt.tokens
+            # Without a plan key the replies are drawn from the prompt's hash; with one,
+            # only a tool call's id is, which nothing reads but its length.
+            prompt_hash = (
+                TextHash(run.run_id)
+                if run.hashes is None
+                else run.hashes.copy().feed(ASSISTANT_PROMPT)
+            )
         nonce = f"{run.key}:{run.record.turns}"
         plan = plan_reply(
             run.messages,
             TOOLS,
             self.script,
-            prompt_text=prompt,
+            prompt_text=prompt if isinstance(prompt, str) else "",
             tool_results=run.tool_results,
             call_nonce=nonce,
             plan_key=run.plan,
+            prompt_hash=prompt_hash,
         )
         ask = Ask(
             turn_id=f"turn-{nonce}",
@@ -237,7 +322,7 @@ class Agent:
             agent=self.index,
             routing_text=routing_text(run.messages),
             expected_resume=plan.kind is ReplyKind.TOOL_CALL,
-            context_tokens=count_tokens(prompt),
+            context_tokens=context_tokens,
         )
         asked_at = self.world.now
 
@@ -303,8 +388,7 @@ class Agent:
             "query": query,
             "facts": [filler_fact(self.seed, "lookup", query, i) for i in range(int(limit))],
         }
-        run.messages = [
-            *run.messages,
+        new: list[dict[str, Any]] = [
             {
                 "role": "assistant",
                 "content": None,
@@ -318,6 +402,13 @@ class Agent:
             },
             {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)},
         ]
+        run.messages = [*run.messages, *new]
+        if run.chain is not None:
+            for message in new:
+                rendered = render_message(message)
+                run.chain.append(rendered)
+                if run.hashes is not None:
+                    run.hashes.feed(rendered)
         delay = self.rng.uniform(*LOOKUP_DELAY_RANGE)
         run.record.tool_s += delay
         self.world.after(delay, lambda: self._turn(run))
@@ -346,3 +437,18 @@ class _Run:
     record: RunRecord
     plan: str | None = None  # the fake engine's plan key (None: replies drawn from the prompt)
     pending_call: ToolCall | None = None  # the tool call the turn in flight will make
+    # The prompt so far, less the reply's header: its chain, and its running hash where
+    # the replies are drawn from it (None: the prompt is rendered as text at each turn).
+    chain: PromptChain | None = None
+    hashes: RunningHash | None = None
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_prompt(
+    context_chars: int, block_chars: int, *, hashed: bool
+) -> tuple[PromptChain, RunningHash | None]:
+    """What every run's prompt starts with (the tools, the preamble): its chain and its
+    running hash (hashed), to be copied, never changed."""
+    text = render_head(TOOLS) + render_message(content.conversation(context_chars, "")[0])
+    chain = PromptChain(block_chars).append(text)
+    return chain, RunningHash(("conversation", "call")).feed(text) if hashed else None

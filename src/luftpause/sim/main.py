@@ -111,6 +111,9 @@ class SimConfig:
     # and tools ``--time-scale`` times faster than real time but vLLM's router in real
     # seconds; to reproduce such a flood, its time scale.
     vllm_clock_scale: float = 1.0
+    # Prompts rendered and hashed as text at every turn, as the fake engine reads them
+    # (True), or carried as block chains (agents.py, shaped.py): the same runs.
+    text_prompts: bool = False
 
 
 @dataclass
@@ -240,11 +243,12 @@ def simulate(
                 agent = ShapedAgent(
                     len(agents), group, MODEL, world, arm, by_name, records, config.seed,
                     config.profiles[group.profile], config.plan_seed, slot=i,
+                    text_prompts=config.text_prompts,
                 )  # fmt: skip
             else:
                 agent = Agent(
                     len(agents), group, MODEL, world, arm, by_name, records, config.seed,
-                    config.script, config.plan_seed, slot=i,
+                    config.script, config.plan_seed, slot=i, text_prompts=config.text_prompts,
                 )  # fmt: skip
             agents.append(agent)
             agent.start(group.start_s + config.ramp_s * i / group.count)
@@ -254,7 +258,7 @@ def simulate(
     for run in config.replay:
         player = ShapedAgent(
             len(agents) + len(players), by_group[run.group], MODEL, world, arm, by_name, records,
-            config.seed,
+            config.seed, text_prompts=config.text_prompts,
         )  # fmt: skip
         player.replay(run.plan, run.id, run.start_s)
         players.append(player)
@@ -536,6 +540,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "from each conversation",
     )
     sim.add_argument(
+        "--text-prompts",
+        action="store_true",
+        help="render and hash every prompt as text at every turn, as the fake engine reads it "
+        "(slower; the same runs as the default, which carries prompts as block chains)",
+    )
+    sim.add_argument(
         "--probe-s",
         type=positive_float,
         default=2.0,
@@ -663,6 +673,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         smg_load_poll_s=args.smg_load_poll_s,
         plan_seed=args.plan_seed,
         vllm_clock_scale=args.vllm_clock_scale,
+        text_prompts=args.text_prompts,
     )
 
 

@@ -12,7 +12,10 @@ generator's text, the same for every run of a profile or trace), then the run's 
 text, which starts with its run key; each turn's prompt extends the previous one by
 the planned number of tokens, so the engine's prefix cache sees a conversation grow
 as it would. A plan whose prompt shrinks (a compaction) starts a new text after the
-system prompt. Sub-agents are runs of their own (their own run IDs, the parent's
+system prompt. The engine is sent each prompt as its block chain (``PromptChain``),
+extended turn by turn: the system prompt and the run's key are keyed as text, the rest
+(the run's own) by its length, as the text keys it (``text_prompts``: as text, hashed
+at every turn). Sub-agents are runs of their own (their own run IDs, the parent's
 class, caller and agent index), started together when the parent's tool turn ends;
 the parent's next turn waits for the last of them. A run's record holds its
 sub-agents' turns and tokens too (as the load generator's does).
@@ -28,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from luftpause.fakes.engine.model import FinishedRequest
+from luftpause.fakes.engine.model import FinishedRequest, PromptChain
 from luftpause.loadgen.mix import Group
 from luftpause.loadgen.shaped import pad, shared_text
 from luftpause.loadgen.stats import ErrorRecord, RunRecord
@@ -43,11 +46,25 @@ Ended = Callable[["_Play", "str | None", str], None]  # the play, failure kind (
 
 def first_text(plan: RunPlan, key: str, tokens: int) -> str:
     """A fresh prompt of exactly ``tokens`` tokens: the shared system prompt, then the run's."""
+    text, padding = first_parts(plan, key, tokens)
+    return text + pad(padding or 0)
+
+
+def first_parts(plan: RunPlan, key: str, tokens: int) -> tuple[str, int | None]:
+    """``first_text`` as its text up to the end of the run's key, and the characters of
+    padding after it; the text cut short and None where the prompt ends before the key."""
     shared = shared_text(plan.prefix, plan.shared_tokens) if plan.shared_tokens else ""
     head = f"Run {key}: "
     chars = 4 * tokens
     text = shared + head
-    return text[:chars] if len(text) >= chars else text + pad(chars - len(text))
+    return (text[:chars], None) if len(text) > chars else (text, chars - len(text))
+
+
+def first_chain(plan: RunPlan, key: str, tokens: int, block_chars: int) -> PromptChain:
+    """``first_text``'s block chain: once the run's key is in, the rest is the run's own."""
+    text, padding = first_parts(plan, key, tokens)
+    chain = PromptChain(block_chars).append(text)
+    return chain if padding is None else chain.append_opaque(padding, key)
 
 
 def more_text(tokens: int, tag: str) -> str:
@@ -64,6 +81,7 @@ class _Play:
     record: RunRecord
     text: str
     ended: Ended
+    chain: PromptChain | None = None  # the prompt's chain (None: the engine hashes ``text``)
     k: int = 0  # the turn in flight or next
     children_left: int = 0
     child_failure: tuple[str, str] | None = None
@@ -90,8 +108,10 @@ class ShapedAgent:
         profile: Profile | None = None,
         plan_seed: str | None = None,
         slot: int = 0,
+        text_prompts: bool = False,
     ) -> None:
         self.index = index
+        self.text_prompts = text_prompts  # prompts sent as text (else as block chains)
         self.group = group
         self.model = model
         self.world = world
@@ -166,8 +186,16 @@ class ShapedAgent:
             turns=0,
             tool_calls=0,
         )
-        play = _Play(plan, key, record, first_text(plan, key, plan.turns[0].prompt_tokens), ended)
+        tokens = plan.turns[0].prompt_tokens
+        play = _Play(plan, key, record, first_text(plan, key, tokens), ended)
+        play.chain = self._chain(plan, key, tokens)
         self._turn(play)
+
+    def _chain(self, plan: RunPlan, key: str, tokens: int) -> PromptChain | None:
+        if self.text_prompts:
+            return None
+        block_chars = next(iter(self.replicas.values())).model.params.block_chars
+        return first_chain(plan, key, tokens, block_chars)
 
     def _turn(self, play: _Play) -> None:
         turn = play.plan.turns[play.k]
@@ -189,7 +217,7 @@ class ShapedAgent:
             self.arm,
             self.replicas,
             ask,
-            play.text,
+            play.text if play.chain is None else play.chain.prompt(),
             reply_tokens=turn.completion_tokens,
             max_new_tokens=turn.completion_tokens,
             replied=lambda replica, held_s, done: self._replied(
@@ -242,9 +270,14 @@ class ShapedAgent:
         record.tool_calls += 1
         following = play.plan.turns[play.k + 1].prompt_tokens
         if following >= turn.prompt_tokens:
-            play.text += more_text(following - turn.prompt_tokens, f"{play.key}:{play.k + 1}")
+            more = more_text(following - turn.prompt_tokens, f"{play.key}:{play.k + 1}")
+            play.text += more
+            if play.chain is not None:
+                play.chain.append(more)
         else:  # compacted: a fresh conversation after the system prompt
-            play.text = first_text(play.plan, f"{play.key}@{play.k + 1}", following)
+            key = f"{play.key}@{play.k + 1}"
+            play.text = first_text(play.plan, key, following)
+            play.chain = None if play.chain is None else self._chain(play.plan, key, following)
         play.k += 1
         if turn.subagents:
             self._start_children(play, turn.subagents)

@@ -224,7 +224,7 @@ class EngineRequest:
     """One generation request as the engine sees it."""
 
     request_id: str
-    prompt_text: str  # the rendered prompt; its blocks key the prefix cache
+    prompt_text: str  # the rendered prompt; its blocks key the prefix cache (unless ``prompt``)
     reply_tokens: int  # natural reply length (the script's); the engine stops earlier at the cap
     max_new_tokens: int | None = None  # None: context_length - prompt tokens (SGLang's default)
     priority: int = 0
@@ -232,6 +232,9 @@ class EngineRequest:
     # finishes, its prompt's blocks are kept for ``retain_s`` under ``retain_key``.
     retain_key: str = ""
     retain_s: float = 0.0
+    # The prompt as its length and block chain (``PromptChain.prompt``) instead of text:
+    # given, ``prompt_text`` is not read (the simulator's prompts, never written out).
+    prompt: BlockPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -400,32 +403,40 @@ class BlockCache:
 
     def match(self, chain: Sequence[int]) -> int:
         """How many leading blocks of ``chain`` are cached."""
-        n = 0
-        for key in chain:
-            if key not in self._blocks:
-                break
-            n += 1
-        return n
+        blocks = self._blocks
+        for n, key in enumerate(chain):
+            if key not in blocks:
+                return n
+        return len(chain)
 
     def evictable_among(self, chain: Sequence[int]) -> int:
-        evictable, kept = self._evictable, self._kept_lru
-        return sum(1 for key in chain if key in evictable or key in kept) * self.block_tokens
+        # (a chain's keys are distinct: each stands for its whole prefix)
+        among = len(self._evictable.keys() & chain) + len(self._kept_lru.keys() & chain)
+        return among * self.block_tokens
 
-    def lock(self, chain: Sequence[int]) -> None:
+    def uncached(self, chain: Sequence[int]) -> int:
+        """How many blocks of ``chain`` are not cached."""
+        return len(chain) - len(self._blocks.keys() & chain)
+
+    def lock(self, chain: Sequence[int], insert: bool = False) -> None:
+        """Reference each block of ``chain``, all cached; with ``insert``, a block that is
+        not is inserted, referenced once."""
         blocks = self._blocks
         evictable = self._evictable
         kept = self._kept_lru
         for key in chain:
-            refs = blocks[key]
+            refs = blocks.get(key, -1)
+            if refs < 0:
+                if not insert:
+                    raise KeyError(key)
+                blocks[key] = 1
+                continue
             blocks[key] = refs + 1
             if not refs:
                 if key in evictable:
                     del evictable[key]
                 else:
                     kept.pop(key, None)
-
-    def insert_locked(self, key: int) -> None:
-        self._blocks[key] = 1
 
     def unlock(self, chain: Sequence[int]) -> None:
         # Release leaf first so the leaf ends up older than its parent: LRU then
@@ -536,12 +547,95 @@ def block_chain(text: str, block_chars: int) -> tuple[int, ...]:
     one process, where equal prefixes always get equal keys, and two different prefixes
     share one with a chance of 2⁻⁶⁴ per pair. It is about five times cheaper than a
     cryptographic hash, and every turn's whole prompt goes through here."""
-    chain: list[int] = []
-    key = 0
-    for start in range(0, len(text) - block_chars + 1, block_chars):
-        key = hash((key, text[start : start + block_chars]))
-        chain.append(key)
-    return tuple(chain)
+    return PromptChain(block_chars).append(text).prompt().blocks
+
+
+@dataclass(frozen=True)
+class BlockPrompt:
+    """A prompt as the engine model reads it: its tokens and its full blocks' keys."""
+
+    tokens: int
+    blocks: tuple[int, ...]
+    block_chars: int  # the blocks' size (the engine's ``block_chars``)
+
+
+class PromptChain:
+    """A prompt that grows at its end (a conversation's next turn extends its last), held
+    as its length and its blocks' keys rather than its text: each ``append`` keys only
+    the blocks it completes, as ``block_chain`` keys the whole text's (the same keys).
+
+    ``append_opaque(chars, identity)`` adds ``chars`` characters without their text (a
+    run's long task, never written out). From there on the text is not needed: block *i*
+    is keyed *base + i*, where *base* is a hash of the key before the opaque part and
+    ``identity`` (distinct runs' keys meet with a chance of about blocks / 2⁶³ per
+    pair), and ``append`` adds length only. That shares the same blocks between prompts
+    as their text would if ``identity`` names one conversation (prompts under one
+    identity extend each other) and the text before the opaque part already tells it
+    from every other (two runs' task heads name the run): then no block from the opaque
+    part on is shared with another conversation, by text or by these keys, and the
+    conversation's own turns share all of their common blocks either way."""
+
+    __slots__ = ("_base", "_blocks", "_identity", "_key", "_tail", "block_chars", "chars")
+
+    def __init__(self, block_chars: int) -> None:
+        if block_chars < CHARS_PER_TOKEN or block_chars % CHARS_PER_TOKEN:
+            raise ValueError(f"block_chars must be a positive multiple of {CHARS_PER_TOKEN}")
+        self.block_chars = block_chars
+        self.chars = 0
+        self._blocks: list[int] = []
+        self._key = 0
+        self._tail = ""  # the text of the last, unfilled block (while the text is known)
+        self._identity: str | None = None  # set by the first opaque part
+        self._base = 0  # from the first opaque part on, block i's key is _base + i
+
+    @property
+    def tokens(self) -> int:
+        return -(-self.chars // CHARS_PER_TOKEN)  # count_tokens of the text
+
+    def copy(self) -> PromptChain:
+        other = PromptChain.__new__(PromptChain)
+        other.block_chars = self.block_chars
+        other.chars = self.chars
+        other._blocks = self._blocks.copy()
+        other._key = self._key
+        other._tail = self._tail
+        other._identity = self._identity
+        other._base = self._base
+        return other
+
+    def append(self, text: str) -> PromptChain:
+        if self._identity is not None:
+            return self._grow(len(text))
+        bc = self.block_chars
+        tail = self._tail + text
+        full = len(tail) - len(tail) % bc
+        key = self._key
+        blocks = self._blocks
+        for start in range(0, full, bc):
+            key = hash((key, tail[start : start + bc]))
+            blocks.append(key)
+        self._key = key
+        self._tail = tail[full:]
+        self.chars += len(text)
+        return self
+
+    def append_opaque(self, chars: int, identity: str) -> PromptChain:
+        """``chars`` characters of text unique to the conversation ``identity`` names."""
+        if self._identity is None:
+            self._identity = identity
+            self._tail = ""
+            self._base = hash((self._key, identity))
+        return self._grow(chars)
+
+    def _grow(self, chars: int) -> PromptChain:
+        self.chars += chars
+        blocks = self._blocks
+        base = self._base
+        blocks.extend(range(base + len(blocks), base + self.chars // self.block_chars))
+        return self
+
+    def prompt(self) -> BlockPrompt:
+        return BlockPrompt(self.tokens, tuple(self._blocks), self.block_chars)
 
 
 class EngineModel:
@@ -582,7 +676,14 @@ class EngineModel:
             raise SubmitError("a retention time must be a finite number of seconds >= 0")
         if request.retain_s > 0 and not request.retain_key:
             raise SubmitError("a retention time needs a retention key")
-        prompt = max(1, count_tokens(request.prompt_text))
+        given = request.prompt
+        if given is not None and given.block_chars != p.block_chars:
+            raise SubmitError(
+                f"the prompt's blocks are {given.block_chars} characters; "
+                f"this engine's are {p.block_chars}"
+            )
+        tokens = count_tokens(request.prompt_text) if given is None else given.tokens
+        prompt = max(1, tokens)
         max_new = resolve_max_new(p, prompt, request.max_new_tokens)
         r = _Req(
             req=request,
@@ -590,7 +691,9 @@ class EngineModel:
             prompt_tokens=prompt,
             max_new=max_new,
             target=max(1, min(request.reply_tokens, max_new)),
-            blocks=block_chain(request.prompt_text, p.block_chars),
+            blocks=block_chain(request.prompt_text, p.block_chars)
+            if given is None
+            else given.blocks,
             enqueued_at=now,
         )
         self._seq += 1
@@ -830,13 +933,8 @@ class EngineModel:
         private = r.prompt_tokens - len(r.blocks) * bt + r.out
         # Blocks admitted in this same iteration by a request with the same prefix
         # are shared rather than duplicated.
-        new_keys = [k for k in fresh if k not in self.cache]
-        self._allocate(len(new_keys) * bt + private)
-        for key in fresh:
-            if key in self.cache:
-                self.cache.lock((key,))
-            else:
-                self.cache.insert_locked(key)
+        self._allocate(self.cache.uncached(fresh) * bt + private)
+        self.cache.lock(fresh, insert=True)
         r.locked = r.blocks
         r.private = private
         self._private += private

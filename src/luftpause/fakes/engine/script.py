@@ -69,6 +69,8 @@ from typing import Any
 
 from luftpause.fakes.engine.tokens import (
     CHARS_PER_TOKEN,
+    PromptHash,
+    TextHash,
     count_tokens,
     filler_tokens,
     split_tokens,
@@ -490,6 +492,7 @@ def plan_reply(
     call_nonce: str = "",
     ignore_eos: bool = False,
     plan_key: str | None = None,
+    prompt_hash: PromptHash | None = None,
 ) -> ReplyPlan:
     """Decide the reply to a conversation. Keyword overrides come from request headers.
 
@@ -503,10 +506,14 @@ def plan_reply(
     tool results so far: two runs with one plan key get the same replies, turn for
     turn, whatever their prompt text (common random numbers, for loads compared arm
     against arm or against the simulator).
+
+    The prompt text is read only through its hashes: ``prompt_hash``, given, stands for
+    ``prompt_text`` (a prompt held as a running hash, ``tokens.RunningHash``).
     """
     done = count_tool_results(messages)
+    hashes = TextHash(prompt_text) if prompt_hash is None else prompt_hash
     if plan_key is None:
-        seed = f"{options.seed}:{stable_hash('conversation', prompt_text):016x}"
+        seed = f"{options.seed}:{hashes.hash('conversation'):016x}"
     else:
         seed = f"{options.seed}:{stable_hash('plan', plan_key, str(done)):016x}"
     want_results = options.tool_results if tool_results is None else tool_results
@@ -542,7 +549,7 @@ def plan_reply(
             nonce = call_nonce if i == 0 else f"{call_nonce}/{i}"
             calls.append(
                 ToolCall(
-                    id=f"call_{stable_hash('call', prompt_text, str(done), nonce):016x}",
+                    id=f"call_{hashes.hash('call', str(done), nonce):016x}",
                     name=name,
                     arguments=json.dumps(args),
                 )

@@ -35,7 +35,8 @@ import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 CHARS_PER_TOKEN = 4
 #: tokens an image part counts for: a 336x336 image in LLaVA-1.5 (24 x 24 patches);
@@ -108,9 +109,66 @@ def stable_hash(*parts: str) -> int:
     """A 64-bit hash of ``parts`` that is the same in every process (unlike ``hash``)."""
     h = hashlib.blake2b(digest_size=8)
     for part in parts:
-        h.update(part.encode("utf-8", "surrogatepass"))
-        h.update(b"\x1f")
+        h.update(_encode(part))
+        h.update(_PART_END)
     return int.from_bytes(h.digest(), "big")
+
+
+_PART_END = b"\x1f"
+
+
+def _encode(part: str) -> bytes:
+    return part.encode("utf-8", "surrogatepass")
+
+
+class PromptHash(Protocol):
+    """``stable_hash(tag, prompt_text, *after)`` of one prompt, however the prompt is held."""
+
+    def hash(self, tag: str, *after: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class TextHash:
+    """A ``PromptHash`` of a prompt's text."""
+
+    text: str
+
+    def hash(self, tag: str, *after: str) -> int:
+        return stable_hash(tag, self.text, *after)
+
+
+class RunningHash:
+    """A ``PromptHash`` of a prompt that grows at its end (``feed``), without its text held:
+    for each of ``tags``, the hash state after ``tag`` and the text fed so far."""
+
+    __slots__ = ("_states",)
+
+    def __init__(self, tags: Iterable[str] = ()) -> None:
+        self._states: dict[str, Any] = {}
+        for tag in tags:
+            h = hashlib.blake2b(digest_size=8)
+            h.update(_encode(tag))
+            h.update(_PART_END)
+            self._states[tag] = h
+
+    def feed(self, text: str) -> RunningHash:
+        data = _encode(text)
+        for h in self._states.values():
+            h.update(data)
+        return self
+
+    def copy(self) -> RunningHash:
+        other = RunningHash()
+        other._states = {tag: h.copy() for tag, h in self._states.items()}
+        return other
+
+    def hash(self, tag: str, *after: str) -> int:
+        h = self._states[tag].copy()
+        h.update(_PART_END)
+        for part in after:
+            h.update(_encode(part))
+            h.update(_PART_END)
+        return int.from_bytes(h.digest(), "big")
 
 
 def filler_tokens(n: int, seed: str) -> list[str]:
@@ -161,23 +219,37 @@ def _image_text(image_url: Any) -> str:
     return marker.ljust(IMAGE_TOKENS * CHARS_PER_TOKEN, "_")
 
 
+#: what ends every rendered prompt: the header of the reply the engine is to write (a
+#: conversation's next turn renders that reply's message from the same header, so each
+#: turn's prompt extends the last's)
+ASSISTANT_PROMPT = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def render_head(tools: Iterable[Mapping[str, Any]] | None = None) -> str:
+    """The start of every prompt: the begin marker and, with tools offered, their block."""
+    tool_list = list(tools or [])
+    if not tool_list:
+        return "<|begin_of_text|>"
+    return (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+        + "Tools: "
+        + json.dumps(tool_list, sort_keys=True, separators=(",", ":"))
+        + "<|eot_id|>"
+    )
+
+
+def render_message(message: Mapping[str, Any]) -> str:
+    """One message as the prompt holds it (``render_messages`` joins them)."""
+    role = str(message.get("role", "user"))
+    out = f"<|start_header_id|>{role}<|end_header_id|>\n\n" + _content_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if calls:
+        out += json.dumps(calls, sort_keys=True, separators=(",", ":"))
+    return out + "<|eot_id|>"
+
+
 def render_messages(
     messages: Sequence[Mapping[str, Any]], tools: Iterable[Mapping[str, Any]] | None = None
 ) -> str:
     """Render a chat conversation into the prompt text the engine prefills."""
-    out: list[str] = ["<|begin_of_text|>"]
-    tool_list = list(tools or [])
-    if tool_list:
-        out.append("<|start_header_id|>system<|end_header_id|>\n\n")
-        out.append("Tools: " + json.dumps(tool_list, sort_keys=True, separators=(",", ":")))
-        out.append("<|eot_id|>")
-    for message in messages:
-        role = str(message.get("role", "user"))
-        out.append(f"<|start_header_id|>{role}<|end_header_id|>\n\n")
-        out.append(_content_text(message.get("content")))
-        calls = message.get("tool_calls")
-        if calls:
-            out.append(json.dumps(calls, sort_keys=True, separators=(",", ":")))
-        out.append("<|eot_id|>")
-    out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
-    return "".join(out)
+    return render_head(tools) + "".join(map(render_message, messages)) + ASSISTANT_PROMPT
