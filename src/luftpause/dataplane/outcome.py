@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -50,11 +50,11 @@ class TurnOutcome:
     def read_usage(self, usage: Any) -> None:
         if not isinstance(usage, dict):
             return
-        self.prompt_tokens = _int(usage.get("prompt_tokens"))
-        self.completion_tokens = _int(usage.get("completion_tokens"))
+        self.prompt_tokens = count(usage.get("prompt_tokens"))
+        self.completion_tokens = count(usage.get("completion_tokens"))
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
-            self.cached_tokens = _int(details.get("cached_tokens"))
+            self.cached_tokens = count(details.get("cached_tokens"))
 
     def read_completion_bytes(self, raw: bytes) -> None:
         """Read a non-streamed reply as the engine sent it; a body that is not JSON
@@ -68,7 +68,7 @@ class TurnOutcome:
         if not isinstance(body, dict):
             return
         self.read_usage(body.get("usage"))
-        for choice in _list(body.get("choices")):
+        for choice in listed(body.get("choices")):
             if not isinstance(choice, dict):
                 continue
             self.finish_reason = _reason(choice.get("finish_reason")) or self.finish_reason
@@ -84,7 +84,7 @@ class TurnOutcome:
             return
         if chunk.get("usage"):
             self.read_usage(chunk["usage"])
-        for choice in _list(chunk.get("choices")):
+        for choice in listed(chunk.get("choices")):
             if not isinstance(choice, dict):
                 continue
             self.finish_reason = _reason(choice.get("finish_reason")) or self.finish_reason
@@ -125,14 +125,24 @@ def loads(raw: bytes) -> Any:
 
 # What an engine's reply may say is read defensively: the values go into report
 # messages (uint64, UTF-8 strings), and a value they cannot carry must not stop the
-# turn from being reported.
+# turn from being reported. (The client API packages read with the same helpers:
+# ``apis/_shared.py``.)
 _MAX_COUNT = 2**63
 
 
-def _int(value: Any) -> int:
+def is_int(value: Any) -> TypeGuard[int]:
+    """An integer (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_count(value: Any) -> bool:
+    """A token count: an integer (not a bool) that a report's uint64 can carry."""
+    return is_int(value) and 0 <= value < _MAX_COUNT
+
+
+def count(value: Any) -> int:
     """A token count, or 0 for anything that is not one (a bool is not)."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT
-    return value if ok else 0
+    return value if is_count(value) else 0
 
 
 def _reason(value: Any) -> str:
@@ -142,5 +152,6 @@ def _reason(value: Any) -> str:
     return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
 
 
-def _list(value: Any) -> list[Any]:
+def listed(value: Any) -> list[Any]:
+    """``value`` if it is a list, else an empty one."""
     return value if isinstance(value, list) else []
