@@ -23,15 +23,22 @@ def bearer(token: str) -> str:
     return f"Bearer {token}"
 
 
-def bearer_ok(authorization: str | bytes | None, token: str) -> bool:
-    """Whether an ``Authorization`` value carries ``token`` (scheme case-insensitive)."""
+def bearer_value(authorization: str | bytes | None) -> str | None:
+    """What an ``Authorization`` value carries after its ``Bearer`` scheme (in any
+    case), or None when it is not a bearer credential."""
     if authorization is None:
-        return False
+        return None
     if isinstance(authorization, bytes):
         authorization = authorization.decode("latin-1")
-    scheme, _, given = authorization.strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        given.strip().encode("utf-8", "surrogateescape"), token.encode()
+    scheme, _, value = authorization.strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+def bearer_ok(authorization: str | bytes | None, token: str) -> bool:
+    """Whether an ``Authorization`` value carries ``token`` (scheme case-insensitive)."""
+    given = bearer_value(authorization)
+    return given is not None and hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), token.encode()
     )
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from luftpause.auth import api_key_ok, bearer_ok
+from luftpause.auth import api_key_ok, bearer_ok, bearer_value
 from luftpause.config import CallerConfig, ConfigError
 
 log = logging.getLogger("luftpause.callers")
@@ -337,7 +337,7 @@ class Gate:
             return TRUSTED
         if self.keyring is None:
             return None
-        presented = _bearer_value(authorization)
+        presented = bearer_value(authorization)
         caller = self.keyring.lookup(presented) if presented is not None else None
         if caller is None and api_key is not None:
             caller = self.keyring.lookup(api_key)
@@ -355,15 +355,6 @@ def _is_token(
         return check(value, token)
     except UnicodeError:  # a lone surrogate: no header holds one, and no token is one
         return False
-
-
-def _bearer_value(authorization: str | bytes | None) -> str | None:
-    if authorization is None:
-        return None
-    if isinstance(authorization, bytes):
-        authorization = authorization.decode("latin-1")
-    scheme, _, value = authorization.strip().partition(" ")
-    return value.strip() if scheme.lower() == "bearer" else None
 
 
 def gate_for(
