@@ -34,7 +34,7 @@ import logging
 import secrets
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,38 +92,45 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
+def key_words(text: str) -> Iterator[tuple[int, str]]:
+    """The words of a key file's text (or an environment variable's value) with their
+    line numbers: keys or ``sha256:`` lines, separated by commas or spaces, ``#`` starting
+    a comment."""
+    for number, line in enumerate(text.splitlines(), 1):
+        for word in line.split("#", 1)[0].replace(",", " ").split():
+            yield number, word
+
+
 def parse_keys(text: str, source: str) -> tuple[list[bytes], list[str]]:
     """The key digests in a key file's text (or an environment variable's value, where
     keys are separated by commas or spaces), and what is wrong with it, by line, never
     quoting a key."""
     digests: list[bytes] = []
     problems: list[str] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        for word in line.replace(",", " ").split():
-            if word.lower().startswith(HASH_PREFIX):
-                hex_part = word[len(HASH_PREFIX) :]
-                try:
-                    raw = bytes.fromhex(hex_part)
-                except ValueError:
-                    raw = b""
-                if len(raw) != 32:
-                    problems.append(f"{source}, line {number}: a sha256: line needs 64 hex digits")
-                    continue
-                digests.append(raw)
-            elif len(word) < 16 or len(word) > MAX_KEY_CHARS:
-                problems.append(
-                    f"{source}, line {number}: a key must be 16 to {MAX_KEY_CHARS} characters "
-                    f"(this one has {len(word)}); `luftpause keys new` makes one"
-                )
-            elif not (word.isascii() and word.isprintable()):
-                # An HTTP header carries such a key as bytes no client and server agree on.
-                problems.append(
-                    f"{source}, line {number}: a key must be printable ASCII; "
-                    "`luftpause keys new` makes one"
-                )
-            else:
-                digests.append(_digest(word))
+    for number, word in key_words(text):
+        if word.lower().startswith(HASH_PREFIX):
+            hex_part = word[len(HASH_PREFIX) :]
+            try:
+                raw = bytes.fromhex(hex_part)
+            except ValueError:
+                raw = b""
+            if len(raw) != 32:
+                problems.append(f"{source}, line {number}: a sha256: line needs 64 hex digits")
+                continue
+            digests.append(raw)
+        elif len(word) < 16 or len(word) > MAX_KEY_CHARS:
+            problems.append(
+                f"{source}, line {number}: a key must be 16 to {MAX_KEY_CHARS} characters "
+                f"(this one has {len(word)}); `luftpause keys new` makes one"
+            )
+        elif not (word.isascii() and word.isprintable()):
+            # An HTTP header carries such a key as bytes no client and server agree on.
+            problems.append(
+                f"{source}, line {number}: a key must be printable ASCII; "
+                "`luftpause keys new` makes one"
+            )
+        else:
+            digests.append(_digest(word))
     return digests, problems
 
 

@@ -36,6 +36,7 @@ from luftpause.callers import (
     KeyedCaller,
     Keyring,
     key_hash,
+    key_words,
     new_key,
     parse_keys,
 )
@@ -304,9 +305,7 @@ def keys_hash(stdin: BinaryIO, out: TextIO) -> int:
 def _count(text: str) -> tuple[int, bool]:
     """How many keys a source holds, and whether any is a key rather than a hash."""
     digests, _ = parse_keys(text, "")
-    words = (
-        w for line in text.splitlines() for w in line.split("#", 1)[0].replace(",", " ").split()
-    )
+    words = (w for _, w in key_words(text))
     return len(set(digests)), any(not w.lower().startswith(HASH_PREFIX) for w in words)
 
 
