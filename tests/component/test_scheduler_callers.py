@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from _clock import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
@@ -47,14 +48,6 @@ max_in_flight = 1
 daily_tokens = 1000000
 """
 NOON = 20_000 * 86_400 + 43_200.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

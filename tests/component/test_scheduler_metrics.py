@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from _clock import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.scheduler.core import (
@@ -38,14 +39,6 @@ SPECS = (
 )
 P = "luftpause_scheduler_"
 Labels = tuple[tuple[str, str], ...]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _clock import Clock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,14 +52,6 @@ def caller(name: str, **kw: Any) -> CallerConfig:
 def raw(key: str) -> bytes:
     """A key's digest as ``parse_keys`` returns it."""
     return bytes.fromhex(key_hash(key).removeprefix("sha256:"))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 _mtime = [1_700_000_000_000_000_000]

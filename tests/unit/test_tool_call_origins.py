@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from _clock import Clock
 
 from luftpause.runtime.protocol import HARNESS_CALL_ID_KEYS, harness_call_id
 from luftpause.tool_calls import (
@@ -17,17 +18,9 @@ from luftpause.tool_calls import (
 ORIGIN = ToolCallOrigin("", "claude-code-s1@m", "interactive", "client:x", None)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_each_id_names_its_turn() -> None:
     """D: every ID of a reply maps to that reply's run, class, caller and trace context."""
-    origins = ToolCallOrigins(Clock(), 60.0, 10)
+    origins = ToolCallOrigins(Clock(100.0), 60.0, 10)
     traced = ToolCallOrigin("", "r1", "batch", "c", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
     origins.remember(["a", "b", ""], traced)
     found = origins.origin("b")
@@ -43,7 +36,7 @@ def test_each_id_names_its_turn() -> None:
 
 def test_the_map_is_bounded_oldest_dropped_first() -> None:
     """D: past ``max_entries`` the oldest entries go; a repeated ID counts as new."""
-    origins = ToolCallOrigins(Clock(), 60.0, 3)
+    origins = ToolCallOrigins(Clock(100.0), 60.0, 3)
     origins.remember(["a", "b", "c"], ORIGIN)
     origins.remember(["a"], ORIGIN)  # moves to the back
     origins.remember(["d"], ORIGIN)
@@ -51,12 +44,12 @@ def test_the_map_is_bounded_oldest_dropped_first() -> None:
     assert origins.origin("b") is None
     assert [i for i in "acd" if origins.origin(i) is not None] == ["a", "c", "d"]
     with pytest.raises(ValueError, match="max_entries"):
-        ToolCallOrigins(Clock(), 60.0, 0)
+        ToolCallOrigins(Clock(100.0), 60.0, 0)
 
 
 def test_entries_expire_and_are_swept() -> None:
     """D: an entry older than the run idle expiry is not found, and a sweep drops it."""
-    clock = Clock()
+    clock = Clock(100.0)
     origins = ToolCallOrigins(clock, 60.0, 100)
     origins.remember(["old"], ORIGIN)
     clock.now += 30
@@ -91,7 +84,7 @@ def test_an_id_two_runs_made_names_neither_until_it_expires() -> None:
     must not file one run's turn, or one harness's sub-agent, under another: an ID
     remembered for a second run is ambiguous; the same run again is not; once expired
     the next run owns it."""
-    clock = Clock()
+    clock = Clock(100.0)
     origins = ToolCallOrigins(clock, 60.0, 100)
     b = ToolCallOrigin("", "run-b", "batch", "other", None)
     origins.remember(["functions.spawn:0"], ORIGIN)
@@ -110,7 +103,7 @@ def test_an_id_two_runs_made_names_neither_until_it_expires() -> None:
 def test_only_reportable_ids_are_remembered() -> None:
     """D (#38): one turn's IDs count at most MAX_CALLS_PER_TURN, none longer than
     MAX_CALL_ID_CHARS, so one reply cannot flush every other run's entries."""
-    origins = ToolCallOrigins(Clock(), 60.0, 1000)
+    origins = ToolCallOrigins(Clock(100.0), 60.0, 1000)
     origins.remember(["keep"], ORIGIN)
     many = [f"c{i}" for i in range(MAX_CALLS_PER_TURN + 10)]
     origins.remember(["x" * (MAX_CALL_ID_CHARS + 1), *many], ORIGIN)
