@@ -14,6 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from luftpause.fakes.engine import script, tokens
+from luftpause.fakes.engine.blocks import block_chain
 from luftpause.fakes.engine.model import (
     CLIP_MAX_NEW_TOKENS,
     DECODE_LOG_INTERVAL,
@@ -26,7 +27,6 @@ from luftpause.fakes.engine.model import (
     StepKind,
     StepResult,
     SubmitError,
-    block_chain,
     sglang_max_running,
 )
 from luftpause.fakes.engine.script import (

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from luftpause.fakes.engine.blocks import block_chain
 from luftpause.fakes.engine.model import (
     EngineModel,
     EngineParams,
@@ -19,7 +20,6 @@ from luftpause.fakes.engine.model import (
     Phase,
     StepResult,
     SubmitError,
-    block_chain,
 )
 
 SMALL = EngineParams(

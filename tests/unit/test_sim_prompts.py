@@ -10,14 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luftpause.fakes.engine.model import (
-    EngineModel,
-    EngineParams,
-    EngineRequest,
-    PromptChain,
-    SubmitError,
-    block_chain,
-)
+from luftpause.fakes.engine.blocks import PromptChain, block_chain
+from luftpause.fakes.engine.model import EngineModel, EngineParams, EngineRequest, SubmitError
 from luftpause.fakes.engine.tokens import RunningHash, count_tokens, stable_hash
 from luftpause.loadgen import content
 from luftpause.loadgen.mix import Group, ToolCalls

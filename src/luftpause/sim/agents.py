@@ -36,13 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from luftpause.fakes.engine.model import (
-    BlockPrompt,
-    EngineRequest,
-    FinishedRequest,
-    PromptChain,
-    SubmitError,
-)
+from luftpause.fakes.engine.blocks import BlockPrompt, PromptChain
+from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
 from luftpause.fakes.engine.script import (
     ReplyKind,
     ScriptOptions,

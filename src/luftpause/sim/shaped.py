@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from luftpause.fakes.engine.model import FinishedRequest, PromptChain
+from luftpause.fakes.engine.blocks import PromptChain
+from luftpause.fakes.engine.model import FinishedRequest
 from luftpause.loadgen.mix import Group
 from luftpause.loadgen.shaped import pad, shared_text
 from luftpause.loadgen.stats import ErrorRecord, RunRecord
