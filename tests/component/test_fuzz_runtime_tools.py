@@ -54,6 +54,7 @@ import json
 import logging
 import math
 import os
+import random
 import tempfile
 import time
 from collections import Counter
@@ -909,6 +910,30 @@ def test_one_key_spawned_from_both_eras_at_once_starts_one_run(harness: Harness)
 
 
 # ----------------------------------------------------------------------------- regressions
+
+
+@pytest.mark.parametrize("text", ["null", "true", "[1]", '{"a": 1}', "1"])
+def test_json_looking_text_arguments_arrive_as_sent(harness: Harness, text: str) -> None:
+    """R2, R8: a text argument that reads as JSON (``"null"``, ``"[1]"``...) is that text:
+    the MCP SDK json-loads a string for a field not annotated ``str`` exactly, which
+    dropped an ``idempotencyKey`` of ``"null"`` (a retry started a second run) and
+    refused ``"[1]"``; the key and the system prompt are kept as sent, in both eras."""
+    rt = harness.rt
+    for era in (LEGACY, MODERN):
+        # JSON allows whitespace around a value: a random tail of blanks makes the key
+        # this test's own (no other test's spawn used it) and still JSON-looking.
+        key = text + "".join(" \t"[bit] for bit in random.Random().choices((0, 1), k=32))
+        assert json.loads(key) == json.loads(text)
+        args = {"task": "once", "idempotencyKey": key, "system": text}
+        handles = []
+        for _ in range(2):
+            kind = harness.example(era, {"name": "spawn", "arguments": args})
+            assert kind == "accepted", harness.last
+            handles.append(harness.handles[-1])
+        assert handles[0] == handles[1]  # the retry found the key
+        run = rt.state.runs[handles[0]]
+        assert run.idempotency_key == key
+        assert run.spec.system == text
 
 
 def _text(result: dict[str, Any]) -> str:

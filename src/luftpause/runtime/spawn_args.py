@@ -10,6 +10,13 @@ settings): adding a spawn option is one field here.
 retries a spawn whose answer it lost sends the same key and gets the same run
 (see ``Runtime.spawn``). :func:`request_digest` fingerprints the rest of the
 arguments, so the same key with other arguments is told apart.
+
+The SDK reads a string argument as JSON first when its field is not annotated
+``str`` exactly (``func_metadata.pre_parse_json``, for clients that send lists as
+JSON text): an optional text field would lose ``"null"`` to ``None`` and refuse
+``"[1]"`` as a list. So the signature annotates each optional text field ``str``
+and lets an explicit ``null`` through with a validator (:data:`_NULL_PASSES`): a
+string arrives as it was sent.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import inspect
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic.alias_generators import to_camel
 
 
@@ -105,6 +112,14 @@ class SpawnArgs(BaseModel):
     ] = None
 
 
+def _null_passes(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    return None if value is None else handler(value)
+
+
+# An optional text field's signature annotation: ``str`` (never pre-parsed as JSON by
+# the SDK), ``null`` still meaning "the default".
+_NULL_PASSES = WrapValidator(_null_passes)
+
 # Fields whose default is a setting: the signature shows the configured value.
 _SETTING_DEFAULTS = ("max_tool_calls", "max_tokens")
 
@@ -120,13 +135,17 @@ def spawn_parameters(*, max_tool_calls: int, max_tokens: int) -> list[inspect.Pa
         if name in _SETTING_DEFAULTS:
             annotation = int  # the setting fills it: the schema shows a number, not null
             default = defaults[name]
+        metadata = list(info.metadata)
+        if annotation == (str | None):
+            annotation = str
+            metadata.append(_NULL_PASSES)
         field = Field(description=description)
         params.append(
             inspect.Parameter(
                 info.alias or name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=default,
-                annotation=Annotated[(annotation, *info.metadata, field)],
+                annotation=Annotated[(annotation, *metadata, field)],
             )
         )
     return params
