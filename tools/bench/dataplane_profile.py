@@ -90,6 +90,12 @@ def main() -> int:
         "--top", type=positive_int, default=30, help="functions to list (default 30)"
     )
     parser.add_argument("--raw", type=Path, help="also keep py-spy's raw folded stacks here")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="sample C frames too (uvloop, httptools, the kernel calls they make); py-spy "
+        "then pauses the process for each sample, so the rate it serves drops",
+    )
     args = parser.parse_args()
     if not args.seconds >= 1:  # py-spy records whole seconds
         parser.error("--seconds must be at least 1")
@@ -134,7 +140,7 @@ def main() -> int:
             target = dataplane if args.process == "dataplane" else scheduler
             raw = args.raw or tmp / "profile.txt"
             turns, rate, cpu_ms = asyncio.run(
-                _load(dataplane, target, spy, raw, args.streams, args.seconds)
+                _load(dataplane, target, spy, raw, args.streams, args.seconds, args.native)
             )
         finally:
             stop_all(started)
@@ -157,7 +163,7 @@ def main() -> int:
 
 async def _load(
     dataplane: ServiceProcess, target: ServiceProcess, spy: str, raw: Path, streams: int,
-    seconds: float,
+    seconds: float, native: bool = False,
 ) -> tuple[int, float, float]:  # fmt: skip
     url = dataplane.urls["http"] + "/v1"
     done = 0
@@ -174,7 +180,7 @@ async def _load(
         await asyncio.gather(*(stream(i, warm) for i in range(streams)))
         record = await asyncio.create_subprocess_exec(
             spy, "record", "-p", str(target.pid), "-r", "250", "-d", str(int(seconds)),
-            "-f", "raw", "-o", str(raw), "--nonblocking",
+            "-f", "raw", "-o", str(raw), *(["--native"] if native else ["--nonblocking"]),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         cpu0, done, t0 = cpu_seconds(dataplane.pid), 0, time.perf_counter()

@@ -10,12 +10,15 @@ engine itself takes almost no time), the scheduler and the dataplane, and the
 real SGLang router (``cache_aware``) in front of the same engines. Then, in one
 run, with arms alternated block by block:
 
-(a) latency of a streamed turn (request sent → ``[DONE]`` read) in four arms:
+(a) latency of a streamed turn (request sent → ``[DONE]`` read) in five arms:
     straight to an engine, through one dataplane, through two dataplane processes
-    sharing one port (``--reuse-port``, as ``dataplane.workers = 2``), and through
-    the router; one at a time and with 20 concurrent streams; the added latency is
-    the difference of an arm's percentiles and the direct arm's;
-(b) closed-loop throughput (turns/s) with 64 concurrent streams in the same four
+    sharing one port (``--reuse-port``, as ``dataplane.workers = 2``), through the
+    router, and through the *floor*: ``bare_relay.py``, a raw ASGI app on the
+    dataplane's own server (uvicorn's httptools protocol on uvloop) that relays each
+    turn to an engine with the dataplane's engine client and does nothing else - the
+    floor of the dataplane's stack; one at a time and with 20 concurrent streams; the
+    added latency is the difference of an arm's percentiles and the direct arm's;
+(b) closed-loop throughput (turns/s) with 64 concurrent streams in the same five
     arms, with each proxy's own CPU time per turn (the dataplanes', the scheduler's,
     the router's) and what that makes of one CPU-second: turns per CPU-second, the
     proxy's capacity on a core of its own, which the engines here cannot reach;
@@ -68,7 +71,14 @@ from typing import Any
 import aiohttp
 
 from luftpause.loadgen.progress import ArmClock
-from luftpause.procs import ServiceProcess, free_port, launch, launch_sglang_router, stop_all
+from luftpause.procs import (
+    ServiceProcess,
+    free_port,
+    launch,
+    launch_sglang_router,
+    popen_child,
+    stop_all,
+)
 
 MODEL = "llama-3.2-1b"
 BODY = {
@@ -351,6 +361,8 @@ class Stack:
     router: str
     paced_engines: list[str]  # the engines at the model's own speed, and their router
     paced_router: str
+    floor: str  # the bare relay in front of the engines, and one in front of the paced ones
+    paced_floor: str
     procs: dict[str, int]  # name -> pid
     proxy_pids: dict[str, list[int]]  # arm name -> the proxy processes it uses (the
     # dataplanes, or the router; the scheduler is counted apart)
@@ -368,7 +380,8 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
         one = Arm("dataplane", [f"{stack.dataplane}/v1"], ours)
         two = Arm("2 dataplanes, one port", [f"{stack.dataplanes}/v1"], ours)
         router = Arm(ROUTER, [f"{stack.router}/v1"])
-        arms = [direct, one, two, router]
+        floor = Arm(FLOOR, [f"{stack.floor}/v1"])
+        arms = [direct, one, two, router, floor]
         # Warm-up: connections, caches, JIT-free Python paths.
         for arm in arms:
             await latency_block(client, arm, 4, 40, 0)
@@ -389,6 +402,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
             Arm(one.name, one.urls, ours),
             Arm(two.name, two.urls, ours),
             Arm(router.name, [f"{stack.paced_router}/v1"]),
+            Arm(floor.name, [f"{stack.paced_floor}/v1"]),
         ]
         for arm in paced:  # warm-up
             await latency_block(client, arm, 4, 8, 0, paced_body)
@@ -517,6 +531,13 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"dataplane / router throughput: {t['dataplane'] / router:.2f}; "
         f"2 dataplanes / 1: {t['2 dataplanes, one port'] / t['dataplane']:.2f}",
     ]
+    cpu = {k: mean_or_none(v) for k, v in result["proxy_cpu_ms_per_turn"].items()}
+    floor_ms, ours_ms = cpu.get(FLOOR), cpu.get("dataplane")
+    if floor_ms and ours_ms:
+        lines.append(
+            f"The dataplane's CPU per turn against the floor of its stack: {ours_ms:.3f} / "
+            f"{floor_ms:.3f} ms = {ours_ms / floor_ms:.2f}× (the goal is at most 1.2×)"
+        )
     if "dataplane" in per_cpu_s and ROUTER in per_cpu_s:
         share = per_cpu_s["dataplane"] / per_cpu_s[ROUTER]
         lines.append(
@@ -575,6 +596,8 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 ROUTER = "sglang router (cache_aware)"
+FLOOR = "floor (bare relay)"
+BARE_RELAY = Path(__file__).resolve().parent / "bare_relay.py"
 
 
 def mean_or_none(values: list[float] | None) -> float | None:
@@ -680,6 +703,18 @@ def main() -> int:
                 pin(svc.pid, near if name.startswith("engine") else far)
             return svc
 
+        def start_floor(name: str, urls: list[str]) -> ServiceProcess:
+            ready = tmp / f"{name}.json"
+            argv = [sys.executable, str(BARE_RELAY), "--ready-file", str(ready)]
+            argv += [a for url in urls for a in ("--engine", url)]
+            with (tmp / f"{name}.log").open("wb") as out:
+                svc = ServiceProcess(name, popen_child(argv, out), ready, tmp / f"{name}.log")
+            started.append(svc)
+            svc.wait_ready(60)
+            if args.pin:
+                pin(svc.pid, far)
+            return svc
+
         router = paced_router = None
         try:
 
@@ -728,6 +763,8 @@ def main() -> int:
             paced_router = launch_sglang_router(
                 paced_engines, "cache_aware", tmp / "router-paced.log", PACED_MODEL
             )
+            floor = start_floor("floor", engines)
+            paced_floor = start_floor("floor-paced", paced_engines)
             if args.pin:
                 pin(router.proc.pid, far)
                 pin(paced_router.proc.pid, far)
@@ -740,11 +777,14 @@ def main() -> int:
                 router.url,
                 paced_engines,
                 paced_router.url,
+                floor.urls["http"],
+                paced_floor.urls["http"],
                 procs,
                 {
                     "dataplane": [dp.pid],
                     "2 dataplanes, one port": [p.pid for p in pair],
                     ROUTER: [router.proc.pid],
+                    FLOOR: [floor.pid],
                 },
             )
             print("stack up; measuring (progress on stderr)", file=sys.stderr)
