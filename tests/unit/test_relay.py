@@ -364,3 +364,14 @@ def test_native_tap_adds_the_api_s_error_event_when_the_stream_breaks() -> None:
     assert tap.incomplete() == "reported an error mid-stream: engine e failed mid-stream"
     messages = NativeTap(TurnOutcome(), native_api("messages")).failing("cut")
     assert json.loads(messages.split(b"data: ", 1)[1])["error"]["type"] == "api_error"
+
+
+def test_a_null_usage_written_last_after_a_duplicate_usage_member_leaves_neither() -> None:
+    """D1: the ``"usage": null`` an engine writes last is cut by its bytes only when it is
+    the line's one ``usage`` member: a line that also holds an earlier (duplicate)
+    ``usage`` member, which JSON parsers let the last one override, is written anew
+    without any."""
+    line = b'data: {"id":"x","usage":{"prompt_tokens":1},"choices":[],"usage":null}\n\n'
+    tap = SseTap(TurnOutcome(), hide_usage=True)
+    out = tap.feed(line)
+    assert out == b'data: {"id":"x","choices":[]}\n\n'

@@ -239,10 +239,18 @@ _NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null
 
 def without_null_usage(line: bytes, chunk: dict[str, Any]) -> bytes:
     """``line`` (a ``data:`` line whose JSON is ``chunk``) without its top-level
-    ``"usage": null`` member, every other byte kept. A match that turns out to be
+    ``"usage": null`` member, every other byte kept. Written last (the line ends with
+    it and the object's closing brace, as engines write it), it is the top level's
+    member: the brace that ends the line closes the top-level object, and a string
+    cannot end there (the only ``"usage"`` in the line: no earlier duplicate stays).
+    Elsewhere, a match that turns out to be
     inside a nested object is skipped: the cut is kept only if what is left parses
     to ``chunk`` without ``usage``. If no cut does (an engine writing JSON in a way
     not seen yet), the chunk is written anew, compact."""
+    body = line.rstrip(b"\r\n")
+    for last in _NULL_USAGE_LAST:  # written last, as engines do: the top level's for sure
+        if body.endswith(last) and body.count(b'"usage"') == 1:
+            return body[: -len(last)] + b"}" + line[len(body) :]
     wanted = {k: v for k, v in chunk.items() if k != "usage"}
     for match in _NULL_USAGE.finditer(line):
         candidate = line[: match.start()] + line[match.end() :]
