@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from fullstack import Stack, loadgen_here, start_stack
 
-from luftpause.loadgen.mix import Defaults, ToolCalls, parse_group
+from luftpause.measure.mix import Defaults, ToolCalls, parse_group
 from luftpause.procs import free_port
 from luftpause.sim.agents import Records
 from luftpause.sim.main import SimConfig, simulate

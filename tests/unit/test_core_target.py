@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luftpause.loadgen.mix import Group, MixError
+from luftpause.measure.mix import Group, MixError
 from luftpause.scheduler.core import target
 from luftpause.scheduler.core.state import ReplicaState, TurnState
 from luftpause.scheduler.core.types import EndpointKind, Params, ReplicaSpec, ServiceClass

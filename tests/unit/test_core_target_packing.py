@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from _core_host import CoreHost
 
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 from luftpause.scheduler.core import (
     Admit,
     ClockTicked,

@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 from luftpause.scheduler.core import (
     Action,
     Admit,

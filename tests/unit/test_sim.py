@@ -17,7 +17,7 @@ import pytest
 
 from luftpause.config import SchedulerSettings
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group, MixError
+from luftpause.measure.mix import Group, MixError
 from luftpause.scheduler.core import (
     Admit,
     DropTurn,

@@ -4,7 +4,7 @@ and seed, never as a timing."""
 
 from __future__ import annotations
 
-from luftpause.loadgen.mix import Group, ToolCalls
+from luftpause.measure.mix import Group, ToolCalls
 from luftpause.sim.main import SimConfig, simulate
 
 

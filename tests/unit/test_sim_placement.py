@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 from luftpause.sim.arms import SmgArm
 from luftpause.sim.fleet import Replica
 from luftpause.sim.main import SimConfig, simulate

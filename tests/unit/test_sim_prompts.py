@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from luftpause.fakes.engine.blocks import PromptChain, block_chain
 from luftpause.fakes.engine.model import EngineModel, EngineParams, EngineRequest, SubmitError
 from luftpause.fakes.engine.tokens import RunningHash, count_tokens, stable_hash
-from luftpause.loadgen import content
-from luftpause.loadgen.mix import Group, ToolCalls
-from luftpause.loadgen.workload import PROFILES
+from luftpause.measure import content
+from luftpause.measure.mix import Group, ToolCalls
+from luftpause.measure.workload import PROFILES
 from luftpause.sim.agents import Records
 from luftpause.sim.main import SimConfig, Trace, simulate
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from luftpause.loadgen.mix import MixError
+from luftpause.measure.mix import MixError
 from luftpause.sim.arms import Ask, TurnEnd, VllmRouterArm
 from luftpause.sim.main import SimConfig, arms_from_args, make_arm, sized_arm
 from luftpause.sim.vllm_router import (

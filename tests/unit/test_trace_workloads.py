@@ -23,10 +23,10 @@ from luftpause.loadgen import shaped
 from luftpause.loadgen.agents import Reply
 from luftpause.loadgen.main import add_arguments as loadgen_arguments
 from luftpause.loadgen.main import build_groups
-from luftpause.loadgen.mix import Defaults, Group, MixError, parse_group, parse_mix
-from luftpause.loadgen.stats import RunRecord, TurnRecord, percentile
-from luftpause.loadgen.trace import TraceError, load_trace, parse_trace
-from luftpause.loadgen.workload import (
+from luftpause.measure.mix import Defaults, Group, MixError, parse_group, parse_mix
+from luftpause.measure.stats import RunRecord, TurnRecord, percentile
+from luftpause.measure.trace import TraceError, load_trace, parse_trace
+from luftpause.measure.workload import (
     CODING_AGENT,
     CODING_SUBAGENT,
     LogNormal,

@@ -109,7 +109,7 @@ import httpx
 
 from luftpause.cliargs import positive_float
 from luftpause.loadgen import main as loadgen
-from luftpause.loadgen.progress import ArmClock
+from luftpause.measure.progress import ArmClock
 from luftpause.procs import (
     RouterProcess,
     ServiceProcess,

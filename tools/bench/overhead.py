@@ -67,7 +67,7 @@ from typing import Any
 
 import aiohttp
 
-from luftpause.loadgen.progress import ArmClock
+from luftpause.measure.progress import ArmClock
 from luftpause.procs import ServiceProcess, free_port, launch, launch_sglang_router, stop_all
 
 MODEL = "llama-3.2-1b"

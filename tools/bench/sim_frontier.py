@@ -60,7 +60,7 @@ from flood import (
 )
 from sim_fidelity import busiest_share, coding_config
 
-from luftpause.loadgen.mix import Group, MixError
+from luftpause.measure.mix import Group, MixError
 from luftpause.sim.main import SimConfig, arms_from_args, simulate, slowdown_arm
 from luftpause.sim.placement import SMG_POLICIES
 

@@ -5,7 +5,7 @@ Own-loop agents (one group) against the local stack (``luftpause up``)::
     luftpause loadgen --agents 8 --duration-s 60 --class batch --caller me
 
 Several groups in one invocation (``--group N:class[:caller[:kind]]``, repeatable,
-or ``--mix FILE``; see ``luftpause.loadgen.mix``)::
+or ``--mix FILE``; see ``luftpause.measure.mix``)::
 
     luftpause loadgen --group 48:batch:crowd --group 4:interactive:people \\
         --duration-s 180 --json out.json
@@ -73,8 +73,10 @@ import openai
 from luftpause.cliargs import non_negative_float as _non_negative_float
 from luftpause.cliargs import positive_float as _positive_float
 from luftpause.cliargs import positive_int as _positive_int
-from luftpause.loadgen import agents, content, shaped, spawn, stats
-from luftpause.loadgen.mix import (
+from luftpause.loadgen import agents, shaped, spawn
+from luftpause.loadgen.pool import TokenRefused
+from luftpause.measure import content, stats
+from luftpause.measure.mix import (
     CLASSES,
     Defaults,
     Group,
@@ -84,10 +86,9 @@ from luftpause.loadgen.mix import (
     parse_group,
     unique_names,
 )
-from luftpause.loadgen.pool import TokenRefused
-from luftpause.loadgen.progress import LiveLine
-from luftpause.loadgen.trace import TraceRun, load_trace
-from luftpause.loadgen.workload import PROFILES, plan_key, run_rng
+from luftpause.measure.progress import LiveLine
+from luftpause.measure.trace import TraceRun, load_trace
+from luftpause.measure.workload import PROFILES, plan_key, run_rng
 
 DEFAULT_MODEL = "llama-3.2-1b"
 # The stack `luftpause up` (and `make run`) starts, on its default ports.

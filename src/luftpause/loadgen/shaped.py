@@ -1,4 +1,4 @@
-"""Own-loop agents that play a :class:`~luftpause.loadgen.workload.RunPlan` (B10).
+"""Own-loop agents that play a :class:`~luftpause.measure.workload.RunPlan` (B10).
 
 A plan fixes, per turn, the prompt's length, the reply's length and the tool time
 after it. An engine decides what it replies, so the load generator steers it with
@@ -47,7 +47,6 @@ from typing import Any
 import openai
 
 from luftpause.fakes.engine.tokens import count_tokens, render_messages
-from luftpause.loadgen import content
 from luftpause.loadgen.agents import (
     AgentOptions,
     Lineage,
@@ -59,9 +58,10 @@ from luftpause.loadgen.agents import (
     stream_turn,
     turn_body,
 )
-from luftpause.loadgen.mix import Group
-from luftpause.loadgen.stats import EndedTurn, RunRecord
-from luftpause.loadgen.workload import RunPlan
+from luftpause.measure import content
+from luftpause.measure.mix import Group
+from luftpause.measure.stats import EndedTurn, RunRecord
+from luftpause.measure.workload import RunPlan
 
 BUCKETS = tuple(1 << i for i in range(4, 13))  # tool-call reply sizes: 16 ... 4096 tokens
 _JSON_OVERHEAD = len('{"text": ""}')

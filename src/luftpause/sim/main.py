@@ -37,12 +37,12 @@ from luftpause.config import parse_interactive_target
 from luftpause.fakes.engine.model import EngineParams, StepTally
 from luftpause.fakes.engine.script import ScriptOptions
 from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
-from luftpause.loadgen import stats
 from luftpause.loadgen.main import add_run_shape, add_trace_argument, build_groups, trace_groups
-from luftpause.loadgen.mix import CLASSES, Group, MixError
-from luftpause.loadgen.progress import LiveLine
-from luftpause.loadgen.trace import TraceRun, load_trace
-from luftpause.loadgen.workload import PROFILES, Profile
+from luftpause.measure import stats
+from luftpause.measure.mix import CLASSES, Group, MixError
+from luftpause.measure.progress import LiveLine
+from luftpause.measure.trace import TraceRun, load_trace
+from luftpause.measure.workload import PROFILES, Profile
 from luftpause.scheduler.core import Admit, Event, Params
 from luftpause.scheduler.core.types import WorkingSet
 from luftpause.sim.agents import Agent, Records

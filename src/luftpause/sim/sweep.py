@@ -23,7 +23,7 @@ from dataclasses import replace
 from html import escape
 from typing import Any
 
-from luftpause.loadgen.mix import MixError
+from luftpause.measure.mix import MixError
 from luftpause.sim.main import SimConfig, cell, slowdown_arm
 
 SWEEPABLE = ("replicas", "target")

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from luftpause.loadgen.mix import CLASSES, MixError
-from luftpause.loadgen.workload import RunPlan, TurnPlan
+from luftpause.measure.mix import CLASSES, MixError
+from luftpause.measure.workload import RunPlan, TurnPlan
 
 RUN_KEYS = frozenset({"id", "class", "caller", "start_s", "shared_tokens", "turns"})
 TURN_KEYS = frozenset({"prompt_tokens", "completion_tokens", "tool_s"})
