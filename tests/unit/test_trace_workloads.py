@@ -24,6 +24,7 @@ from luftpause.loadgen.agents import Reply
 from luftpause.loadgen.main import add_arguments as loadgen_arguments
 from luftpause.loadgen.main import build_groups
 from luftpause.measure.mix import Defaults, Group, MixError, parse_group, parse_mix
+from luftpause.measure.shaped import shared_text
 from luftpause.measure.stats import RunRecord, TurnRecord, percentile
 from luftpause.measure.trace import TraceError, load_trace, parse_trace
 from luftpause.measure.workload import (
@@ -350,7 +351,7 @@ def test_conversation_pads_to_the_planned_prompts() -> None:
     assert conv.count(conv.messages) == 3000
     system = [conv.messages[0]]
     assert conv.count(system) == 1000  # tools and system prompt: the shared part
-    assert system[0]["content"] == shaped.shared_text("t", len(system[0]["content"]) // 4)
+    assert system[0]["content"] == shared_text("t", len(system[0]["content"]) // 4)
     max_tokens, fields, results = conv.request(0)
     assert fields["tool_choice"]["function"]["name"] == "emit_128" and results == 1
     assert max_tokens >= 128

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from luftpause.fakes.engine.blocks import PromptChain
 from luftpause.fakes.engine.model import FinishedRequest
-from luftpause.loadgen.shaped import pad, shared_text
 from luftpause.measure.mix import Group
+from luftpause.measure.shaped import pad, shared_text
 from luftpause.measure.stats import ErrorRecord, RunRecord
 from luftpause.measure.workload import Profile, RunPlan, run_rng
 from luftpause.sim.agents import RETRY_S, Records, turn_record, when_admitted
