@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from luftpause.fakes.engine.script import plan_key_in
-from luftpause.loadgen.main import add_arguments, build_groups, parse_priority
+from luftpause.loadgen.main import add_arguments, parse_priority
 from luftpause.loadgen.spawn import SpawnOptions, spawn_args
 from luftpause.measure import content
+from luftpause.measure.cli import build_groups
 from luftpause.measure.mix import (
     Defaults,
     Group,

@@ -22,7 +22,7 @@ from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen import shaped
 from luftpause.loadgen.agents import Reply
 from luftpause.loadgen.main import add_arguments as loadgen_arguments
-from luftpause.loadgen.main import build_groups
+from luftpause.measure.cli import build_groups
 from luftpause.measure.mix import Defaults, Group, MixError, parse_group, parse_mix
 from luftpause.measure.shaped import shared_text
 from luftpause.measure.stats import RunRecord, TurnRecord, percentile

@@ -37,8 +37,8 @@ from luftpause.config import parse_interactive_target
 from luftpause.fakes.engine.model import EngineParams, StepTally
 from luftpause.fakes.engine.script import ScriptOptions
 from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
-from luftpause.loadgen.main import add_run_shape, add_trace_argument, build_groups, trace_groups
 from luftpause.measure import stats
+from luftpause.measure.cli import add_run_shape, add_trace_argument, build_groups, trace_groups
 from luftpause.measure.mix import CLASSES, Group, MixError
 from luftpause.measure.progress import LiveLine
 from luftpause.measure.trace import TraceRun, load_trace
