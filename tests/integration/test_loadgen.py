@@ -23,7 +23,7 @@ from fullstack import Stack, loadgen_here, start_stack
 from luftpause.measure.mix import Defaults, ToolCalls, parse_group
 from luftpause.procs import free_port
 from luftpause.sim.agents import Records
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.run import SimConfig, simulate
 
 pytestmark = pytest.mark.integration
 

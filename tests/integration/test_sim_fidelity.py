@@ -27,7 +27,7 @@ from fullstack import MODEL, loadgen_here, start_scheduler_and_dataplane
 
 from luftpause.measure.mix import Group
 from luftpause.scheduler.core import Params
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.run import SimConfig, simulate
 
 pytestmark = pytest.mark.integration
 

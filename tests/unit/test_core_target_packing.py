@@ -23,7 +23,7 @@ from luftpause.scheduler.core import (
     target,
 )
 from luftpause.scheduler.core.state import ReplicaState, TurnState
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.run import SimConfig, simulate
 
 GEN = EndpointKind.GENERATIVE
 INT = ServiceClass.INTERACTIVE

@@ -40,7 +40,7 @@ from luftpause.scheduler.core.events import Event
 from luftpause.scheduler.core.invariants import violations
 from luftpause.scheduler.core.state import ReplicaState
 from luftpause.scheduler.core.view import status
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.run import SimConfig, simulate
 
 GEN = EndpointKind.GENERATIVE
 INT = ServiceClass.INTERACTIVE

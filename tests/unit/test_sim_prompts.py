@@ -17,7 +17,7 @@ from luftpause.measure import content
 from luftpause.measure.mix import Group, ToolCalls
 from luftpause.measure.workload import PROFILES
 from luftpause.sim.agents import Records
-from luftpause.sim.main import SimConfig, Trace, simulate
+from luftpause.sim.run import SimConfig, Trace, simulate
 
 TEXT = st.text(alphabet=st.sampled_from("ab é\udc80<|>"), max_size=300)
 

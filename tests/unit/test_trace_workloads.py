@@ -37,8 +37,9 @@ from luftpause.measure.workload import (
     run_rng,
 )
 from luftpause.sim.agents import Records
-from luftpause.sim.main import SimConfig, config_from_args, simulate
 from luftpause.sim.main import add_arguments as sim_arguments
+from luftpause.sim.main import config_from_args
+from luftpause.sim.run import SimConfig, simulate
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "traces" / "sample.jsonl"
 N_RUNS = 3000
