@@ -76,10 +76,10 @@ from luftpause.cliargs import positive_int as _positive_int
 from luftpause.loadgen import agents, shaped, spawn
 from luftpause.loadgen.pool import TokenRefused
 from luftpause.measure import content, stats
-from luftpause.measure.cli import add_run_shape, add_trace_argument, build_groups, trace_groups
+from luftpause.measure.cli import add_run_shape, add_trace_argument, build_groups
 from luftpause.measure.mix import CLASSES, Group, MixError
 from luftpause.measure.progress import LiveLine
-from luftpause.measure.trace import TraceRun, load_trace
+from luftpause.measure.trace import TraceRun, load_trace, trace_groups
 from luftpause.measure.workload import PROFILES, plan_key, run_rng
 
 DEFAULT_MODEL = "llama-3.2-1b"

@@ -4,8 +4,7 @@ groups of runs they read from them.
 :func:`add_run_shape` and :func:`add_trace_argument` add the options that shape a run
 (``--context-chars``, ``--tool-calls``, ``--max-tokens``, ``--profile``) and name a
 trace to replay (``--trace``); :func:`build_groups` turns ``--mix``, ``--group``,
-``--agents`` and ``--subagents`` into groups (``mix``), :func:`trace_groups` names the
-groups a trace's runs are reported under.
+``--agents`` and ``--subagents`` into groups (``mix``).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from luftpause.measure.mix import (
     parse_group,
     unique_names,
 )
-from luftpause.measure.trace import TraceRun
 from luftpause.measure.workload import PROFILES
 
 
@@ -70,18 +68,6 @@ def add_trace_argument(group: argparse._ArgumentGroup) -> None:
         '"start_s", "turns": [{"prompt_tokens", "completion_tokens", "tool_s"}]} '
         "(see docs/guides/workloads.md)",
     )
-
-
-def trace_groups(runs: list[TraceRun]) -> list[Group]:
-    """The groups a trace's runs are reported under (one per caller and class)."""
-    counts: dict[tuple[str, str, str], int] = {}
-    for run in runs:
-        key = (run.group, run.cls, run.caller)
-        counts[key] = counts.get(key, 0) + 1
-    return [
-        Group(name=name, count=n, cls=cls, caller=caller)
-        for (name, cls, caller), n in counts.items()
-    ]
 
 
 def build_groups(args: argparse.Namespace) -> list[Group]:

@@ -33,10 +33,10 @@ from typing import Any, TextIO
 from luftpause.cliargs import non_negative_float, positive_float, positive_int
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
-from luftpause.measure.cli import add_run_shape, add_trace_argument, build_groups, trace_groups
+from luftpause.measure.cli import add_run_shape, add_trace_argument, build_groups
 from luftpause.measure.mix import CLASSES, MixError
 from luftpause.measure.progress import LiveLine
-from luftpause.measure.trace import load_trace
+from luftpause.measure.trace import load_trace, trace_groups
 from luftpause.measure.workload import PROFILES
 from luftpause.sim.arms import (
     ABLATED_ARMS,

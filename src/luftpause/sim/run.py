@@ -18,9 +18,8 @@ from luftpause.config import parse_interactive_target
 from luftpause.fakes.engine.model import EngineParams, StepTally
 from luftpause.fakes.engine.script import ScriptOptions
 from luftpause.measure import stats
-from luftpause.measure.cli import trace_groups
 from luftpause.measure.mix import CLASSES, Group
-from luftpause.measure.trace import TraceRun
+from luftpause.measure.trace import TraceRun, trace_groups
 from luftpause.measure.workload import PROFILES, Profile
 from luftpause.scheduler.core import Admit, Event, Params
 from luftpause.scheduler.core.types import WorkingSet
