@@ -38,6 +38,7 @@ from luftpause.measure.mix import CLASSES, MixError
 from luftpause.measure.progress import LiveLine
 from luftpause.measure.trace import load_trace, trace_groups
 from luftpause.measure.workload import PROFILES
+from luftpause.sim import sweep
 from luftpause.sim.arms import (
     ABLATED_ARMS,
     ARMS,
@@ -341,8 +342,6 @@ def run(configs: list[SimConfig], arms: list[str], stream: TextIO) -> list[dict[
 
 
 def main(args: argparse.Namespace) -> int:
-    from luftpause.sim import sweep
-
     try:
         config = config_from_args(args)
         arms = arms_from_args(args.arms)
