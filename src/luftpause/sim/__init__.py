@@ -22,5 +22,7 @@ an *arm* (``arms``) decides where and when each turn enters an engine:
   their queues by a per-class ``priority`` (as ``tools/bench/flood.py`` runs it).
 
 Runs, turns and errors are recorded as ``measure.stats`` records, so the report
-is the load generator's table. Everything is a function of the seed.
+is the load generator's table. Everything is a function of the seed. ``run`` is one
+simulation (a load, its replicas and an arm), ``sweep`` runs it over replica counts or
+targets, ``main`` is the command line.
 """
