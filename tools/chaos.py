@@ -96,8 +96,9 @@ from typing import Any
 import httpx
 from mcp import Client
 
-from luftpause.loadgen import agents, content, spawn
-from luftpause.loadgen.mix import Group, ToolCalls
+from luftpause.loadgen import agents, spawn
+from luftpause.measure import content
+from luftpause.measure.mix import Group, ToolCalls
 from luftpause.procs import ServiceFailed, ServiceProcess, launch
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ from luftpause.fakes.engine.model import EngineParams
 from luftpause.fakes.engine.server import ServerConfig, create_app
 from luftpause.loadgen import shaped
 from luftpause.loadgen.agents import AgentOptions, run_once
-from luftpause.loadgen.mix import Group, ToolCalls
-from luftpause.loadgen.workload import RunPlan, TurnPlan
+from luftpause.measure.mix import Group, ToolCalls
+from luftpause.measure.workload import RunPlan, TurnPlan
 
 MODEL = "llama-3.2-1b"
 TOOLS = [

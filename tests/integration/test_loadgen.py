@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from fullstack import Stack, loadgen_here, start_stack
 
-from luftpause.loadgen.mix import Defaults, ToolCalls, parse_group
+from luftpause.measure.mix import Defaults, ToolCalls, parse_group
 from luftpause.procs import free_port
 from luftpause.sim.agents import Records
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.run import SimConfig, simulate
 
 pytestmark = pytest.mark.integration
 

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from fullstack import MODEL, loadgen_here, start_scheduler_and_dataplane
 
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 from luftpause.scheduler.core import Params
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.run import SimConfig, simulate
 
 pytestmark = pytest.mark.integration
 

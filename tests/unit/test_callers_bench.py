@@ -11,8 +11,8 @@ import pytest
 from _bench import load
 
 from luftpause.dataplane.metrics import Metrics
-from luftpause.loadgen.mix import parse_mix
-from luftpause.loadgen.stats import EndedTurn, ErrorRecord, RunRecord, TurnRecord, summarise
+from luftpause.measure.mix import parse_mix
+from luftpause.measure.stats import EndedTurn, ErrorRecord, RunRecord, TurnRecord, summarise
 
 callers = load("callers")
 

@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luftpause.loadgen.mix import Group, MixError
+from luftpause.measure.mix import Group, MixError
 from luftpause.scheduler.core import target
 from luftpause.scheduler.core.state import ReplicaState, TurnState
 from luftpause.scheduler.core.types import EndpointKind, Params, ReplicaSpec, ServiceClass
 from luftpause.sim.arms import Ask, LuftpauseArm, TurnEnd
-from luftpause.sim.main import SimConfig, arms_from_args, simulate, slowdown_arm
+from luftpause.sim.main import arms_from_args
+from luftpause.sim.run import SimConfig, simulate, slowdown_arm
 
 SPEC = ReplicaSpec("r", EndpointKind.GENERATIVE, frozenset({"m"}))
 TOKENS = 101  # a reply of 101 tokens: its pace is (end - first token) / 100

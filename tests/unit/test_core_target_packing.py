@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from _core_host import CoreHost
 
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 from luftpause.scheduler.core import (
     Admit,
     ClockTicked,
@@ -23,7 +23,7 @@ from luftpause.scheduler.core import (
     target,
 )
 from luftpause.scheduler.core.state import ReplicaState, TurnState
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.run import SimConfig, simulate
 
 GEN = EndpointKind.GENERATIVE
 INT = ServiceClass.INTERACTIVE

@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 from luftpause.scheduler.core import (
     Action,
     Admit,
@@ -40,7 +40,7 @@ from luftpause.scheduler.core.events import Event
 from luftpause.scheduler.core.invariants import violations
 from luftpause.scheduler.core.state import ReplicaState
 from luftpause.scheduler.core.view import status
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.sim.run import SimConfig, simulate
 
 GEN = EndpointKind.GENERATIVE
 INT = ServiceClass.INTERACTIVE

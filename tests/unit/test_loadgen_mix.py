@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from luftpause.fakes.engine.script import plan_key_in
-from luftpause.loadgen import content
-from luftpause.loadgen.main import add_arguments, build_groups, parse_priority
-from luftpause.loadgen.mix import (
+from luftpause.loadgen.main import add_arguments, parse_priority
+from luftpause.loadgen.spawn import SpawnOptions, spawn_args
+from luftpause.measure import content
+from luftpause.measure.cli import build_groups
+from luftpause.measure.mix import (
     Defaults,
     Group,
     MixError,
@@ -20,8 +22,7 @@ from luftpause.loadgen.mix import (
     parse_group,
     parse_mix,
 )
-from luftpause.loadgen.spawn import SpawnOptions, spawn_args
-from luftpause.loadgen.workload import plan_key
+from luftpause.measure.workload import plan_key
 
 
 def args_of(*argv: str) -> argparse.Namespace:
@@ -175,7 +176,7 @@ async def test_ramp_spreads_a_groups_first_runs(monkeypatch: pytest.MonkeyPatch)
     import asyncio
 
     from luftpause.loadgen import main as loadgen_main
-    from luftpause.loadgen.stats import RunRecord
+    from luftpause.measure.stats import RunRecord
 
     delays: list[float] = []
     real_sleep = asyncio.sleep

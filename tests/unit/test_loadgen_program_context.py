@@ -19,7 +19,7 @@ from luftpause.loadgen.agents import (
     turn_body,
 )
 from luftpause.loadgen.main import add_arguments
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 
 PEOPLE = Group("people", 4, "interactive", "people")
 CROWD = Group("crowd", 48, "batch", "crowd")

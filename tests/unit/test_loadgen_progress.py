@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-from luftpause.loadgen.progress import ArmClock, LiveLine
+from luftpause.measure.progress import ArmClock, LiveLine
 
 
 class Terminal(io.StringIO):

@@ -9,7 +9,7 @@ import pytest
 
 from luftpause.loadgen.agents import AgentOptions, run_headers
 from luftpause.loadgen.main import add_arguments, parse_smg_priority
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 
 
 def test_smg_priority_flag() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.loadgen.stats import (
+from luftpause.measure.stats import (
     EndedTurn,
     ErrorRecord,
     RunRecord,

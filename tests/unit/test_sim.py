@@ -17,7 +17,7 @@ import pytest
 
 from luftpause.config import SchedulerSettings
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group, MixError
+from luftpause.measure.mix import Group, MixError
 from luftpause.scheduler.core import (
     Admit,
     DropTurn,
@@ -31,7 +31,7 @@ from luftpause.scheduler.core import (
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.main import core_params
 from luftpause.sim.arms import counted_median
-from luftpause.sim.main import MODEL, SimConfig, Trace, simulate
+from luftpause.sim.run import MODEL, SimConfig, Trace, simulate
 from luftpause.sim.sweep import fewest, parse_sweep
 from luftpause.sim.world import World
 
@@ -83,7 +83,7 @@ def test_the_luftpause_arm_sees_replicas_as_the_service_does(class_priority: boo
 
     from luftpause.fakes.engine.model import EngineParams
     from luftpause.sim.fleet import Replica
-    from luftpause.sim.main import make_arm
+    from luftpause.sim.run import make_arm
 
     world = World()
     replicas = [Replica(f"engine-{i}", EngineParams(), world) for i in range(2)]
@@ -469,7 +469,7 @@ def test_target_arm_names_set_the_options_they_name() -> None:
     slowdown is not one (``luftpause-x1``, a prefix twice) is no arm."""
     from luftpause.scheduler.core import WorkingSet
     from luftpause.sim.fleet import Replica
-    from luftpause.sim.main import make_arm, slowdown_arm
+    from luftpause.sim.run import make_arm, slowdown_arm
     from luftpause.sim.world import World
 
     config = SimConfig(groups=SMALL.groups)

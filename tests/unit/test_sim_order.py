@@ -4,8 +4,8 @@ and seed, never as a timing."""
 
 from __future__ import annotations
 
-from luftpause.loadgen.mix import Group, ToolCalls
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.measure.mix import Group, ToolCalls
+from luftpause.sim.run import SimConfig, simulate
 
 
 def test_token_fairness_moves_waiting_from_the_light_caller_to_the_heavy_one() -> None:

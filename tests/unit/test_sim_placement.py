@@ -9,10 +9,9 @@ from dataclasses import dataclass, replace
 import pytest
 
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 from luftpause.sim.arms import SmgArm
 from luftpause.sim.fleet import Replica
-from luftpause.sim.main import SimConfig, simulate
 from luftpause.sim.placement import (
     ExpectedWait,
     LeastLoad,
@@ -24,6 +23,7 @@ from luftpause.sim.placement import (
     routing_text,
     smg_placement,
 )
+from luftpause.sim.run import SimConfig, simulate
 from luftpause.sim.world import World
 
 

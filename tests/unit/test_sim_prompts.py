@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from luftpause.fakes.engine.blocks import PromptChain, block_chain
 from luftpause.fakes.engine.model import EngineModel, EngineParams, EngineRequest, SubmitError
 from luftpause.fakes.engine.tokens import RunningHash, count_tokens, stable_hash
-from luftpause.loadgen import content
-from luftpause.loadgen.mix import Group, ToolCalls
-from luftpause.loadgen.workload import PROFILES
+from luftpause.measure import content
+from luftpause.measure.mix import Group, ToolCalls
+from luftpause.measure.workload import PROFILES
 from luftpause.sim.agents import Records
-from luftpause.sim.main import SimConfig, Trace, simulate
+from luftpause.sim.run import SimConfig, Trace, simulate
 
 TEXT = st.text(alphabet=st.sampled_from("ab é\udc80<|>"), max_size=300)
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from luftpause.loadgen.mix import Group
+from luftpause.measure.mix import Group
 from luftpause.sim.arms import Ask, SmgArm, TurnEnd
-from luftpause.sim.main import SimConfig, arms_from_args, simulate, sized_arm
+from luftpause.sim.main import arms_from_args
+from luftpause.sim.run import SimConfig, simulate, sized_arm
 from luftpause.sim.world import World
 
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from luftpause.loadgen.mix import MixError
+from luftpause.measure.mix import MixError
 from luftpause.sim.arms import Ask, TurnEnd, VllmRouterArm
-from luftpause.sim.main import SimConfig, arms_from_args, make_arm, sized_arm
+from luftpause.sim.main import arms_from_args
+from luftpause.sim.run import SimConfig, make_arm, sized_arm
 from luftpause.sim.vllm_router import (
     MAX_ACTIVE_PROGRAMS_PER_TARGET,
     ConsistentHashRing,

@@ -22,11 +22,12 @@ from luftpause.fakes.engine.model import EngineParams
 from luftpause.loadgen import shaped
 from luftpause.loadgen.agents import Reply
 from luftpause.loadgen.main import add_arguments as loadgen_arguments
-from luftpause.loadgen.main import build_groups
-from luftpause.loadgen.mix import Defaults, Group, MixError, parse_group, parse_mix
-from luftpause.loadgen.stats import RunRecord, TurnRecord, percentile
-from luftpause.loadgen.trace import TraceError, load_trace, parse_trace
-from luftpause.loadgen.workload import (
+from luftpause.measure.cli import build_groups
+from luftpause.measure.mix import Defaults, Group, MixError, parse_group, parse_mix
+from luftpause.measure.shaped import shared_text
+from luftpause.measure.stats import RunRecord, TurnRecord, percentile
+from luftpause.measure.trace import TraceError, load_trace, parse_trace
+from luftpause.measure.workload import (
     CODING_AGENT,
     CODING_SUBAGENT,
     LogNormal,
@@ -36,8 +37,9 @@ from luftpause.loadgen.workload import (
     run_rng,
 )
 from luftpause.sim.agents import Records
-from luftpause.sim.main import SimConfig, config_from_args, simulate
 from luftpause.sim.main import add_arguments as sim_arguments
+from luftpause.sim.main import config_from_args
+from luftpause.sim.run import SimConfig, simulate
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "traces" / "sample.jsonl"
 N_RUNS = 3000
@@ -350,7 +352,7 @@ def test_conversation_pads_to_the_planned_prompts() -> None:
     assert conv.count(conv.messages) == 3000
     system = [conv.messages[0]]
     assert conv.count(system) == 1000  # tools and system prompt: the shared part
-    assert system[0]["content"] == shaped.shared_text("t", len(system[0]["content"]) // 4)
+    assert system[0]["content"] == shared_text("t", len(system[0]["content"]) // 4)
     max_tokens, fields, results = conv.request(0)
     assert fields["tool_choice"]["function"]["name"] == "emit_128" and results == 1
     assert max_tokens >= 128

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 from mcp import Client
 
-from luftpause.loadgen.progress import ArmClock
+from luftpause.measure.progress import ArmClock
 from luftpause.procs import ServiceProcess, launch, stop_all
 
 FANOUT_GOAL = 5.0

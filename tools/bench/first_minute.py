@@ -41,8 +41,9 @@ from flood import start_engines as start_fake_engines
 from luftpause.loadgen import main as loadgen
 from luftpause.scheduler.core import Params
 from luftpause.sim.agents import Records
-from luftpause.sim.main import SimConfig, config_from_args, simulate
 from luftpause.sim.main import add_arguments as sim_arguments
+from luftpause.sim.main import config_from_args
+from luftpause.sim.run import SimConfig, simulate
 
 FIRST = (0.0, 60.0)  # model seconds: runs started here are the first minute's
 STEADY = (120.0, 300.0)  # ... and here, once settled

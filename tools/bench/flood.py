@@ -109,7 +109,7 @@ import httpx
 
 from luftpause.cliargs import positive_float
 from luftpause.loadgen import main as loadgen
-from luftpause.loadgen.progress import ArmClock
+from luftpause.measure.progress import ArmClock
 from luftpause.procs import (
     RouterProcess,
     ServiceProcess,
@@ -121,7 +121,7 @@ from luftpause.procs import (
 )
 from luftpause.scheduler.core import Params
 from luftpause.sim.arms import SMG_STARVATION_S
-from luftpause.sim.main import slowdown_arm
+from luftpause.sim.run import slowdown_arm
 
 MODEL = "llama-3.2-1b"
 ROOT = Path(__file__).resolve().parents[2]

@@ -70,7 +70,7 @@ from typing import Any
 
 import aiohttp
 
-from luftpause.loadgen.progress import ArmClock
+from luftpause.measure.progress import ArmClock
 from luftpause.procs import (
     ServiceProcess,
     free_port,

@@ -93,10 +93,10 @@ from typing import Any
 from flood import CODING_CONTEXT, CODING_INTERACTIVE, CODING_KV_TOKENS, turn_figure
 
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group, MixError, parse_mix
+from luftpause.measure.mix import Group, MixError, parse_mix
 from luftpause.sim.arms import ABLATED_ARMS, ARMS, VLLM_ROUTER_ARMS
-from luftpause.sim.main import SimConfig, simulate, sized_arm
 from luftpause.sim.placement import SMG_LOAD_POLL_S
+from luftpause.sim.run import SimConfig, simulate, sized_arm
 
 ROOT = Path(__file__).resolve().parents[2]
 # The recorded load sweep (flood.py --time-scale 5 --reps 3 --benches own,mcp) and the page

@@ -60,9 +60,10 @@ from flood import (
 )
 from sim_fidelity import busiest_share, coding_config
 
-from luftpause.loadgen.mix import Group, MixError
-from luftpause.sim.main import SimConfig, arms_from_args, simulate, slowdown_arm
+from luftpause.measure.mix import Group, MixError
+from luftpause.sim.main import arms_from_args
 from luftpause.sim.placement import SMG_POLICIES
+from luftpause.sim.run import SimConfig, simulate, slowdown_arm
 
 BASE_ARMS = ("luftpause", "router", "engine-prio", "smg")
 

@@ -1,7 +1,8 @@
 """``luftpause loadgen``: closed-loop agent load and sub-agent fan-out (spec H3).
 
-Modules: ``mix`` (groups from flags or a TOML file), ``content`` (prompts and
-tool schemas), ``agents`` (own-loop agents with the ``openai`` package),
-``spawn`` (sub-agents over MCP through the runtime), ``stats`` (records and the
-summary table/JSON) and ``main`` (the command line).
+Modules: ``agents`` (own-loop agents with the ``openai`` package), ``shaped``
+(own-loop agents that play a run plan), ``spawn`` (sub-agents over MCP through the
+runtime), ``pool`` (the MCP sessions it hands out) and ``main`` (the command line). The
+groups, workloads, prompts and records it plays and reports are ``luftpause.measure``'s,
+which the simulator shares.
 """

@@ -36,10 +36,10 @@ import httpx
 import httpx2
 import openai
 
-from luftpause.loadgen import content
-from luftpause.loadgen.mix import Group
 from luftpause.loadgen.pool import ClientPool
-from luftpause.loadgen.stats import EndedTurn, RunRecord, TurnRecord
+from luftpause.measure import content
+from luftpause.measure.mix import Group
+from luftpause.measure.stats import EndedTurn, RunRecord, TurnRecord
 
 HELD_HEADER = "x-luftpause-held-ms"
 REPLICA_HEADER = "x-luftpause-replica"
@@ -355,7 +355,7 @@ async def run_once(
     plan: str | None = None,
 ) -> RunRecord:
     """One agent run, start to answer; ``plan`` is its plan key
-    (:func:`~luftpause.loadgen.workload.plan_key`), written into its task, which the fake
+    (:func:`~luftpause.measure.workload.plan_key`), written into its task, which the fake
     engine draws its replies from. Raises :class:`RunFailed`."""
     start = clock()
     n_tools = group.tool_calls.pick(run_number)

@@ -5,7 +5,7 @@ Own-loop agents (one group) against the local stack (``luftpause up``)::
     luftpause loadgen --agents 8 --duration-s 60 --class batch --caller me
 
 Several groups in one invocation (``--group N:class[:caller[:kind]]``, repeatable,
-or ``--mix FILE``; see ``luftpause.loadgen.mix``)::
+or ``--mix FILE``; see ``luftpause.measure.mix``)::
 
     luftpause loadgen --group 48:batch:crowd --group 4:interactive:people \\
         --duration-s 180 --json out.json
@@ -73,21 +73,14 @@ import openai
 from luftpause.cliargs import non_negative_float as _non_negative_float
 from luftpause.cliargs import positive_float as _positive_float
 from luftpause.cliargs import positive_int as _positive_int
-from luftpause.loadgen import agents, content, shaped, spawn, stats
-from luftpause.loadgen.mix import (
-    CLASSES,
-    Defaults,
-    Group,
-    MixError,
-    ToolCalls,
-    load_mix,
-    parse_group,
-    unique_names,
-)
+from luftpause.loadgen import agents, shaped, spawn
 from luftpause.loadgen.pool import TokenRefused
-from luftpause.loadgen.progress import LiveLine
-from luftpause.loadgen.trace import TraceRun, load_trace
-from luftpause.loadgen.workload import PROFILES, plan_key, run_rng
+from luftpause.measure import content, stats
+from luftpause.measure.cli import add_run_shape, add_trace_argument, build_groups
+from luftpause.measure.mix import CLASSES, Group, MixError
+from luftpause.measure.progress import LiveLine
+from luftpause.measure.trace import TraceRun, load_trace, trace_groups
+from luftpause.measure.workload import PROFILES, plan_key, run_rng
 
 DEFAULT_MODEL = "llama-3.2-1b"
 # The stack `luftpause up` (and `make run`) starts, on its default ports.
@@ -99,13 +92,6 @@ DEFAULT_DURATION_S = 60.0
 
 
 # ------------------------------------------------------------------ arguments
-
-
-def _tool_calls(text: str) -> ToolCalls:
-    try:
-        return ToolCalls.parse(text)
-    except MixError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_priority(text: str) -> dict[str, int]:
@@ -154,44 +140,6 @@ def parse_smg_priority(text: str) -> dict[str, str]:
 def base_url(url: str) -> str:
     url = url.strip().rstrip("/")
     return url if url.endswith("/v1") else f"{url}/v1"
-
-
-def add_run_shape(group: argparse._ArgumentGroup, tool_calls_help: str) -> None:
-    """The shape of a run: its context, tool calls and reply limit (loadgen and sim)."""
-    group.add_argument(
-        "--context-chars",
-        type=int,
-        default=8000,
-        help="characters of context per run: shared preamble + per-run task (default: 8000)",
-    )
-    group.add_argument(
-        "--tool-calls",
-        type=_tool_calls,
-        default=ToolCalls(3, 3),
-        metavar="N|A-B",
-        help=tool_calls_help,
-    )
-    group.add_argument(
-        "--max-tokens", type=_positive_int, default=256, help="reply limit per turn (default: 256)"
-    )
-    group.add_argument(
-        "--profile",
-        choices=sorted(PROFILES),
-        help="shape every own-loop group's runs like real agent traces instead (turns, "
-        "context growth, tool times, parallel sub-agents; replaces the three options above; "
-        "see docs/guides/workloads.md)",
-    )
-
-
-def add_trace_argument(group: argparse._ArgumentGroup) -> None:
-    group.add_argument(
-        "--trace",
-        type=Path,
-        metavar="FILE",
-        help='replay the runs of a JSONL trace, one run per line: {"id", "class", '
-        '"start_s", "turns": [{"prompt_tokens", "completion_tokens", "tool_s"}]} '
-        "(see docs/guides/workloads.md)",
-    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -551,18 +499,6 @@ async def _replay_one(
         rec.in_flight -= 1
 
 
-def trace_groups(runs: list[TraceRun]) -> list[Group]:
-    """The groups a trace's runs are reported under (one per caller and class)."""
-    counts: dict[tuple[str, str, str], int] = {}
-    for run in runs:
-        key = (run.group, run.cls, run.caller)
-        counts[key] = counts.get(key, 0) + 1
-    return [
-        Group(name=name, count=n, cls=cls, caller=caller)
-        for (name, cls, caller), n in counts.items()
-    ]
-
-
 async def _models_of(target: str, token: str | None) -> list[str]:
     """``GET {target}/models``: the model names, or ``[]`` when the target does not say.
 
@@ -581,38 +517,6 @@ async def _models_of(target: str, token: str | None) -> list[str]:
         return [str(m["id"]) for m in data] if r.status_code == 200 else []
     except (ValueError, KeyError, TypeError, AttributeError):
         return []
-
-
-def build_groups(args: argparse.Namespace) -> list[Group]:
-    defaults = Defaults(
-        context_chars=args.context_chars,
-        tool_calls=args.tool_calls,
-        max_tokens=args.max_tokens,
-        profile=getattr(args, "profile", None),
-    )
-    groups: list[Group] = []
-    if args.mix is not None:
-        groups.extend(load_mix(args.mix, defaults))
-    for text in args.group:
-        groups.append(parse_group(text, len(groups), defaults))
-    for count, kind in ((args.agents, "agents"), (args.subagents, "subagents")):
-        if count:
-            cls = args.cls or "batch"
-            name = args.caller or f"{cls}-{kind}"
-            groups.append(
-                Group(
-                    name=name,
-                    count=count,
-                    cls=cls,
-                    caller=args.caller or name,
-                    kind=kind,
-                    context_chars=args.context_chars,
-                    tool_calls=args.tool_calls,
-                    max_tokens=args.max_tokens,
-                    profile=getattr(args, "profile", None) if kind == "agents" else None,
-                )
-            )
-    return unique_names(groups)
 
 
 def _tool_names(text: str) -> list[str] | None:

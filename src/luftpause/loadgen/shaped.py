@@ -1,4 +1,4 @@
-"""Own-loop agents that play a :class:`~luftpause.loadgen.workload.RunPlan` (B10).
+"""Own-loop agents that play a :class:`~luftpause.measure.workload.RunPlan` (B10).
 
 A plan fixes, per turn, the prompt's length, the reply's length and the tool time
 after it. An engine decides what it replies, so the load generator steers it with
@@ -38,7 +38,6 @@ such as the SGLang router and SMG drop it, and need not forward it).
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -47,7 +46,6 @@ from typing import Any
 import openai
 
 from luftpause.fakes.engine.tokens import count_tokens, render_messages
-from luftpause.loadgen import content
 from luftpause.loadgen.agents import (
     AgentOptions,
     Lineage,
@@ -59,9 +57,10 @@ from luftpause.loadgen.agents import (
     stream_turn,
     turn_body,
 )
-from luftpause.loadgen.mix import Group
-from luftpause.loadgen.stats import EndedTurn, RunRecord
-from luftpause.loadgen.workload import RunPlan
+from luftpause.measure.mix import Group
+from luftpause.measure.shaped import pad, shared_text
+from luftpause.measure.stats import EndedTurn, RunRecord
+from luftpause.measure.workload import RunPlan
 
 BUCKETS = tuple(1 << i for i in range(4, 13))  # tool-call reply sizes: 16 ... 4096 tokens
 _JSON_OVERHEAD = len('{"text": ""}')
@@ -93,26 +92,6 @@ def bucket(tokens: int) -> int:
     """The tool-call size nearest ``tokens`` (in ratio), 16 ... 4096."""
     exponent = round(math.log2(max(1, tokens)))
     return min(BUCKETS[-1], max(BUCKETS[0], 1 << exponent))
-
-
-_PAD = content.filler(4096, "shaped-pad") + " "
-
-
-def pad(chars: int) -> str:
-    """Deterministic filler of exactly ``chars`` characters (cheap for long texts)."""
-    if chars <= 0:
-        return ""
-    return (_PAD * (chars // len(_PAD) + 1))[:chars]
-
-
-@functools.lru_cache(maxsize=32)
-def shared_text(prefix: str, tokens: int) -> str:
-    """The system prompt every run named ``prefix`` starts with: ``4 * tokens`` characters.
-
-    The text for fewer tokens is a prefix of the text for more, so runs that declare
-    different lengths under one name share the shorter one.
-    """
-    return content.filler(4 * tokens, f"shared:{prefix}")
 
 
 class Conversation:

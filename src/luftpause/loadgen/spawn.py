@@ -26,11 +26,11 @@ from typing import Any
 
 from mcp import Client
 
-from luftpause.loadgen import content
 from luftpause.loadgen.agents import RunFailed
-from luftpause.loadgen.mix import Group
 from luftpause.loadgen.pool import ClientPool
-from luftpause.loadgen.stats import RunRecord
+from luftpause.measure import content
+from luftpause.measure.mix import Group
+from luftpause.measure.stats import RunRecord, percentile
 
 AWAIT_TIMEOUT_S = 60.0
 
@@ -180,8 +180,6 @@ class FanOut:
 
     def to_json(self) -> dict[str, Any]:
         durations = [r.duration_s for r in self.records]
-        from luftpause.loadgen.stats import percentile
-
         p50 = percentile(durations, 50)
         p95 = percentile(durations, 95)
         return {

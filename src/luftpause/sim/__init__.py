@@ -21,6 +21,8 @@ an *arm* (``arms``) decides where and when each turn enters an engine:
 * ``engine-prio``: agent *i* pinned to replica *i* mod N, the engines ordering
   their queues by a per-class ``priority`` (as ``tools/bench/flood.py`` runs it).
 
-Runs, turns and errors are recorded as ``loadgen.stats`` records, so the report
-is the load generator's table. Everything is a function of the seed.
+Runs, turns and errors are recorded as ``measure.stats`` records, so the report
+is the load generator's table. Everything is a function of the seed. ``run`` is one
+simulation (a load, its replicas and an arm), ``sweep`` runs it over replica counts or
+targets, ``main`` is the command line.
 """

@@ -1,6 +1,6 @@
 """Own-loop agents in virtual time, turn for turn what ``luftpause loadgen`` agents do.
 
-A run starts from the load generator's conversation (``loadgen.content``: a shared
+A run starts from the load generator's conversation (``measure.content``: a shared
 system preamble and a per-run task), offers the fake tool server's ``lookup`` tool,
 and asks for a turn. The reply is what the fake engine would say to that
 conversation (``fakes.engine.script.plan_reply`` on the rendered prompt): a tool
@@ -23,7 +23,7 @@ reads prompts; tests/unit/test_sim_prompts.py holds the two to the same events).
 
 Given a plan seed, an agent's runs are those of ``luftpause loadgen --plan-seed``'s
 slot of the same group and index: run n has the load generator's tool count for run n
-and the fake engine's replies to its plan key (``loadgen.workload.plan_key``), so a
+and the fake engine's replies to its plan key (``measure.workload.plan_key``), so a
 flood and the simulator can be compared on the same draws.
 """
 
@@ -55,10 +55,10 @@ from luftpause.fakes.engine.tokens import (
     render_messages,
 )
 from luftpause.fakes.mcp_tools import LOOKUP_DELAY_RANGE, FakeMcpSettings, filler_fact
-from luftpause.loadgen import content
-from luftpause.loadgen.mix import Group
-from luftpause.loadgen.stats import EndedTurn, ErrorRecord, RunRecord, TurnRecord
-from luftpause.loadgen.workload import plan_key
+from luftpause.measure import content
+from luftpause.measure.mix import Group
+from luftpause.measure.stats import EndedTurn, ErrorRecord, RunRecord, TurnRecord
+from luftpause.measure.workload import plan_key
 from luftpause.sim.arms import Arm, Ask, TurnEnd
 from luftpause.sim.fleet import Replica
 from luftpause.sim.placement import routing_text

@@ -1,6 +1,6 @@
 """Runs that follow a plan (B10) in virtual time: profile agents and trace replay.
 
-A plan (``loadgen.workload.RunPlan``, sampled from a profile or read from a trace)
+A plan (``measure.workload.RunPlan``, sampled from a profile or read from a trace)
 fixes every turn's prompt length, reply length and the tool time after it. Here the
 engine model gets exactly that: the prompt is text of ``4 × prompt_tokens`` characters
 (the engine's four characters a token) and the reply is ``completion_tokens`` long
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 
 from luftpause.fakes.engine.blocks import PromptChain
 from luftpause.fakes.engine.model import FinishedRequest
-from luftpause.loadgen.mix import Group
-from luftpause.loadgen.shaped import pad, shared_text
-from luftpause.loadgen.stats import ErrorRecord, RunRecord
-from luftpause.loadgen.workload import Profile, RunPlan, run_rng
+from luftpause.measure.mix import Group
+from luftpause.measure.shaped import pad, shared_text
+from luftpause.measure.stats import ErrorRecord, RunRecord
+from luftpause.measure.workload import Profile, RunPlan, run_rng
 from luftpause.sim.agents import RETRY_S, Records, turn_record, when_admitted
 from luftpause.sim.arms import Arm, Ask, TurnEnd
 from luftpause.sim.fleet import Replica

@@ -23,8 +23,8 @@ from dataclasses import replace
 from html import escape
 from typing import Any
 
-from luftpause.loadgen.mix import MixError
-from luftpause.sim.main import SimConfig, cell, slowdown_arm
+from luftpause.measure.mix import MixError
+from luftpause.sim.run import SimConfig, cell, slowdown_arm
 
 SWEEPABLE = ("replicas", "target")
 COLOURS = {"luftpause": "#1b6ac9", "router": "#d1495b", "engine-prio": "#8c8c8c"}

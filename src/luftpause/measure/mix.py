@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from luftpause.loadgen.workload import PROFILES
+from luftpause.measure.workload import PROFILES
 
 CLASSES = ("interactive", "batch")
 KINDS = ("agents", "subagents")

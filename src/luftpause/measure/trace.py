@@ -20,7 +20,8 @@ Each turn's prompt is meant to extend the previous one (previous prompt + reply 
 tool result): a prompt that is *shorter* than the previous one is replayed as a
 compacted conversation that starts afresh (see docs/guides/workloads.md).
 
-:func:`load_trace` raises :class:`TraceError` naming the file, the line and the field.
+:func:`load_trace` raises :class:`TraceError` naming the file, the line and the field;
+:func:`trace_groups` names the groups a trace's runs are reported under.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from luftpause.loadgen.mix import CLASSES, MixError
-from luftpause.loadgen.workload import RunPlan, TurnPlan
+from luftpause.measure.mix import CLASSES, Group, MixError
+from luftpause.measure.workload import RunPlan, TurnPlan
 
 RUN_KEYS = frozenset({"id", "class", "caller", "start_s", "shared_tokens", "turns"})
 TURN_KEYS = frozenset({"prompt_tokens", "completion_tokens", "tool_s"})
@@ -163,3 +164,15 @@ def load_trace(path: Path) -> list[TraceRun]:
         return parse_trace(text)
     except TraceError as exc:
         raise TraceError(f"trace {path}: {exc}") from None
+
+
+def trace_groups(runs: list[TraceRun]) -> list[Group]:
+    """The groups a trace's runs are reported under (one per caller and class)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for run in runs:
+        key = (run.group, run.cls, run.caller)
+        counts[key] = counts.get(key, 0) + 1
+    return [
+        Group(name=name, count=n, cls=cls, caller=caller)
+        for (name, cls, caller), n in counts.items()
+    ]

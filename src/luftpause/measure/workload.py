@@ -3,7 +3,7 @@
 A :class:`RunPlan` says, turn by turn, how long the prompt is, how long the reply is
 and how long the tool after it takes (or which sub-agents it starts in parallel). It
 comes from a *profile* (:data:`PROFILES`, sampled per run from a seeded generator) or
-from a user's trace (``loadgen.trace``). The load generator (``loadgen.shaped``) and
+from a user's trace (``measure.trace``). The load generator (``loadgen.shaped``) and
 the simulator (``sim.shaped``) both play plans; neither samples anything else.
 
 A plan's prompts grow the way an agent's conversation grows: each turn's prompt is
