@@ -44,12 +44,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flood import (
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from luftpause.loadgen.mix import Group, MixError
+from luftpause.sim.main import SimConfig, arms_from_args, simulate, slowdown_arm
+from luftpause.sim.placement import SMG_POLICIES
+from tools.bench.arms.plan import CODING_INTERACTIVE, FULL, INTERACTIVE_AGENTS
+from tools.bench.flood_report import (
     CODING_AXES,
     CODING_GOALS_HEAD,
-    CODING_INTERACTIVE,
-    FULL,
-    INTERACTIVE_AGENTS,
     coding_goals,
     coding_points,
     coding_table,
@@ -58,11 +62,7 @@ from flood import (
     frontier_svg,
     frontier_table,
 )
-from sim_fidelity import busiest_share, coding_config
-
-from luftpause.loadgen.mix import Group, MixError
-from luftpause.sim.main import SimConfig, arms_from_args, simulate, slowdown_arm
-from luftpause.sim.placement import SMG_POLICIES
+from tools.bench.sim_fidelity import busiest_share, coding_config
 
 BASE_ARMS = ("luftpause", "router", "engine-prio", "smg")
 
