@@ -41,10 +41,10 @@ from tools.bench.flood_report import (
     nice_axis,
     paired_ratios,
     paired_turn_ratios,
+    plot_svg,
     ratio,
     ratio_text,
     scheduler_lines,
-    write_plot,
 )
 from tools.bench.stats import arm_order, ci_text, mean_ci, t_cdf, t_quantile
 
@@ -304,14 +304,14 @@ def test_a_coding_flood_plots_interactive_turns_against_batch_work(tmp_path: Pat
         time_scale=10.0, reps=2, loads=(), mcp_loads=(), warmup_s=1, window_s=1,
         light_window_s=1, routing_window_s=1, floor_runs=1,
     )  # fmt: skip
-    out = tmp_path / "coding.svg"
-    assert write_plot(out, {"coding": {"24": by_arm}}, plan, "abc1234")
-    root = ET.fromstring(out.read_text())
+    svg = plot_svg({"coding": {24: by_arm}}, plan, "abc1234")
+    assert svg is not None
+    root = ET.fromstring(svg)
     text = "".join(root.itertext())
     assert "interactive turn p50 s (lower is better)" in text
     assert "batch reply tokens/min (model time)" in text and "C=12" in text
-    assert out.read_text().count("<polyline") == 1
-    assert not write_plot(tmp_path / "none.svg", {"mcp": {}}, plan, "abc1234")
+    assert svg.count("<polyline") == 1
+    assert plot_svg({"mcp": {}}, plan, "abc1234") is None
 
 
 def test_seconds_arguments() -> None:

@@ -99,7 +99,7 @@ if not __package__:  # python tools/bench/X.py: import tools.bench from the chec
 from luftpause.cliargs import positive_float
 from luftpause.loadgen.progress import ArmClock
 from luftpause.sim.main import slowdown_arm
-from tools.bench.arms.plan import BENCHES, CODING_ENGINE_ARGS, FULL, QUICK, ROOT, Arm, Plan
+from tools.bench.arms.plan import BENCHES, CODING_ENGINE_ARGS, FULL, QUICK, ROOT, Arm
 from tools.bench.arms.schedule import (
     coding_arms,
     fanout_arms,
@@ -110,7 +110,7 @@ from tools.bench.arms.schedule import (
 )
 from tools.bench.arms.smg import SMG_INTERACTIVE_RESERVED
 from tools.bench.arms.stack import floor, run_loadgen, start_stack
-from tools.bench.flood_report import code_version, report, write_plot
+from tools.bench.flood_report import code_version, machine, render, render_plot
 from tools.bench.stats import arm_order
 
 # ------------------------------------------------------------------ main
@@ -345,25 +345,13 @@ def main() -> int:
         plan = replace(plan, **overrides)
     if args.report_from:
         saved = json.loads(args.report_from.read_text())
-        fields: dict[str, Any] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in saved["plan"].items()
-        }
-        plan = Plan(**fields)
-        res = {b: {int(n): arms for n, arms in per.items()} for b, per in saved["results"].items()}
-        text = report(
-            plan,
-            saved["command"],
-            res,
-            {int(k): v for k, v in saved["floors"].items()},
-            saved["started"],
-            saved["minutes"],
-            tuple(saved["load_before"]),
-            rendered="python tools/bench/flood.py " + " ".join(sys.argv[1:]),
-            code=saved.get("code", ""),
-        )
+        saved.setdefault("machine", machine())  # a run saved before the JSON kept it
+        text = render(saved, rendered="python tools/bench/flood.py " + " ".join(sys.argv[1:]))
         args.out.write_text(text)
         print(text)
-        if args.plot and write_plot(args.plot, res, plan, saved.get("code", "")):
+        svg = render_plot(saved) if args.plot else None
+        if args.plot and svg is not None:
+            args.plot.write_text(svg)
             print(f"plot: {args.plot}", file=sys.stderr)
         return 0
     benches = {b.strip() for b in args.benches.split(",") if b.strip()}
@@ -451,23 +439,26 @@ def main() -> int:
         finally:
             stack.stop()
     minutes = (time.monotonic() - t0) / 60
+    saved = {
+        "plan": plan.__dict__,
+        "results": results,
+        "floors": floors,
+        "command": command,
+        "started": started,
+        "minutes": minutes,
+        "load_before": list(load_before),
+        "code": code,
+        "routers": routers,  # vLLM router arms: version, command line, configuration
+        "machine": machine(),
+    }
     if args.json:
-        saved = {
-            "plan": plan.__dict__,
-            "results": results,
-            "floors": floors,
-            "command": command,
-            "started": started,
-            "minutes": minutes,
-            "load_before": list(load_before),
-            "code": code,
-            "routers": routers,  # vLLM router arms: version, command line, configuration
-        }
         args.json.write_text(json.dumps(saved, indent=1))
-    text = report(plan, command, results, floors, started, minutes, load_before, code=code)
+    text = render(saved)
     args.out.write_text(text)
     print(text)
-    if args.plot and write_plot(args.plot, results, plan, code):
+    svg = render_plot(saved) if args.plot else None
+    if args.plot and svg is not None:
+        args.plot.write_text(svg)
         print(f"plot: {args.plot}", file=sys.stderr)
     return 0
 

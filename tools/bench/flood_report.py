@@ -763,14 +763,13 @@ def frontier_svg(
     return "\n".join(out) + "\n"
 
 
-def write_plot(
-    path: Path,
+def plot_svg(
     results: dict[str, dict[int, dict[str, list[dict[str, Any]]]]],
     plan: Plan,
     code: str,
-) -> bool:
-    """The own-loop flood's frontier as an SVG file, or, for a coding flood alone, its
-    interactive turn p50 against batch reply tokens/min; False when there is neither."""
+) -> str | None:
+    """The own-loop flood's frontier as SVG, or, for a coding flood alone, its interactive
+    turn p50 against batch reply tokens/min; None when there is neither."""
     reps = f"{plan.reps} repetition{'s' if plan.reps != 1 else ''}"
     subtitle = (
         f"time scale {plan.time_scale:g}, {reps}, SMG placing runs by {plan.smg_policy}, "
@@ -780,23 +779,21 @@ def write_plot(
     if not own:
         coding = results.get("coding")
         if not coding:
-            return False
+            return None
         panels = [
             (f"{load} batch + {CODING_INTERACTIVE} interactive coding agents",
              coding_points(by_arm, plan.time_scale))
             for load, by_arm in sorted(coding.items(), key=lambda kv: int(kv[0]))
         ]  # fmt: skip
         title = "Coding flood: interactive turn p50 against batch reply tokens/min (model time)"
-        path.write_text(frontier_svg(panels, title, subtitle, **CODING_AXES))
-        return True
+        return frontier_svg(panels, title, subtitle, **CODING_AXES)
     panels = [
         (f"{load} batch + {INTERACTIVE_AGENTS} interactive agents",
          frontier_points(by_arm, plan.time_scale))
         for load, by_arm in sorted(own.items())
     ]  # fmt: skip
     title = "Own-loop flood: interactive against batch runs/min (agents×60/mean, model time)"
-    path.write_text(frontier_svg(panels, title, subtitle))
-    return True
+    return frontier_svg(panels, title, subtitle)
 
 
 def code_version() -> str:
@@ -852,9 +849,11 @@ def report(
     load_before: tuple[float, ...],
     rendered: str = "",
     code: str = "",
+    host: str = "",
 ) -> str:
     """The markdown report. ``rendered``: the ``--report-from`` command that re-rendered
-    a saved run (the results are that run's; only the text around them is newer)."""
+    a saved run (the results are that run's; only the text around them is newer);
+    ``host``: the machine it ran on (:func:`machine`)."""
     sc = plan.time_scale
     setups: dict[str, str] = {}
     routers: dict[str, dict[str, Any]] = {}
@@ -899,7 +898,7 @@ def report(
         ),
         f"- code measured: commit {code or 'unknown (not a git checkout)'}",
         f"- date: {started}; duration {minutes:.1f} min",
-        f"- machine: {machine()}; load average before the run "
+        f"- machine: {host}; load average before the run "
         f"{' / '.join(f'{x:.2f}' for x in load_before)} (other work shares these cores: "
         "each table lists the 1-minute load average of its arms)",
         "- engines: two fake engines (`docs/guides/calibration.md` defaults"
@@ -1141,3 +1140,39 @@ def vs_vllm_text(by_arm: dict[str, list[dict[str, Any]]]) -> str:
         for name, results in by_arm.items()
         if any(r.get("router", {}).get("router") == "vllm-router" for r in results)
     )
+
+
+def _parsed(
+    data: dict[str, Any],
+) -> tuple[Plan, dict[str, dict[int, dict[str, list[dict[str, Any]]]]]]:
+    """The plan and the results of a saved run (``flood.py --json``: lists for tuples,
+    load points as strings)."""
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data["plan"].items()}
+    results = {b: {int(n): arms for n, arms in per.items()} for b, per in data["results"].items()}
+    return Plan(**fields), results
+
+
+def render(data: dict[str, Any], rendered: str = "") -> str:
+    """The Markdown report of a saved run (what ``flood.py --json`` writes, with
+    ``machine``), a function of ``data`` alone: the same data renders the same bytes.
+    ``rendered``: the ``--report-from`` command that re-rendered it, if one did."""
+    plan, results = _parsed(data)
+    return report(
+        plan,
+        data["command"],
+        results,
+        {int(k): v for k, v in data["floors"].items()},
+        data["started"],
+        data["minutes"],
+        tuple(data["load_before"]),
+        rendered=rendered,
+        code=data.get("code", ""),
+        host=data["machine"],
+    )
+
+
+def render_plot(data: dict[str, Any]) -> str | None:
+    """The ``--plot`` SVG of a saved run, a function of ``data`` alone; None when the run
+    has nothing to plot (no own-loop or coding flood)."""
+    plan, results = _parsed(data)
+    return plot_svg(results, plan, data.get("code", ""))
