@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from luftpause.cliargs import positive_float
+from luftpause.measure.plot import nice_axis
 from tools.bench.arms.plan import FULL, INTERACTIVE_AGENTS, Arm, Plan
 from tools.bench.arms.smg import (
     SMG_KEY_HEADER,
@@ -38,7 +39,6 @@ from tools.bench.flood_report import (
     frontier_points,
     frontier_svg,
     frontier_table,
-    nice_axis,
     paired_ratios,
     paired_turn_ratios,
     plot_svg,

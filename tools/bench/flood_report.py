@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from luftpause.measure import plot
+from luftpause.measure.plot import Style
 from tools.bench.arms.luftpause import STATUS_EVERY_S
 from tools.bench.arms.plan import (
     CODING_ENGINE_ARGS,
@@ -600,55 +602,23 @@ def frontier_goals(
     return lines
 
 
-def nice_axis(values: list[float], ticks: int = 5) -> tuple[float, float, list[float]]:
-    """An axis that holds ``values``: its ends and about ``ticks`` round tick values
-    (steps of 1, 2, 2.5 or 5 × a power of ten)."""
-    lo, hi = min(values), max(values)
-    if hi - lo < 1e-9:
-        lo, hi = lo - max(1.0, abs(lo) * 0.1), hi + max(1.0, abs(hi) * 0.1)
-    raw = (hi - lo) / ticks
-    mag = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= raw * (1 - 1e-9))
-    start, end = math.floor(lo / step) * step, math.ceil(hi / step) * step
-    count = round((end - start) / step)
-    return start, end, [round(start + i * step, 10) for i in range(count + 1)]
-
-
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-SVG_STYLE = {  # kind -> (colour, marker, filled)
-    "luftpause": ("#d62728", "circle", True),
-    "luftpause-no-pk": ("#d62728", "circle", False),
-    "luftpause-no-pace": ("#d62728", "square", False),
-    "luftpause-pace": ("#d62728", "square", True),
-    "luftpause-x": ("#d62728", "diamond", True),
-    "luftpause-pack-x": ("#d62728", "diamond", False),
-    "luftpause-wset": ("#d62728", "triangle", True),
-    "smg": ("#1f77b4", "circle", False),
-    "smg-cap": ("#1f77b4", "circle", True),
-    "smg-fifo": ("#ff7f0e", "square", True),
-    "router": ("#555555", "triangle", False),
-    "engine-prio": ("#555555", "diamond", False),
-    "vllm-router": ("#2ca02c", "triangle", False),
-    "vllm-prog": ("#2ca02c", "circle", True),
-    "vllm-prog-kv": ("#2ca02c", "square", True),
+SVG_STYLE = {  # kind -> its colour, marker and fill on the frontier plot
+    "luftpause": Style("#d62728", "circle", True),
+    "luftpause-no-pk": Style("#d62728", "circle", False),
+    "luftpause-no-pace": Style("#d62728", "square", False),
+    "luftpause-pace": Style("#d62728", "square", True),
+    "luftpause-x": Style("#d62728", "diamond", True),
+    "luftpause-pack-x": Style("#d62728", "diamond", False),
+    "luftpause-wset": Style("#d62728", "triangle", True),
+    "smg": Style("#1f77b4", "circle", False),
+    "smg-cap": Style("#1f77b4", "circle", True),
+    "smg-fifo": Style("#ff7f0e", "square", True),
+    "router": Style("#555555", "triangle", False),
+    "engine-prio": Style("#555555", "diamond", False),
+    "vllm-router": Style("#2ca02c", "triangle", False),
+    "vllm-prog": Style("#2ca02c", "circle", True),
+    "vllm-prog-kv": Style("#2ca02c", "square", True),
 }
-
-
-def _marker(kind: str, x: float, y: float, r: float = 5.0) -> str:
-    colour, shape, filled = SVG_STYLE.get(kind, ("#000000", "circle", False))
-    paint = f'fill="{colour if filled else "white"}" stroke="{colour}" stroke-width="1.5"'
-    corners = {
-        "square": ((-1, -1), (1, -1), (1, 1), (-1, 1)),
-        "triangle": ((0, -1.2), (1, 0.8), (-1, 0.8)),
-        "diamond": ((0, -1.2), (1, 0), (0, 1.2), (-1, 0)),
-    }.get(shape)
-    if corners is None:
-        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" {paint}/>'
-    pts = " ".join(f"{x + dx * r:.1f},{y + dy * r:.1f}" for dx, dy in corners)
-    return f'<polygon points="{pts}" {paint}/>'
 
 
 def frontier_svg(
@@ -658,109 +628,33 @@ def frontier_svg(
     x_label: str = "batch runs/min (model time)",
     y_label: str = "interactive runs/min",
 ) -> str:
-    """A plain SVG: per panel (one load point), batch work (x) against interactive
-    service (y; by default runs/min of each); SMG's capacity sweeps as lines through
-    their caps, every other arm a marker; whiskers are 95 % t-intervals over the
-    repetitions."""
-    pw, ph, ml, mr, mt, mb = 640, 420, 64, 24, 44, 52
-    cols = 1 if len(panels) == 1 else 2
-    rows = math.ceil(len(panels) / cols)
-    legend_h = 22 * math.ceil(len(SVG_STYLE) / 2) + 16
-    top = 60 if subtitle else 40
-    width, height = pw * cols, top + ph * rows + legend_h
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2:.0f}" y="24" text-anchor="middle" font-size="15">'
-        f"{_esc(title)}</text>",
-    ]
-    if subtitle:
-        out.append(
-            f'<text x="{width / 2:.0f}" y="44" text-anchor="middle" fill="#555">'
-            f"{_esc(subtitle)}</text>"
-        )
-    for i, (name, points) in enumerate(panels):
-        ox, oy = pw * (i % cols), top + ph * (i // cols)
-        x0, x1, y0, y1 = ox + ml, ox + pw - mr, oy + mt, oy + ph - mb
-        out.append(
-            f'<text x="{(x0 + x1) / 2:.0f}" y="{oy + 24}" text-anchor="middle" '
-            f'font-size="13">{_esc(name)}</text>'
-        )
-        if not points:
-            continue
-        # Rates are never negative: whiskers (and the axes) stop at 0.
-        xs = [max(0.0, v) for p in points for v in (p.x - (p.xh or 0), p.x + (p.xh or 0))]
-        ys = [max(0.0, v) for p in points for v in (p.y - (p.yh or 0), p.y + (p.yh or 0))]
-        xlo, xhi, xticks = nice_axis(xs)
-        ylo, yhi, yticks = nice_axis(ys)
-
-        def sx(
-            v: float, xlo: float = xlo, xhi: float = xhi, x0: float = x0, x1: float = x1
-        ) -> float:
-            return x0 + (v - xlo) / (xhi - xlo) * (x1 - x0)
-
-        def sy(
-            v: float, ylo: float = ylo, yhi: float = yhi, y0: float = y0, y1: float = y1
-        ) -> float:
-            return y1 - (v - ylo) / (yhi - ylo) * (y1 - y0)
-
-        out.append(
-            f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" '
-            'fill="none" stroke="#999"/>'
-        )
-        for t in xticks:
-            out.append(
-                f'<line x1="{sx(t):.1f}" y1="{y0}" x2="{sx(t):.1f}" y2="{y1}" stroke="#eee"/>'
+    """Per panel (one load point), batch work (x) against interactive service (y; by
+    default runs/min of each); SMG's capacity sweeps and luftpause's targets as lines
+    through their settings, every other arm a marker; whiskers are 95 % t-intervals over
+    the repetitions (luftpause.measure.plot draws it)."""
+    return plot.svg(
+        [
+            plot.Panel(
+                name,
+                [
+                    plot.Mark(
+                        p.x, p.y, p.kind, p.xh, p.yh,
+                        "" if p.cap is None else f"{SWEPT_LABEL.get(p.kind, 'C')}={p.cap:g}",
+                    )
+                    for p in points
+                ],
+                x_label,
+                y_label,
             )
-            out.append(f'<text x="{sx(t):.1f}" y="{y1 + 16}" text-anchor="middle">{t:g}</text>')
-        for t in yticks:
-            out.append(
-                f'<line x1="{x0}" y1="{sy(t):.1f}" x2="{x1}" y2="{sy(t):.1f}" stroke="#eee"/>'
-            )
-            out.append(f'<text x="{x0 - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
-        out.append(
-            f'<text x="{(x0 + x1) / 2:.0f}" y="{y1 + 36}" text-anchor="middle">'
-            f"{_esc(x_label)}</text>"
-        )
-        out.append(
-            f'<text x="{ox + 16}" y="{(y0 + y1) / 2:.0f}" text-anchor="middle" '
-            f'transform="rotate(-90 {ox + 16} {(y0 + y1) / 2:.0f})">{_esc(y_label)}</text>'
-        )
-        for kind in ("smg-cap", "smg-fifo", "luftpause-pace", "luftpause-x", "luftpause-pack-x"):
-            line = [p for p in points if p.kind == kind]
-            if len(line) > 1:
-                colour = SVG_STYLE[kind][0]
-                pts = " ".join(f"{sx(p.x):.1f},{sy(p.y):.1f}" for p in line)
-                out.append(
-                    f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
-                )
-        for p in points:
-            colour = SVG_STYLE.get(p.kind, ("#000000", "", False))[0]
-            cx, cy = sx(p.x), sy(p.y)
-            if p.xh:
-                out.append(
-                    f'<line x1="{sx(max(0.0, p.x - p.xh)):.1f}" y1="{cy:.1f}" '
-                    f'x2="{sx(p.x + p.xh):.1f}" y2="{cy:.1f}" stroke="{colour}"/>'
-                )
-            if p.yh:
-                out.append(
-                    f'<line x1="{cx:.1f}" y1="{sy(max(0.0, p.y - p.yh)):.1f}" x2="{cx:.1f}" '
-                    f'y2="{sy(p.y + p.yh):.1f}" stroke="{colour}"/>'
-                )
-            out.append(_marker(p.kind, cx, cy))
-            if p.cap is not None:  # the other arms' markers are named by the legend
-                out.append(
-                    f'<text x="{cx + 8:.1f}" y="{cy - 7:.1f}" fill="{colour}" font-size="11">'
-                    f"{SWEPT_LABEL.get(p.kind, 'C')}={p.cap:g}</text>"
-                )
-    ly = top + ph * rows + 8
-    for i, (kind, text) in enumerate(FRONTIER_LABEL.items()):
-        lx, yy = 24 + (i % 2) * (width / 2), ly + 22 * (i // 2) + 8
-        out.append(_marker(kind, lx, yy))
-        out.append(f'<text x="{lx + 14:.1f}" y="{yy + 4:.1f}">{_esc(text)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+            for name, points in panels
+        ],
+        title,
+        SVG_STYLE,
+        FRONTIER_LABEL,
+        subtitle=subtitle,
+        joined=("smg-cap", "smg-fifo", "luftpause-pace", "luftpause-x", "luftpause-pack-x"),
+        legend_slots=len(SVG_STYLE),
+    )  # fmt: skip
 
 
 def plot_svg(

@@ -1,0 +1,1 @@
+"""Measurement as a layer: what the benchmarks and the simulator share to summarise and show."""
