@@ -53,10 +53,10 @@ the original testbed), in one run, arms alternated and repeated:
 ``--arms NAME,...`` keeps only the named arms at every point (e.g. luftpause and the
 vLLM router arms).
 
-Statistics: with ``--reps N`` every cell is a mean ± the half-width of its 95 %
-confidence interval (Student's t); ratios between arms are per repetition. Each
-point's arm order is a row of a Williams Latin square (a new row every repetition).
-The report names the commit it measured and whether the working tree differed.
+How arms are ordered, repeated, warmed up and summarised (Williams Latin square order,
+mean ± 95 % t-intervals, ratios per repetition): ``docs/benchmarks/methodology.md``, the
+one place that says it; the statistics are ``tools/bench/stats.py``. The report names the
+commit it measured and whether the working tree differed.
 
 The floor: one interactive agent alone on an idle engine, a few runs per
 context size; each arm's p50 is divided by it ("slowdown").

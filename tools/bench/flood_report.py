@@ -1041,7 +1041,9 @@ def _parsed(
 ) -> tuple[Plan, dict[str, dict[int, dict[str, list[dict[str, Any]]]]]]:
     """The plan and the results of a saved run (``flood.py --json``: lists for tuples,
     load points as strings)."""
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data["plan"].items()}
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in data["plan"].items()
+    }
     results = {b: {int(n): arms for n, arms in per.items()} for b, per in data["results"].items()}
     return Plan(**fields), results
 

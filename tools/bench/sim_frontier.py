@@ -8,15 +8,15 @@
         --smg-caps 8,12,16 --smg-fifo-caps ''      # the coding flood's plan
 
 The own-loop flood's plan at each load point (4 interactive agents beside N batch
-agents, its warm-up, ramp and window: ``flood.FULL``), run by ``luftpause sim`` for
-every arm: luftpause, the router, engine priority, SMG with its engines' capacity,
+agents, its warm-up, ramp and window: ``arms.plan.FULL``), run by ``luftpause sim``
+for every arm: luftpause, the router, engine priority, SMG with its engines' capacity,
 SMG's priority scheduler at each capacity C (``smg-capC``) and its FIFO cap
 (``smg-fifoC``), luftpause with each decode pace target (``luftpause-paceMS``,
 ``--luftpause-paces``) and with the decode pace off (``luftpause-no-pace``,
-``--ablate-pace``). Each seed is one repetition; a cell shows the mean and its 95 %
-t-interval over the seeds, as ``tools/bench/flood.py`` shows repetitions, and the
-frontier table and SVG are drawn by the flood's own code. Rates are closed-loop
-runs/min (agents × 60 / mean run time) in the engine model's time. A measurement:
+``--ablate-pace``). Each seed is one repetition, summarised as the flood summarises
+repetitions (``docs/benchmarks/methodology.md``); the frontier table and SVG are drawn
+by the flood's own report code (``flood_report``). Rates are closed-loop runs/min
+(agents × 60 / mean run time) in the engine model's time. A measurement:
 nothing is asserted.
 
 With ``--profile coding-agent`` it runs the coding flood's plan instead
