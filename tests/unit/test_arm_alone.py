@@ -1,13 +1,11 @@
-"""The scheduler's /status read over a load's window (``flood.window_figures``, used by
+"""The scheduler's /status read over a load's window (``window_figures``, used by
 ``tools/bench/flood.py``'s luftpause arms and ``tools/bench/arm_alone.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from _bench import load
-
-flood = load("flood")
+from tools.bench.arms.luftpause import window_figures
 
 
 def status(cap: int | None, pace: int | None, held: int) -> dict[str, Any]:
@@ -25,7 +23,7 @@ def test_window_medians_skip_the_warm_up_and_failed_samples() -> None:
         (12.0, status(20, 14, 3)),
         (13.0, status(24, None, 5)),
     ]
-    figures = flood.window_figures(samples, since=10.0)
+    figures = window_figures(samples, since=10.0)
     assert figures["samples"] == 3
     assert figures["replicas"]["engine-a"] == {
         "capacity": 22.0,
@@ -34,4 +32,4 @@ def test_window_medians_skip_the_warm_up_and_failed_samples() -> None:
         "engine_running": 3,
     }
     assert figures["held"] == 3
-    assert flood.window_figures(samples, since=20.0) == {}
+    assert window_figures(samples, since=20.0) == {}

@@ -8,13 +8,11 @@ import tomllib
 from typing import Any
 
 import pytest
-from _bench import load
 
 from luftpause.dataplane.metrics import Metrics
 from luftpause.measure.mix import parse_mix
 from luftpause.measure.stats import EndedTurn, ErrorRecord, RunRecord, TurnRecord, summarise
-
-callers = load("callers")
+from tools.bench import callers
 
 ENV = {callers.ALICE_ENV: "lp_alice-test-key", callers.MALLORY_ENV: "lp_mallory-test-key"}
 

@@ -5,9 +5,8 @@ map, as the benchmark says, and its steady state keeps the outstanding load it a
 from __future__ import annotations
 
 import pytest
-from _bench import load
 
-core = load("core")
+from tools.bench import core
 
 
 @pytest.mark.parametrize("n_runs", [200, 5_000])

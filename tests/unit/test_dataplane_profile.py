@@ -4,9 +4,8 @@ own-time and with-callees shares from py-spy's raw folded stacks."""
 from __future__ import annotations
 
 import pytest
-from _bench import load
 
-profile = load("dataplane_profile")
+from tools.bench import dataplane_profile as profile
 
 
 def test_shares_by_own_time_and_with_callees() -> None:

@@ -3,6 +3,7 @@ per-repetition ratios, SMG's configuration and the frontier plot."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import xml.etree.ElementTree as ET
 from dataclasses import replace
@@ -11,10 +12,41 @@ from typing import Any
 
 import pytest
 import yaml
-from _bench import load
 
-flood = load("flood")
-
+from luftpause.cliargs import positive_float
+from luftpause.measure.plot import nice_axis
+from tools.bench.arms.plan import FULL, INTERACTIVE_AGENTS, Arm, Plan
+from tools.bench.arms.smg import (
+    SMG_KEY_HEADER,
+    smg_arms_config,
+    smg_command,
+    smg_scheduler_yaml,
+    split_capacity,
+)
+from tools.bench.arms.stack import COUNTERS, EngineWatch, loadgen_seeds
+from tools.bench.flood import _caps, main, non_negative, positive
+from tools.bench.flood_report import (
+    FRONTIER_LABEL,
+    FRONTIER_ORDER,
+    SVG_STYLE,
+    Point,
+    aggregate,
+    coding_goals,
+    coding_points,
+    coding_table,
+    engine_lines,
+    frontier_goals,
+    frontier_points,
+    frontier_svg,
+    frontier_table,
+    paired_ratios,
+    paired_turn_ratios,
+    plot_svg,
+    ratio,
+    ratio_text,
+    scheduler_lines,
+)
+from tools.bench.stats import arm_order, ci_text, mean_ci, t_cdf, t_quantile
 
 # Two-sided 95 % critical values t(0.975, df) from the usual tables, and the normal's.
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 19: 2.093, 29: 2.045,
@@ -23,58 +55,58 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 19: 2.093,
 
 @pytest.mark.parametrize(("df", "expected"), sorted(T_975.items()))
 def test_t_quantile_matches_the_tables(df: int, expected: float) -> None:
-    assert flood.t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
-    assert flood.t_quantile(0.025, df) == pytest.approx(-expected, abs=6e-4)
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+    assert t_quantile(0.025, df) == pytest.approx(-expected, abs=6e-4)
 
 
 def test_t_quantile_other_levels_and_the_cdf() -> None:
-    assert flood.t_quantile(0.95, 4) == pytest.approx(2.132, abs=6e-4)  # one-sided 95 %
-    assert flood.t_quantile(0.995, 2) == pytest.approx(9.925, abs=6e-4)  # two-sided 99 %
-    assert flood.t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-9)
+    assert t_quantile(0.95, 4) == pytest.approx(2.132, abs=6e-4)  # one-sided 95 %
+    assert t_quantile(0.995, 2) == pytest.approx(9.925, abs=6e-4)  # two-sided 99 %
+    assert t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-9)
     # df = 1 is the Cauchy distribution: P(T <= 1) = 3/4.
-    assert flood.t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)
-    assert flood.t_cdf(-1.0, 1) == pytest.approx(0.25, abs=1e-12)
+    assert t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)
+    assert t_cdf(-1.0, 1) == pytest.approx(0.25, abs=1e-12)
     for bad in ((0.0, 3), (1.0, 3), (0.5, 0)):
         with pytest.raises(ValueError):
-            flood.t_quantile(*bad)
+            t_quantile(*bad)
 
 
 def test_mean_ci() -> None:
-    assert flood.mean_ci([5.0]) == (5.0, None)
+    assert mean_ci([5.0]) == (5.0, None)
     # mean 2, sample sd 1, n 3: half-width = 4.303 / sqrt(3)
-    mean, half = flood.mean_ci([1.0, 2.0, 3.0])
+    mean, half = mean_ci([1.0, 2.0, 3.0])
     assert mean == 2.0
     assert half == pytest.approx(4.3027 / 3**0.5, abs=1e-3)
-    mean, half = flood.mean_ci([10.0, 12.0])  # sd sqrt(2), n 2: 12.706 * sqrt(2)/sqrt(2)
+    mean, half = mean_ci([10.0, 12.0])  # sd sqrt(2), n 2: 12.706 * sqrt(2)/sqrt(2)
     assert (mean, half) == (11.0, pytest.approx(12.706, abs=1e-3))
-    assert flood.mean_ci([4.0, 4.0, 4.0]) == (4.0, 0.0)
+    assert mean_ci([4.0, 4.0, 4.0]) == (4.0, 0.0)
     with pytest.raises(ValueError):
-        flood.mean_ci([])
-    assert flood.ci_text([]) == "-"
-    assert flood.ci_text([7.0]) == "7.0"
-    assert flood.ci_text([1.0, 2.0, 3.0]) == "2.0 ± 2.5"
+        mean_ci([])
+    assert ci_text([]) == "-"
+    assert ci_text([7.0]) == "7.0"
+    assert ci_text([1.0, 2.0, 3.0]) == "2.0 ± 2.5"
 
 
 @pytest.mark.parametrize("n", range(1, 10))
 def test_arm_order_is_a_latin_square(n: int) -> None:
-    rows = [flood.arm_order(n, r) for r in range(n)]
+    rows = [arm_order(n, r) for r in range(n)]
     for row in rows:
         assert sorted(row) == list(range(n))
     for pos in range(n):  # every arm once in every position over n rows
         assert sorted(row[pos] for row in rows) == list(range(n))
     if n > 1:
         for r in range(3 * n):  # consecutive rows (wrapping): nobody keeps a position
-            a, b = flood.arm_order(n, r), flood.arm_order(n, r + 1)
+            a, b = arm_order(n, r), arm_order(n, r + 1)
             assert all(x != y for x, y in zip(a, b, strict=True))
     if n % 2 == 0:  # Williams: every ordered pair of neighbours once
         pairs = [(row[i], row[i + 1]) for row in rows for i in range(n - 1)]
         assert sorted(pairs) == sorted(itertools.permutations(range(n), 2))
-    assert flood.arm_order(n, 5 * n + 2) == flood.arm_order(n, 2)
+    assert arm_order(n, 5 * n + 2) == arm_order(n, 2)
 
 
 def test_no_arm_always_first_or_last_from_two_repetitions() -> None:
     for n, index in itertools.product(range(2, 9), range(6)):
-        orders = [flood.arm_order(n, rep + index) for rep in range(2)]
+        orders = [arm_order(n, rep + index) for rep in range(2)]
         assert orders[0][0] != orders[1][0] and orders[0][-1] != orders[1][-1]
 
 
@@ -88,76 +120,76 @@ def _result(rep: int, inter: float, batch: float) -> dict[str, Any]:
 def test_paired_ratios_pair_by_repetition() -> None:
     a = [_result(1, 8.0, 90.0), _result(0, 6.0, 80.0)]
     b = [_result(0, 3.0, 80.0), _result(1, 4.0, 100.0), _result(2, 5.0, 1.0)]
-    assert flood.paired_ratios(a, b, "interactive") == [2.0, 2.0]
-    assert flood.paired_ratios(a, b, "batch") == [1.0, 0.9]
-    assert flood.ratio(a, b, "batch") == pytest.approx(0.95)
-    assert flood.ratio([], b, "batch") != flood.ratio([], b, "batch")  # nan
-    assert flood.ratio_text([2.0, 2.0]) == "2.00× ± 0.00"
-    assert flood.ratio_text([1.1]) == "1.10×"
-    assert flood.ratio_text([1.0, 0.9], change=True).startswith("-5 % ± ")
+    assert paired_ratios(a, b, "interactive") == [2.0, 2.0]
+    assert paired_ratios(a, b, "batch") == [1.0, 0.9]
+    assert ratio(a, b, "batch") == pytest.approx(0.95)
+    assert ratio([], b, "batch") != ratio([], b, "batch")  # nan
+    assert ratio_text([2.0, 2.0]) == "2.00× ± 0.00"
+    assert ratio_text([1.1]) == "1.10×"
+    assert ratio_text([1.0, 0.9], change=True).startswith("-5 % ± ")
 
 
 def test_split_capacity() -> None:
-    assert flood.split_capacity(8, 2) == [4, 4]
-    assert flood.split_capacity(13, 2) == [7, 6]
-    assert sum(flood.split_capacity(17, 3)) == 17
+    assert split_capacity(8, 2) == [4, 4]
+    assert split_capacity(13, 2) == [7, 6]
+    assert sum(split_capacity(17, 3)) == 17
 
 
 def test_smg_scheduler_yaml_scales_times_and_names_every_field() -> None:
-    config = yaml.safe_load(flood.smg_scheduler_yaml(5.0))["classes"]
+    config = yaml.safe_load(smg_scheduler_yaml(5.0))["classes"]
     assert set(config) == {"system", "interactive", "default", "bulk"}
     fields = {"reserved_floor", "reserved_per_slot", "queue_size", "queue_timeout_secs",
               "starvation_threshold_secs", "can_preempt"}  # fmt: skip
     assert all(set(c) == fields for c in config.values())
-    assert config["interactive"]["reserved_floor"] == flood.INTERACTIVE_AGENTS
+    assert config["interactive"]["reserved_floor"] == INTERACTIVE_AGENTS
     assert config["bulk"]["reserved_floor"] == 0
     assert config["bulk"]["starvation_threshold_secs"] == 24  # 120 model s at scale 5
     assert config["interactive"]["starvation_threshold_secs"] == 1
     assert config["bulk"]["queue_timeout_secs"] == 360
     assert config["interactive"]["can_preempt"] is True and config["bulk"]["can_preempt"] is False
-    slow = yaml.safe_load(flood.smg_scheduler_yaml(1.0))["classes"]
+    slow = yaml.safe_load(smg_scheduler_yaml(1.0))["classes"]
     assert slow["default"]["starvation_threshold_secs"] == 30
-    fast = yaml.safe_load(flood.smg_scheduler_yaml(50.0))["classes"]
+    fast = yaml.safe_load(smg_scheduler_yaml(50.0))["classes"]
     assert fast["interactive"]["starvation_threshold_secs"] == 1  # never 0: SMG refuses it
 
 
 def test_smg_arms_config(tmp_path: Path) -> None:
-    plan = flood.Plan(
+    plan = Plan(
         time_scale=5.0, reps=1, loads=(24,), mcp_loads=(24,), warmup_s=1, window_s=1,
         light_window_s=1, routing_window_s=1, floor_runs=1, smg_caps=(8, 13),
         smg_fifo_caps=(12,),
     )  # fmt: skip
-    arms = flood.smg_arms_config(plan, tmp_path / "p.yaml")
+    arms = smg_arms_config(plan, tmp_path / "p.yaml")
     assert list(arms) == ["smg", "smg-cap8", "smg-cap13", "smg-fifo12"]
     flags, capacity = arms["smg-cap13"]
     assert capacity == [7, 6] and "--priority-scheduler-enabled" in flags
-    assert flags[flags.index("--routing-key-headers") + 1] == flood.SMG_KEY_HEADER
+    assert flags[flags.index("--routing-key-headers") + 1] == SMG_KEY_HEADER
     flags, capacity = arms["smg-fifo12"]
     assert capacity is None and "--priority-scheduler-enabled" not in flags
     assert flags[flags.index("--max-concurrent-requests") + 1] == "12"
     assert arms["smg"][1] is None
-    assert "POST /workers" in flood.smg_command(*arms["smg-cap8"])
-    assert "--worker-urls" in flood.smg_command(*arms["smg"])
+    assert "POST /workers" in smg_command(*arms["smg-cap8"])
+    assert "--worker-urls" in smg_command(*arms["smg"])
     # SMG's load poll, 10 model seconds by default, in whole real seconds (at least 1)
     for flags, _ in arms.values():
         assert flags[flags.index("--load-monitor-interval") + 1] == "2"  # 10 / 5
-    slow = flood.smg_arms_config(replace(plan, time_scale=1.0), tmp_path / "p.yaml")
+    slow = smg_arms_config(replace(plan, time_scale=1.0), tmp_path / "p.yaml")
     assert slow["smg"][0][slow["smg"][0].index("--load-monitor-interval") + 1] == "10"
-    polled = flood.smg_arms_config(replace(plan, smg_load_poll_s=1), tmp_path / "p.yaml")
+    polled = smg_arms_config(replace(plan, smg_load_poll_s=1), tmp_path / "p.yaml")
     for flags, _ in polled.values():
         assert flags[flags.index("--load-monitor-interval") + 1] == "1"
 
 
 def test_smg_load_poll_argument() -> None:
     """--smg-load-poll-s takes the project's shared positive-number type."""
-    assert flood.positive_float("2.5") == 2.5
+    assert positive_float("2.5") == 2.5
     for bad in ("0", "-2", "x", "inf", "nan"):
         with pytest.raises(Exception, match="expected a positive number"):
-            flood.positive_float(bad)
+            positive_float(bad)
 
 
 def test_caps_argument() -> None:
-    parse = flood._caps(5)
+    parse = _caps(5)
     assert parse("16,8,12,8") == (8, 12, 16)
     for bad in ("4,8", "x", ""):
         with pytest.raises(Exception, match="expected"):
@@ -165,11 +197,11 @@ def test_caps_argument() -> None:
 
 
 def test_nice_axis() -> None:
-    lo, hi, ticks = flood.nice_axis([61.3, 88.9])
+    lo, hi, ticks = nice_axis([61.3, 88.9])
     assert lo <= 61.3 and hi >= 88.9 and ticks[0] == lo and ticks[-1] == hi
     steps = {round(b - a, 9) for a, b in itertools.pairwise(ticks)}
     assert len(steps) == 1 and 3 <= len(ticks) <= 8
-    lo, hi, ticks = flood.nice_axis([5.0, 5.0])  # one value: still an axis
+    lo, hi, ticks = nice_axis([5.0, 5.0])  # one value: still an axis
     assert lo < 5.0 < hi
 
 
@@ -192,7 +224,7 @@ def test_frontier_points_and_svg() -> None:
         "smg-cap8": arm([35.0, 36.0], [250.0, 240.0]),
         "smg": arm([25.0, 24.0], [400.0, 410.0]),
     }
-    points = flood.frontier_points(by_arm, 5.0)
+    points = frontier_points(by_arm, 5.0)
     assert [p.name for p in points] == [
         "luftpause", "smg", "smg-cap8", "smg-cap16", "smg-fifo8", "router",
     ]  # fmt: skip
@@ -200,9 +232,9 @@ def test_frontier_points_and_svg() -> None:
     assert (lp.x, lp.y) == (89.0, 8.2)  # model time: ÷ 5
     assert lp.yh == pytest.approx(12.706 * 0.2, abs=1e-3)
     assert points[2].cap == 8 and points[2].kind == "smg-cap" and points[0].cap is None
-    table = flood.frontier_table(by_arm, 5.0)
+    table = frontier_table(by_arm, 5.0)
     assert table[2].startswith("| luftpause | - | 8.2 ± 2.5 | 89.0 ± 12.7 |")
-    svg = flood.frontier_svg([("48 batch", points), ("empty", [])], "title <&>")
+    svg = frontier_svg([("48 batch", points), ("empty", [])], "title <&>")
     root = ET.fromstring(svg)  # well-formed XML
     assert root.tag.endswith("svg")
     text = "".join(root.itertext())
@@ -236,17 +268,17 @@ def test_coding_flood_compares_turns_per_repetition() -> None:
     in model time (seconds × scale, per-minute rates ÷ scale)."""
     ours = [coding_result(0, 1.0, 300.0), coding_result(1, 2.0, 300.0)]
     router = [coding_result(1, 3.0, 200.0), coding_result(0, 4.0, 600.0)]
-    assert flood.paired_turn_ratios(ours, router, "interactive", "p50") == [4.0, 1.5]
-    assert flood.paired_turn_ratios(ours, router, "batch", "tokens") == [0.5, 1.5]
-    assert flood.paired_turn_ratios(ours, [], "interactive", "p50") == []
+    assert paired_turn_ratios(ours, router, "interactive", "p50") == [4.0, 1.5]
+    assert paired_turn_ratios(ours, router, "batch", "tokens") == [0.5, 1.5]
+    assert paired_turn_ratios(ours, [], "interactive", "p50") == []
     # luftpause doing no batch work at all is a ratio of 0 (-100 %), not a missing pair.
     idle = [coding_result(0, 1.0, 0.0)]
-    assert flood.paired_turn_ratios(idle, router, "batch", "tokens") == [0.0]
-    assert flood.paired_turn_ratios(ours, idle, "batch", "tokens") == []
-    cells, lines = flood.coding_goals({"luftpause": ours, "router": router})
+    assert paired_turn_ratios(idle, router, "batch", "tokens") == [0.0]
+    assert paired_turn_ratios(ours, idle, "batch", "tokens") == []
+    cells, lines = coding_goals({"luftpause": ours, "router": router})
     assert cells == ["| router | 2.75× ± 15.88 | +0 % ± 635 |"]
     assert lines[0].startswith("router: interactive turn p50 router/luftpause 2.75×")
-    table = flood.coding_table({"luftpause": ours}, 5.0)
+    table = coding_table({"luftpause": ours}, 5.0)
     assert table[2] == (
         "| luftpause | interactive | 20 | 7.50 ± 31.77 | 15.00 ± 63.53 | 20 ± 0 | 0 | 0 "
         "| 1.0 (1.0–1.0) |"
@@ -265,28 +297,28 @@ def test_a_coding_flood_plots_interactive_turns_against_batch_work(tmp_path: Pat
         "smg-cap8": [coding_result(0, 2.0, 300.0), coding_result(1, 2.0, 320.0)],
         "smg-cap12": [coding_result(0, 3.0, 450.0), coding_result(1, 3.2, 470.0)],
     }
-    points = flood.coding_points(by_arm, 10.0)
+    points = coding_points(by_arm, 10.0)
     assert [p.name for p in points] == ["luftpause", "smg-cap8", "smg-cap12"]
     assert (points[0].x, points[0].y) == (51.0, 21.0)  # tokens/min ÷ 10, seconds × 10
-    plan = flood.Plan(
+    plan = Plan(
         time_scale=10.0, reps=2, loads=(), mcp_loads=(), warmup_s=1, window_s=1,
         light_window_s=1, routing_window_s=1, floor_runs=1,
     )  # fmt: skip
-    out = tmp_path / "coding.svg"
-    assert flood.write_plot(out, {"coding": {"24": by_arm}}, plan, "abc1234")
-    root = ET.fromstring(out.read_text())
+    svg = plot_svg({"coding": {24: by_arm}}, plan, "abc1234")
+    assert svg is not None
+    root = ET.fromstring(svg)
     text = "".join(root.itertext())
     assert "interactive turn p50 s (lower is better)" in text
     assert "batch reply tokens/min (model time)" in text and "C=12" in text
-    assert out.read_text().count("<polyline") == 1
-    assert not flood.write_plot(tmp_path / "none.svg", {"mcp": {}}, plan, "abc1234")
+    assert svg.count("<polyline") == 1
+    assert plot_svg({"mcp": {}}, plan, "abc1234") is None
 
 
 def test_seconds_arguments() -> None:
-    assert flood.positive("1.5") == 1.5 and flood.non_negative("0") == 0.0
-    for parse, bad in ((flood.positive, "0"), (flood.non_negative, "-1"), (flood.positive, "x"),
-                       (flood.positive, "nan")):  # fmt: skip
-        with pytest.raises(flood.argparse.ArgumentTypeError):
+    assert positive("1.5") == 1.5 and non_negative("0") == 0.0
+    for parse, bad in ((positive, "0"), (non_negative, "-1"), (positive, "x"),
+                       (positive, "nan")):  # fmt: skip
+        with pytest.raises(argparse.ArgumentTypeError):
             parse(bad)
 
 
@@ -300,7 +332,7 @@ def test_coding_flood_runs_alone(capsys: pytest.CaptureFixture[str]) -> None:
     sys.argv = ["flood.py", "--benches", "coding,own"]
     try:
         with pytest.raises(SystemExit) as exit_info:
-            flood.main()
+            main()
     finally:
         sys.argv = argv
     assert exit_info.value.code == 2
@@ -318,7 +350,7 @@ def test_engine_line_shows_how_an_arm_spread_its_work() -> None:
         {"engine_side": {**side, "engines": [
             {"requests": 10, "decode_batch": 7.0}, {"requests": 10, "decode_batch": None}]}},
     ]  # fmt: skip
-    (line, _) = flood.engine_lines({"smg": reps, "old": [{"engine_side": side}]}, 24)
+    (line, _) = engine_lines({"smg": reps, "old": [{"engine_side": side}]}, 24)
     assert "smg prefill 10% of busy time, decode batch 6.0, cached 90%, behind 0%, " in line
     assert "requests by engine 62% / 38%, decode batch by engine 8.0 / 3.0;" in line
     assert line.endswith("old prefill 10% of busy time, decode batch 6.0, cached 90%, behind 0%.")
@@ -351,21 +383,21 @@ def test_scheduler_line_shows_each_luftpause_arms_caps_over_the_window() -> None
         ],
         "luftpause-no-pace": [{"scheduler": {}}],
     }
-    (line, blank) = flood.scheduler_lines(by_arm, 48)
+    (line, blank) = scheduler_lines(by_arm, 48)
     assert blank == ""
     assert line == (
         "Scheduler at 48 (medians of its /status over the window, mean over repetitions; "
         "per replica): luftpause cap 25.0 / 25.0, batch limit from the pace 16.0 / -, "
         "in flight 20.0 / 22.0, held 6.0."
     )
-    assert flood.scheduler_lines({"router": [{"classes": {}}]}, 48) == []
+    assert scheduler_lines({"router": [{"classes": {}}]}, 48) == []
 
 
 def test_engine_watch_counts_each_engines_requests() -> None:
     """H4: the engine watch records which engine finished each request and each engine's
     own step counters over the arm, and the share of the arm's requests that reached the
     engines with their plan key (B10)."""
-    watch = flood.EngineWatch(["http://a", "http://b"])
+    watch = EngineWatch(["http://a", "http://b"])
     watch.seen = {
         "r1": {"engine": 0, "prompt_tokens": 10, "cached_tokens": 5,
                "timing": {"queued_s": 0.0, "prefill_s": 0.1, "decode_s": 1.0}},
@@ -374,7 +406,7 @@ def test_engine_watch_counts_each_engines_requests() -> None:
         "r3": {"engine": 1, "prompt_tokens": 10, "cached_tokens": 5,
                "timing": {"queued_s": 0.0, "prefill_s": 0.1, "decode_s": 1.0}},
     }  # fmt: skip
-    zero = dict.fromkeys(flood.COUNTERS, 0.0)
+    zero = dict.fromkeys(COUNTERS, 0.0)
     watch.counters = {
         **zero, "busy_s": 2.0, "decode_steps": 4.0, "decode_seqs": 10.0,
         "submitted": 4.0, "plan_keyed": 3.0,
@@ -394,9 +426,9 @@ def test_engine_watch_counts_each_engines_requests() -> None:
 def test_smg_policy_is_the_plans() -> None:
     """H4: SMG's placement policy is part of the plan (cache_aware, SMG's own, unless
     --smg-policy says otherwise) and of the command line each SMG arm reports."""
-    assert flood.FULL.smg_policy == "cache_aware"
-    assert "--policy cache_aware " in flood.smg_command([], None)
-    line = flood.smg_command(["--sticky-sessions"], [6, 6], "round_robin")
+    assert FULL.smg_policy == "cache_aware"
+    assert "--policy cache_aware " in smg_command([], None)
+    line = smg_command(["--sticky-sessions"], [6, 6], "round_robin")
     assert "--policy round_robin " in line and "POST /workers" in line
 
 
@@ -407,15 +439,13 @@ def test_every_arm_of_a_repetition_plays_the_same_runs_under_its_own_names() -> 
     another's prompts in the engines' caches."""
 
     def arm(name: str, load: int = 24) -> Any:
-        return flood.Arm("coding", name, load, [])
+        return Arm("coding", name, load, [])
 
-    seeds = {
-        name: flood.loadgen_seeds(arm(name), 0) for name in ("luftpause", "router", "smg-cap12")
-    }
+    seeds = {name: loadgen_seeds(arm(name), 0) for name in ("luftpause", "router", "smg-cap12")}
     assert len({plan for _, plan in seeds.values()}) == 1
     assert len({seed for seed, _ in seeds.values()}) == 3
-    assert flood.loadgen_seeds(arm("luftpause"), 1)[1] != seeds["luftpause"][1]
-    assert flood.loadgen_seeds(arm("luftpause", 8), 0)[1] != seeds["luftpause"][1]
+    assert loadgen_seeds(arm("luftpause"), 1)[1] != seeds["luftpause"][1]
+    assert loadgen_seeds(arm("luftpause", 8), 0)[1] != seeds["luftpause"][1]
     assert seeds["smg-cap12"][0] == "coding24smgcap120"  # as floods before it named runs
 
 
@@ -424,7 +454,7 @@ def test_frontier_goals_judge_each_peer_against_luftpauses_measured_points() -> 
     (1.5x, or within 1.2x of the floor where that asks less), at its interactive figure
     luftpause's best batch work (1.5x), and the default point (0.98x); target sweeps
     (luftpause-xS) count as luftpause's points, other luftpause arms do not."""
-    P = flood.Point
+    P = Point
     points = [
         P("luftpause", 110.0, 12.0),
         P("luftpause-x1.5", 85.0, 23.0),
@@ -436,7 +466,7 @@ def test_frontier_goals_judge_each_peer_against_luftpauses_measured_points() -> 
     ]
     assert P("luftpause-x1.2", 1, 1).kind == "luftpause-x"
     assert P("luftpause-x1.2", 1, 1).cap == pytest.approx(1.2)
-    rows = {r.split(" | ")[0].strip("| "): r for r in flood.frontier_goals(points, floor=32.0)}
+    rows = {r.split(" | ")[0].strip("| "): r for r in frontier_goals(points, floor=32.0)}
     # smg-cap8: 27 at >= 30 batch is 1.17x; the floor asks 32 / 1.2 = 26.7 (1.16x): met;
     # batch at >= 23 interactive: 85 = 2.83x; the default's 12 is 0.52x its 23
     assert "| 27.0 | 1.17 (1.16) | 85 | 2.83 | 0.52 | 2/3 |" in rows["smg-cap8"]
@@ -447,7 +477,7 @@ def test_frontier_goals_judge_each_peer_against_luftpauses_measured_points() -> 
     assert "luftpause-pace20" not in rows and "luftpause" not in rows
     # a time (coding-agent turn p50): lower is better
     timed = [P("luftpause", 100.0, 20.0), P("smg-cap12", 90.0, 22.0)]
-    (row,) = flood.frontier_goals(timed, None, lower_is_better=True)[2:]
+    (row,) = frontier_goals(timed, None, lower_is_better=True)[2:]
     assert "| 20.0 | 1.10 (1.50) | 100 | 1.11 | 1.10 | 1/3 |" in row
 
 
@@ -466,7 +496,7 @@ def test_an_arm_without_turns_in_the_window_aggregates_without_the_engines_side(
             }
         }
     }
-    out = flood.aggregate([starved], "batch", 1.0)
+    out = aggregate([starved], "batch", 1.0)
     assert out["rpm"] == [0.0] and out["p50"] == [] and out["runs"] == 0
     assert out["queued_s"] is None and out["errors"] == 0
 
@@ -476,10 +506,10 @@ def test_packing_target_arms_are_a_sweep_of_their_own() -> None:
     apart from the plain targets' ``luftpause-xS``, in the frontier's order and style;
     only the plain targets make luftpause's frontier in the goal table."""
     pack, plain = (
-        flood.Point("luftpause-pack-x1.3", 70.0, 24.0),
-        flood.Point("luftpause-x1.3", 1, 1),
+        Point("luftpause-pack-x1.3", 70.0, 24.0),
+        Point("luftpause-x1.3", 1, 1),
     )
     assert (pack.kind, pack.cap) == ("luftpause-pack-x", 1.3)
     assert (plain.kind, plain.cap) == ("luftpause-x", 1.3)
-    assert "luftpause-pack-x" in flood.FRONTIER_ORDER and "luftpause-pack-x" in flood.SVG_STYLE
-    assert flood.FRONTIER_LABEL["luftpause-pack-x"].endswith("packing")
+    assert "luftpause-pack-x" in FRONTIER_ORDER and "luftpause-pack-x" in SVG_STYLE
+    assert FRONTIER_LABEL["luftpause-pack-x"].endswith("packing")

@@ -11,62 +11,69 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from _bench import load
 
-flood = load("flood")
+from tools.bench.arms.plan import Arm, Plan, Stack
+from tools.bench.arms.schedule import own_arms, select_arms
+from tools.bench.arms.vllm import (
+    kv_pool_tokens,
+    vllm_arms_config,
+    vllm_router_command,
+    vllm_router_flags,
+)
+from tools.bench.flood_report import NO_VERDICT, report, vllm_router_lines, vs_vllm_text
 
-PLAN = flood.Plan(
+PLAN = Plan(
     time_scale=5.0, reps=1, loads=(24,), mcp_loads=(24,), warmup_s=1, window_s=1,
     light_window_s=1, routing_window_s=1, floor_runs=1, vllm_router=True,
 )  # fmt: skip
 
 
 def test_kv_pool_is_the_smallest_engines() -> None:
-    assert flood.kv_pool_tokens([{"max_total_num_tokens": 55_000}]) == 55_000
+    assert kv_pool_tokens([{"max_total_num_tokens": 55_000}]) == 55_000
     infos = [{"max_total_num_tokens": 60_000}, {"max_total_num_tokens": 55_000}]
-    assert flood.kv_pool_tokens(infos) == 55_000
+    assert kv_pool_tokens(infos) == 55_000
     for bad in ([], [{}], [{"max_total_num_tokens": 0}], [{"max_total_num_tokens": "55000"}],
                 [{"max_total_num_tokens": True}]):  # fmt: skip
         with pytest.raises(ValueError):
-            flood.kv_pool_tokens(bad)
+            kv_pool_tokens(bad)
 
 
 def test_vllm_arms_config_and_flags() -> None:
     """Plain, program scheduling with its defaults (the load generator names programs in
     the body, its default key) and the same given the KV pool as each engine's token
     capacity."""
-    arms = flood.vllm_arms_config(55_000)
+    arms = vllm_arms_config(55_000)
     assert list(arms) == ["vllm-router", "vllm-prog", "vllm-prog-kv"]
-    assert arms["vllm-router"] is None and flood.vllm_router_flags(None) == []
+    assert arms["vllm-router"] is None and vllm_router_flags(None) == []
     assert arms["vllm-prog"] == {}
-    assert flood.vllm_router_flags({}) == [
+    assert vllm_router_flags({}) == [
         "--enable-program-scheduling",
         "--program-scheduling-config-json",
         "{}",
     ]
     assert arms["vllm-prog-kv"] == {"token_capacity_per_target": 55_000}
-    flags = flood.vllm_router_flags(arms["vllm-prog-kv"])
+    flags = vllm_router_flags(arms["vllm-prog-kv"])
     assert flags[0] == "--enable-program-scheduling"
     assert flags[1] == "--program-scheduling-config-json"
     assert json.loads(flags[2]) == arms["vllm-prog-kv"]
 
 
 def test_vllm_router_command_is_a_shell_line_with_the_config() -> None:
-    flags = flood.vllm_router_flags({"token_capacity_per_target": 7})
-    argv = shlex.split(flood.vllm_router_command(flags))
+    flags = vllm_router_flags({"token_capacity_per_target": 7})
+    argv = shlex.split(vllm_router_command(flags))
     assert argv[0] == "vllm-router"
     assert argv[argv.index("--policy") + 1] == "cache_aware"
     assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
     assert "--prometheus-port" in argv and "--enable-program-scheduling" in argv
     config = argv[argv.index("--program-scheduling-config-json") + 1]
     assert json.loads(config) == {"token_capacity_per_target": 7}
-    plain = shlex.split(flood.vllm_router_command([]))
+    plain = shlex.split(vllm_router_command([]))
     assert "--enable-program-scheduling" not in plain and "--worker-urls" in plain
 
 
 def fake_stack(tmp: Path, vllm: bool) -> Any:
     """A stack with routers as URLs only: enough for ``own_arms``."""
-    s = flood.Stack(tmp, PLAN)
+    s = Stack(tmp, PLAN)
     s.engines = ["http://e1", "http://e2"]
     s.tools_url = "http://tools/mcp"
     s.dataplane = "http://dp"
@@ -74,7 +81,7 @@ def fake_stack(tmp: Path, vllm: bool) -> Any:
     s.routers["smg"] = SimpleNamespace(url="http://smg", metrics_url="http://smg-metrics")
     if vllm:
         s.vllm_engines = ["http://v1", "http://v2"]
-        for name, config in flood.vllm_arms_config(55_000).items():
+        for name, config in vllm_arms_config(55_000).items():
             s.routers[name] = SimpleNamespace(url=f"http://{name}", metrics_url="")
             s.router_info[name] = {"router": "vllm-router", "program_scheduling": config}
     return s
@@ -85,8 +92,8 @@ def test_own_loop_arms_gain_the_vllm_router_arms(tmp_path: Path) -> None:
     routers' own engines, naming each run's program by the run ID header and reading the
     diagnostics of those with program scheduling (the plain one has none: 404); every
     other arm is as it was."""
-    before = flood.own_arms(fake_stack(tmp_path, vllm=False), "own", 24, 8000)
-    after = flood.own_arms(fake_stack(tmp_path, vllm=True), "own", 24, 8000)
+    before = own_arms(fake_stack(tmp_path, vllm=False), "own", 24, 8000)
+    after = own_arms(fake_stack(tmp_path, vllm=True), "own", 24, 8000)
     assert [a.name for a in after] == [
         *(a.name for a in before), "vllm-router", "vllm-prog", "vllm-prog-kv",
     ]  # fmt: skip
@@ -105,16 +112,16 @@ def test_own_loop_arms_gain_the_vllm_router_arms(tmp_path: Path) -> None:
 def test_select_arms(tmp_path: Path) -> None:
     stack = fake_stack(tmp_path, vllm=True)
     schedule = [
-        ("own", 24, flood.own_arms(stack, "own", 24, 8000)),
-        ("light", 24, [flood.Arm("light", "router", 24, [])]),
+        ("own", 24, own_arms(stack, "own", 24, 8000)),
+        ("light", 24, [Arm("light", "router", 24, [])]),
     ]
-    assert flood.select_arms(schedule, ()) is schedule
-    kept = flood.select_arms(schedule, ("luftpause", "vllm-prog"))
+    assert select_arms(schedule, ()) is schedule
+    kept = select_arms(schedule, ("luftpause", "vllm-prog"))
     assert [(b, n, [a.name for a in arms]) for b, n, arms in kept] == [
         ("own", 24, ["luftpause", "vllm-prog"])
     ]  # the light point has neither: dropped, not left empty
     with pytest.raises(ValueError, match="no arm named vllm-nope"):
-        flood.select_arms(schedule, ("luftpause", "vllm-nope"))
+        select_arms(schedule, ("luftpause", "vllm-nope"))
 
 
 def test_report_records_the_vllm_router_arms() -> None:
@@ -123,16 +130,16 @@ def test_report_records_the_vllm_router_arms() -> None:
     record = {
         "router": "vllm-router",
         "version": "0.1.17",
-        "command": flood.vllm_router_command(flood.vllm_router_flags({"a": 1})),
+        "command": vllm_router_command(vllm_router_flags({"a": 1})),
         "kv_pool_tokens": 55_000,
         "loadgen_program_flags": ["--program-context", "xargs"],
     }
-    lines = flood.vllm_router_lines({"vllm-prog": record})
+    lines = vllm_router_lines({"vllm-prog": record})
     assert "`vllm-router` 0.1.17" in lines[0] and "--metrics vllm" in lines[0]
     assert "`token_capacity_per_target` 55000 (" in lines[0]
     assert "`--program-context xargs`" in lines[0]
     assert lines[1] == f"  - `vllm-prog`: `{record['command']}`"
-    assert flood.vllm_router_lines({}) == []
+    assert vllm_router_lines({}) == []
 
     def result(**extra: Any) -> dict[str, Any]:
         return {"classes": {}, "load_avg": [1.0], "rep": 0, **extra}
@@ -141,9 +148,9 @@ def test_report_records_the_vllm_router_arms() -> None:
         "vllm-prog": [result(setup=record["command"], router=record)],
         "smg": [result(setup="smg launch ...")],
     }}}  # fmt: skip
-    text = flood.report(PLAN, "flood.py", results, {}, "now", 1.0, (0.0, 0.0, 0.0))
+    text = report(PLAN, "flood.py", results, {}, "now", 1.0, (0.0, 0.0, 0.0))
     # Without the luftpause and router arms (--arms), the point has no verdict.
-    assert f"- own 24: {flood.NO_VERDICT}" in text
+    assert f"- own 24: {NO_VERDICT}" in text
     assert "  - `vllm-prog`: `vllm-router --host" in text
     assert "  - `smg`: `smg launch ...`" in text
     assert "  - `vllm-prog`: `vllm-router --host" in text.split("- vLLM router arms")[1]
@@ -170,8 +177,8 @@ def test_luftpause_against_each_vllm_router_arm() -> None:
         "router": [result(0, 10.0, 100.0), result(1, 11.0, 110.0)],
         "vllm-prog": [result(0, 10.0, 200.0, "vllm-router"), result(1, 11.0, 220.0, "vllm-router")],
     }
-    text = flood.vs_vllm_text(by_arm)
+    text = vs_vllm_text(by_arm)
     assert text == (
         "; against vllm-prog (not part of the verdict): interactive 2.00× ± 0.00, batch -50 % ± 0"
     )
-    assert flood.vs_vllm_text({"vllm-prog": by_arm["vllm-prog"]}) == ""
+    assert vs_vllm_text({"vllm-prog": by_arm["vllm-prog"]}) == ""

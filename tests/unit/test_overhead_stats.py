@@ -5,11 +5,9 @@ interpolated within a bucket and the exact shares at the 1, 2 and 5 ms edges."""
 from __future__ import annotations
 
 import pytest
-from _bench import load
 
 from luftpause.dataplane.metrics import Metrics
-
-overhead = load("overhead")
+from tools.bench import overhead
 
 
 def _scrape(metrics: Metrics) -> dict[float, float]:

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _bench import load
 
-fidelity = load("sim_fidelity")
-flood = load("flood")
+from tools.bench import sim_fidelity as fidelity
+from tools.bench.arms.plan import CODING_ENGINE_ARGS, CODING_INTERACTIVE, FULL
 
 
 def ended(tokens: float, p50: float | None) -> dict[str, Any]:
@@ -30,16 +29,16 @@ def test_coding_plan_is_the_floods() -> None:
     """B1, B10: the simulator runs the coding flood's point as the flood ran it - its two
     interactive agents beside N batch agents, every run from the coding-agent profile,
     the same long-context engines, warm-up, ramp and window."""
-    plan = {**flood.FULL.__dict__, "coding_warmup_s": 200.0, "coding_window_s": 900.0}
+    plan = {**FULL.__dict__, "coding_warmup_s": 200.0, "coding_window_s": 900.0}
     config = fidelity.coding_config(plan, 24, seed=3)
     assert [(g.count, g.cls, g.profile) for g in config.groups] == [
-        (flood.CODING_INTERACTIVE, "interactive", "coding-agent"),
+        (CODING_INTERACTIVE, "interactive", "coding-agent"),
         (24, "batch", "coding-agent"),
     ]
     assert (config.warmup_s, config.ramp_s, config.duration_s, config.seed) == (
         200.0, 100.0, 900.0, 3,
     )  # fmt: skip
-    args = dict(zip(flood.CODING_ENGINE_ARGS[::2], flood.CODING_ENGINE_ARGS[1::2], strict=True))
+    args = dict(zip(CODING_ENGINE_ARGS[::2], CODING_ENGINE_ARGS[1::2], strict=True))
     assert config.engine.context_length == int(args["--context-length"])
     assert config.engine.kv_tokens == int(args["--kv-tokens"])
     assert config.engine.priority_scheduling
@@ -79,10 +78,10 @@ def test_several_seeds_give_a_mean_and_its_range(
     # a flood before plan keys: its replies were drawn from each conversation
     code = fidelity.FIRST_TOKEN_ALONE
     data = {"plan": plan, "results": {"own": {"2": {"router": [rep]}}}, "code": code}
-    (tmp_path / "flood.json").write_text(json.dumps(data))
+    (tmp_path / "json").write_text(json.dumps(data))
     out = tmp_path / "doc.md"
     out.write_text("before\n<!-- fidelity-x:start -->\nold\n<!-- fidelity-x:end -->\nafter\n")
-    argv = ["sim_fidelity.py", "--flood", str(tmp_path / "flood.json"), "--seeds", "3"]
+    argv = ["sim_fidelity.py", "--flood", str(tmp_path / "json"), "--seeds", "3"]
     monkeypatch.setattr(sys, "argv", [*argv, "--out", str(out), "--part", "x"])
     assert fidelity.main() == 0
     capsys.readouterr()
@@ -126,7 +125,7 @@ def test_a_coding_flood_is_simulated_with_the_runs_each_repetition_drew(
     assert fidelity.plan_seed_of({"seed": "coding24router0"}) == "coding24router0"
     assert fidelity.plan_seed_of({"seed": "x", "plan_seed": "coding24rep0"}) == "coding24rep0"
     assert fidelity.plan_seed_of({}) is None
-    plan = {**flood.FULL.__dict__, "coding_warmup_s": 10.0, "coding_window_s": 20.0}
+    plan = {**FULL.__dict__, "coding_warmup_s": 10.0, "coding_window_s": 20.0}
     rep = {"seed": "coding2router0", "classes": {}}
     path = tmp_path / "coding.json"
     for reps, extra, why in (
@@ -146,7 +145,7 @@ def test_each_coding_repetition_is_simulated_with_its_own_plan_seed(
     """B1, B10: the simulator is run once per repetition of a coding flood's arm, given
     that repetition's plan seed (its seed where it recorded none), and the table says
     so; an arm the simulator does not have is neither simulated nor asked for seeds."""
-    plan = {**flood.FULL.__dict__, "coding_warmup_s": 10.0, "coding_window_s": 20.0}
+    plan = {**FULL.__dict__, "coding_warmup_s": 10.0, "coding_window_s": 20.0}
     reps = [
         {"seed": "coding2router0", "plan_seed": "coding2rep0", "classes": {}},
         {"seed": "coding2router1", "classes": {}},
@@ -358,7 +357,7 @@ def test_a_floods_vllm_arms_are_simulated_at_its_time_scale(
     monkeypatch.setattr(fidelity, "simulate", simulate)
     data = json.loads(Path("docs/benchmarks/results/2026-12-06-flood-target.json").read_text())
     own = data["results"]["own"]
-    flood_file = tmp_path / "flood.json"
+    flood_file = tmp_path / "json"
     for arm in ("luftpause", "vllm-prog"):
         data["results"] = {"own": {"48": {arm: own["48"][arm]}}}
         flood_file.write_text(json.dumps(data))

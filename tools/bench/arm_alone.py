@@ -6,8 +6,8 @@
 ``tools/bench/flood.py`` runs every arm on one pair of engines, one arm at a time, and
 keeps one scheduler for the luftpause arm through the whole flood: between its blocks
 the other arms load the engines it probes. This runs the luftpause arm alone, with the
-flood's plan and settings (``flood.start_engines``, ``flood._config``, the own-loop
-load generator flags and seeds of ``flood.own_flags``/``flood.run_loadgen``), on fresh
+flood's plan and settings (``start_engines``, ``_config``, the own-loop
+load generator flags and seeds of ``own_flags``/``run_loadgen``), on fresh
 engines, tools, scheduler and dataplane, the loads in the order given on that one
 stack. So a figure that differs from the flood's comes from what the flood's shared
 stack carries between arms, and one that differs from ``luftpause sim`` from the model.
@@ -29,7 +29,24 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import flood
+if (
+    not __package__
+):  # run as a file (python tools/bench/arm_alone.py): tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench.arms.luftpause import (
+    StatusSampler,
+    _config,
+    scheduler_and_dataplane,
+    window_figures,
+    window_start,
+)
+from tools.bench.arms.plan import FULL, Arm, Stack, probe_period
+from tools.bench.arms.schedule import own_flags
+from tools.bench.arms.stack import run_loadgen, start_engines
 
 
 def main() -> int:
@@ -51,23 +68,23 @@ def main() -> int:
         parser.error("--loads: at least one load, each at least 1")
     if args.time_scale <= 0 or args.every <= 0:
         parser.error("--time-scale and --every must be positive")
-    plan = replace(flood.FULL, time_scale=args.time_scale, reps=1)
+    plan = replace(FULL, time_scale=args.time_scale, reps=1)
     out: dict[str, Any] = {"loads": loads, "time_scale": args.time_scale, "points": []}
     with tempfile.TemporaryDirectory(prefix="luftpause-alone-") as tmp_s:
         tmp = Path(tmp_s)
-        stack = flood.Stack(tmp, plan)
+        stack = Stack(tmp, plan)
         try:
-            flood.start_engines(stack)
-            config = flood._config(tmp / "stack.toml", stack, flood.probe_period(plan))
-            sched, dp = flood.scheduler_and_dataplane(stack, config)
+            start_engines(stack)
+            config = _config(tmp / "stack.toml", stack, probe_period(plan))
+            sched, dp = scheduler_and_dataplane(stack, config)
             stack.dataplane = dp.urls["http"]
-            with flood.StatusSampler(sched.urls["http"] + "/status", args.every) as sampler:
+            with StatusSampler(sched.urls["http"] + "/status", args.every) as sampler:
                 for load in loads:
-                    flags = flood.own_flags(stack, "own", load, 8000)
-                    arm = flood.Arm("own", "luftpause", load, ["--target", stack.dataplane, *flags])
-                    result = flood.run_loadgen(stack, arm, 0, tmp)
-                    window = flood.window_start(result)
-                    figures = flood.window_figures(sampler.samples, window)
+                    flags = own_flags(stack, "own", load, 8000)
+                    arm = Arm("own", "luftpause", load, ["--target", stack.dataplane, *flags])
+                    result = run_loadgen(stack, arm, 0, tmp)
+                    window = window_start(result)
+                    figures = window_figures(sampler.samples, window)
                     out["points"].append({"load": load, "result": result, "status": figures})
             out["samples"] = sampler.samples
         finally:

@@ -58,12 +58,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import flood
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.callers import new_key
 from luftpause.loadgen import main as loadgen
+from tools.bench.arms.luftpause import _config, scheduler_and_dataplane
+from tools.bench.arms.plan import QUICK as FLOOD_QUICK
+from tools.bench.arms.plan import ROOT, Stack, probe_period
+from tools.bench.arms.stack import EngineWatch
+from tools.bench.flood_report import code_version, machine
 
 ARMS = ("alone", "impostor-keys", "impostor-token", "honest-batch-keys")
 ARM_TEXT = {
@@ -274,7 +281,7 @@ ENGINE_HEAD = "| arm | engine requests | decode batch | queued s | prefill s | d
 
 
 def engine_table(rows: Sequence[dict[str, Any]], reps: int = 1) -> str:
-    """Per arm, the engine's side (``flood.EngineWatch.summary``, model seconds)."""
+    """Per arm, the engine's side (``EngineWatch.summary``, model seconds)."""
     head = ENGINE_HEAD if reps == 1 else ENGINE_HEAD.replace("| arm |", "| arm | rep |", 1)
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -328,10 +335,10 @@ def _get(url: str, token: str) -> str:
 def run_arm(settings: Settings, arm: str, rep: int, tmp: Path, token: str) -> dict[str, Any]:
     """One arm on a stack of its own: started, loaded, read, stopped."""
     scale = settings.time_scale
-    plan = replace(flood.QUICK, time_scale=scale)
+    plan = replace(FLOOD_QUICK, time_scale=scale)
     work = tmp / f"{arm}-{rep}"
     work.mkdir()
-    stack = flood.Stack(work, plan)
+    stack = Stack(work, plan)
     try:
         ts = f"{scale:g}"
         engine = stack.start(
@@ -344,9 +351,9 @@ def run_arm(settings: Settings, arm: str, rep: int, tmp: Path, token: str) -> di
             name="fake-mcp",
         )  # fmt: skip
         stack.tools_url = f"{tools.urls['http']}/mcp"
-        config = flood._config(work / "stack.toml", stack, flood.probe_period(plan))
+        config = _config(work / "stack.toml", stack, probe_period(plan))
         config.write_text(config.read_text() + CALLERS_TOML)
-        sched, dp = flood.scheduler_and_dataplane(stack, config)
+        sched, dp = scheduler_and_dataplane(stack, config)
         mix = work / "mix.toml"
         mix.write_text(mix_toml(arm, settings.alice, settings.mallory))
         out = work / "loadgen.json"
@@ -364,7 +371,7 @@ def run_arm(settings: Settings, arm: str, rep: int, tmp: Path, token: str) -> di
         loadgen.add_arguments(parser)
         t0 = time.monotonic()
         with (
-            flood.EngineWatch(stack.engines) as watch,
+            EngineWatch(stack.engines) as watch,
             contextlib.redirect_stdout(io.StringIO()) as printed,
         ):
             rc = loadgen.main(parser.parse_args(argv))
@@ -392,7 +399,7 @@ def run_arm(settings: Settings, arm: str, rep: int, tmp: Path, token: str) -> di
 def default_out(quick: bool) -> Path:
     day = datetime.now(UTC).strftime("%Y-%m-%d")
     name = f"{day}-callers{'-quick' if quick else ''}.md"
-    return flood.ROOT / "docs" / "benchmarks" / "results" / name
+    return ROOT / "docs" / "benchmarks" / "results" / name
 
 
 def loadavg() -> str:
@@ -520,10 +527,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows.sort(key=lambda r: (r["rep"], ARMS.index(r["arm"])))
     out = {
         "command": shlex.join(["python", "tools/bench/callers.py", *(argv or sys.argv[1:])]),
-        "commit": flood.code_version(),
+        "commit": code_version(),
         "date": date,
         "duration_s": round(time.monotonic() - started, 1),
-        "machine": flood.machine(),
+        "machine": machine(),
         "loadavg_before": before,
         "loadavg_after": after,
         "settings": asdict(settings),

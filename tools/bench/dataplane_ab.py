@@ -42,12 +42,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import aiohttp
 
 # A streamed 16-token turn, timed request to [DONE], as overhead.py sends it.
-from overhead import MODEL, add_delta, cpu_seconds, one_turn, own_buckets, own_summary, pin
-
 from luftpause.procs import ServiceProcess, launch, stop_all
+from tools.bench.overhead import (
+    MODEL,
+    add_delta,
+    cpu_seconds,
+    one_turn,
+    own_buckets,
+    own_summary,
+    pin,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GAP_S = 0.01  # between two turns

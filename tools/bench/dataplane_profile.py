@@ -35,11 +35,19 @@ import tempfile
 import time
 from pathlib import Path
 
+if (
+    not __package__
+):  # run as a file (python tools/bench/dataplane_profile.py): tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import aiohttp
-from overhead import cpu_seconds, one_turn, pin, write_config
 
 from luftpause.cliargs import positive_int
 from luftpause.procs import ServiceProcess, launch, stop_all
+from tools.bench.overhead import cpu_seconds, one_turn, pin, write_config
 
 
 def summarise(

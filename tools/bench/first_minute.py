@@ -35,8 +35,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flood import INTERACTIVE_AGENTS, QUICK, TOOL_CALLS, Stack, _config, _luftpause, probe_period
-from flood import start_engines as start_fake_engines
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from luftpause.loadgen import main as loadgen
 from luftpause.scheduler.core import Params
@@ -44,6 +44,9 @@ from luftpause.sim.agents import Records
 from luftpause.sim.main import add_arguments as sim_arguments
 from luftpause.sim.main import config_from_args
 from luftpause.sim.run import SimConfig, simulate
+from tools.bench.arms.luftpause import _config, _luftpause
+from tools.bench.arms.plan import INTERACTIVE_AGENTS, QUICK, TOOL_CALLS, Stack, probe_period
+from tools.bench.arms.stack import start_engines as start_fake_engines
 
 FIRST = (0.0, 60.0)  # model seconds: runs started here are the first minute's
 STEADY = (120.0, 300.0)  # ... and here, once settled

@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import uvloop
 
 from luftpause._proto.luftpause.scheduler.v1 import scheduler_pb2 as pb
@@ -36,21 +39,17 @@ from luftpause.dataplane.link_codec import Admitted
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.scheduler_link import SchedulerLink
 from luftpause.procs import launch, stop_all
+from tools.bench.stats import rank_at
 
 TRANSPORTS = ("tcp", "grpc")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def summary(times: list[float]) -> dict[str, Any]:
     """Round trips (s) as count, p50, p90 and mean in ms."""
     return {
         "n": len(times),
-        "p50_ms": pct(times, 0.5) * 1000,
-        "p90_ms": pct(times, 0.9) * 1000,
+        "p50_ms": rank_at(times, 0.5) * 1000,
+        "p90_ms": rank_at(times, 0.9) * 1000,
         "mean_ms": statistics.mean(times) * 1000,
     }
 

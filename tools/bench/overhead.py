@@ -68,6 +68,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import aiohttp
 
 from luftpause.measure.progress import ArmClock
@@ -79,6 +82,7 @@ from luftpause.procs import (
     popen_child,
     stop_all,
 )
+from tools.bench.stats import mean_or_none, nearest_rank
 
 MODEL = "llama-3.2-1b"
 BODY = {
@@ -96,14 +100,6 @@ class Arm:
     headers: Callable[[int], dict[str, str]] = lambda worker: {}
     latencies: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)  # kind -> count; shown, never hidden
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 _BODY = json.dumps(BODY).encode()
@@ -229,8 +225,8 @@ async def latency_phase(
     latency = {
         arm.name: {
             "n": len(arm.latencies),
-            "p50_ms": percentile(arm.latencies, 50) * 1000,
-            "p99_ms": percentile(arm.latencies, 99) * 1000,
+            "p50_ms": nearest_rank(arm.latencies, 50) * 1000,
+            "p99_ms": nearest_rank(arm.latencies, 99) * 1000,
             "mean_ms": statistics.fmean(arm.latencies) * 1000,
         }
         for arm in arms
@@ -598,10 +594,6 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
 ROUTER = "sglang router (cache_aware)"
 FLOOR = "floor (bare relay)"
 BARE_RELAY = Path(__file__).resolve().parent / "bare_relay.py"
-
-
-def mean_or_none(values: list[float] | None) -> float | None:
-    return statistics.fmean(values) if values else None
 
 
 def turns_per_cpu_second(result: dict[str, Any]) -> dict[str, float]:

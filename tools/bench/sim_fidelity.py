@@ -90,13 +90,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flood import CODING_CONTEXT, CODING_INTERACTIVE, CODING_KV_TOKENS, turn_figure
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from luftpause.fakes.engine.model import EngineParams
 from luftpause.measure.mix import Group, MixError, parse_mix
 from luftpause.sim.arms import ABLATED_ARMS, ARMS, VLLM_ROUTER_ARMS
 from luftpause.sim.placement import SMG_LOAD_POLL_S
 from luftpause.sim.run import SimConfig, simulate, sized_arm
+from tools.bench.arms.plan import CODING_CONTEXT, CODING_INTERACTIVE, CODING_KV_TOKENS
+from tools.bench.flood_report import turn_figure
+from tools.bench.stats import range_text
 
 ROOT = Path(__file__).resolve().parents[2]
 # The recorded load sweep (flood.py --time-scale 5 --reps 3 --benches own,mcp) and the page
@@ -345,14 +349,6 @@ def mean_cell(values: list[float], percent: bool = False) -> str:
         return "–"
     mean = statistics.fmean(values)
     return f"{100 * mean:.0f} %" if percent else f"{mean:.1f}"
-
-
-def spread(values: list[float]) -> str:
-    """A sim cell: the seeds' mean, and with several seeds their lowest and highest."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{mean:.1f}"
-    return f"{mean:.1f} ({min(values):.1f}–{max(values):.1f})"
 
 
 def pct(sim: float, real: float) -> str:
@@ -659,8 +655,8 @@ def main() -> int:
         rates, p50s = [rate for rate, _ in seen], [p50 for _, p50 in seen]
         sim_rate, sim_p50 = statistics.fmean(rates), statistics.fmean(p50s)
         lines.append(
-            f"| {load} | {arm} | {cls} | {real_rate:.1f} | {spread(rates)} | "
-            f"{pct(sim_rate, real_rate)} | {real_p50:.1f} | {spread(p50s)} | "
+            f"| {load} | {arm} | {cls} | {real_rate:.1f} | {range_text(rates)} | "
+            f"{pct(sim_rate, real_rate)} | {real_p50:.1f} | {range_text(p50s)} | "
             f"{pct(sim_p50, real_p50)} |"
         )
         if real_rate and real_p50:

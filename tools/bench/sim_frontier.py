@@ -8,15 +8,15 @@
         --smg-caps 8,12,16 --smg-fifo-caps ''      # the coding flood's plan
 
 The own-loop flood's plan at each load point (4 interactive agents beside N batch
-agents, its warm-up, ramp and window: ``flood.FULL``), run by ``luftpause sim`` for
-every arm: luftpause, the router, engine priority, SMG with its engines' capacity,
+agents, its warm-up, ramp and window: ``arms.plan.FULL``), run by ``luftpause sim``
+for every arm: luftpause, the router, engine priority, SMG with its engines' capacity,
 SMG's priority scheduler at each capacity C (``smg-capC``) and its FIFO cap
 (``smg-fifoC``), luftpause with each decode pace target (``luftpause-paceMS``,
 ``--luftpause-paces``) and with the decode pace off (``luftpause-no-pace``,
-``--ablate-pace``). Each seed is one repetition; a cell shows the mean and its 95 %
-t-interval over the seeds, as ``tools/bench/flood.py`` shows repetitions, and the
-frontier table and SVG are drawn by the flood's own code. Rates are closed-loop
-runs/min (agents × 60 / mean run time) in the engine model's time. A measurement:
+``--ablate-pace``). Each seed is one repetition, summarised as the flood summarises
+repetitions (``docs/benchmarks/methodology.md``); the frontier table and SVG are drawn
+by the flood's own report code (``flood_report``). Rates are closed-loop runs/min
+(agents × 60 / mean run time) in the engine model's time. A measurement:
 nothing is asserted.
 
 With ``--profile coding-agent`` it runs the coding flood's plan instead
@@ -44,12 +44,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flood import (
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from luftpause.measure.mix import Group, MixError
+from luftpause.sim.main import arms_from_args
+from luftpause.sim.placement import SMG_POLICIES
+from luftpause.sim.run import SimConfig, simulate, slowdown_arm
+from tools.bench.arms.plan import CODING_INTERACTIVE, FULL, INTERACTIVE_AGENTS
+from tools.bench.flood_report import (
     CODING_AXES,
     CODING_GOALS_HEAD,
-    CODING_INTERACTIVE,
-    FULL,
-    INTERACTIVE_AGENTS,
     coding_goals,
     coding_points,
     coding_table,
@@ -58,12 +63,7 @@ from flood import (
     frontier_svg,
     frontier_table,
 )
-from sim_fidelity import busiest_share, coding_config
-
-from luftpause.measure.mix import Group, MixError
-from luftpause.sim.main import arms_from_args
-from luftpause.sim.placement import SMG_POLICIES
-from luftpause.sim.run import SimConfig, simulate, slowdown_arm
+from tools.bench.sim_fidelity import busiest_share, coding_config
 
 BASE_ARMS = ("luftpause", "router", "engine-prio", "smg")
 

@@ -12,7 +12,7 @@ of all the arms with that seed, so each arm meets the same load and the same ran
 draws, and an arm's change against the first arm (the baseline) is taken seed by seed:
 ``100 × (arm − baseline) / baseline``. The table shows, per cell and metric, the
 baseline's mean and each arm's mean change with its 95 % t-interval over the seeds
-(``flood.mean_ci``), marked ``+`` where the interval lies wholly on the better side and
+(``tools.bench.stats.mean_ci``), marked ``+`` where the interval lies wholly on the better side and
 ``−`` wholly on the worse one. Metrics, per service class (and per group with
 ``--groups``): runs/min (closed loop, agents × 60 / mean run time), run p50 and p95,
 turn p50 (turns that ended in the window), reply tokens/min. ``--jobs`` runs that many
@@ -32,7 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flood import mean_ci
+if (
+    not __package__
+):  # run as a file (python tools/bench/sim_matrix.py): tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+if not __package__:  # python tools/bench/X.py: import tools.bench from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench.stats import mean_ci
 
 # (label, path into a class's or group's figures, higher is better)
 METRICS: tuple[tuple[str, tuple[str, ...], bool], ...] = (

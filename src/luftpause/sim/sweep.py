@@ -20,9 +20,9 @@ per arm, luftpause's points and each capped peer's joined by a line (B7).
 from __future__ import annotations
 
 from dataclasses import replace
-from html import escape
 from typing import Any
 
+from luftpause.measure import plot
 from luftpause.measure.mix import MixError
 from luftpause.sim.run import SimConfig, cell, slowdown_arm
 
@@ -66,42 +66,7 @@ def target_arms(arms: list[str], slowdowns: list[str]) -> list[str]:
 def frontier_svg(results: list[dict[str, Any]], title: str) -> str:
     """Interactive (y) against batch (x) runs/min, closed loop, one point per arm:
     luftpause's default and target points joined by a line, and each swept peer's
-    (``smg-capC``, ``smg-fifoC``) by its own."""
-    width, height, pad = 760, 480, 64
-    pts = []
-    for r in results:
-        batch, inter = row(r, "batch")[0], row(r, "interactive")[0]
-        if batch is not None and inter is not None:
-            pts.append((r["arm"], batch, inter))
-    xs = [p[1] for p in pts] or [1.0]
-    ys = [p[2] for p in pts] or [1.0]
-    xtop, ytop = max(xs) * 1.1 or 1.0, max(ys) * 1.1 or 1.0
-    x0, x1, y0, y1 = pad, width - 24, height - pad, 50.0
-
-    def sx(v: float) -> float:
-        return x0 + (x1 - x0) * v / xtop
-
-    def sy(v: float) -> float:
-        return y0 - (y0 - y1) * v / ytop
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
-        f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>'
-        f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>',
-        f'<text x="{(x0 + x1) / 2}" y="{y0 + 40}" text-anchor="middle">batch runs/min</text>',
-        f'<text x="16" y="{(y0 + y1) / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 16 {(y0 + y1) / 2})">interactive runs/min</text>',
-    ]
-    for i in range(5):
-        vx, vy = xtop * i / 4, ytop * i / 4
-        out.append(
-            f'<text x="{sx(vx):.1f}" y="{y0 + 16}" text-anchor="middle">{vx:.0f}</text>'
-            f'<text x="{x0 - 6}" y="{sy(vy) + 4:.1f}" text-anchor="end">{vy:.0f}</text>'
-            f'<line x1="{x0}" y1="{sy(vy):.1f}" x2="{x1}" y2="{sy(vy):.1f}" stroke="#eee"/>'
-        )
+    (``smg-capC``, ``smg-fifoC``) by its own (luftpause.measure.plot draws it)."""
 
     def family(arm: str) -> str:
         if arm == "luftpause" or arm.startswith("luftpause-x"):
@@ -111,21 +76,17 @@ def frontier_svg(results: list[dict[str, Any]], title: str) -> str:
                 return prefix
         return arm
 
+    marks = []
+    for r in results:
+        batch, inter = row(r, "batch")[0], row(r, "interactive")[0]
+        if batch is not None and inter is not None:
+            marks.append(plot.Mark(batch, inter, family(r["arm"]), label=r["arm"]))
+    marks.sort(key=lambda m: m.x)  # each family's line runs left to right
+    families = list(dict.fromkeys(m.kind for m in marks))
     colour = {"luftpause": "#d62728", "smg-cap": "#1f77b4", "smg-fifo": "#ff7f0e"}
-    for fam in dict.fromkeys(family(a) for a, _, _ in pts):
-        line = sorted((p for p in pts if family(p[0]) == fam), key=lambda p: p[1])
-        c = colour.get(fam, "#555555")
-        if len(line) > 1:
-            path = " ".join(f"{sx(b):.1f},{sy(v):.1f}" for _, b, v in line)
-            out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="1.5"/>')
-        for arm, b, v in line:
-            out.append(
-                f'<circle cx="{sx(b):.1f}" cy="{sy(v):.1f}" r="4" fill="{c}"/>'
-                f'<text x="{sx(b) + 7:.1f}" y="{sy(v) - 6:.1f}" fill="{c}" font-size="11">'
-                f"{escape(arm)}</text>"
-            )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    styles = {f: plot.Style(colour.get(f, "#555555")) for f in families}
+    panel = plot.Panel("", marks, "batch runs/min", "interactive runs/min")
+    return plot.svg([panel], title, styles, {f: f for f in families}, joined=families)
 
 
 def points(config: SimConfig, counts: list[int]) -> list[SimConfig]:
@@ -194,18 +155,9 @@ def fewest(
 
 def svg(results: list[dict[str, Any]], title: str, of: str = "run") -> str:
     """Two panels against replicas: interactive p50 (s) of runs and batch runs/min, or
-    (``of="turn"``) interactive turn p50 and batch reply tokens/min."""
-    width, height, pad = 900, 380, 60
-    y0, y1 = height - pad, 50.0  # the value axis: bottom and top
-    panel = (width - 3 * pad) / 2
-    counts = sorted({r["replicas"] for r in results})
+    (``of="turn"``) interactive turn p50 and batch reply tokens/min; a line per arm
+    (luftpause.measure.plot draws it)."""
     arms = list(dict.fromkeys(r["arm"] for r in results))
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
-    ]
 
     def value_of(r: dict[str, Any], cls: str) -> float | None:
         if cls == "interactive":
@@ -213,55 +165,13 @@ def svg(results: list[dict[str, Any]], title: str, of: str = "run") -> str:
         return row(r, cls)[0] if of == "run" else turn_row(r, cls)[0]
 
     work = "batch runs/min" if of == "run" else "batch reply tokens/min"
-    for k, (cls, label) in enumerate(
-        (("interactive", f"interactive {of} p50 (s)"), ("batch", work))
-    ):
-        x0 = pad + k * (panel + pad)
-        values = [value_of(r, cls) for r in results]
-        top = max([v for v in values if v is not None] or [1.0]) * 1.1 or 1.0
-
-        def x(n: int, x0: float = x0) -> float:
-            if len(counts) == 1:
-                return x0 + panel / 2
-            return x0 + panel * counts.index(n) / (len(counts) - 1)
-
-        def y(v: float, top: float = top) -> float:
-            return y0 - (y0 - y1) * v / top
-
-        out.append(
-            f'<line x1="{x0}" y1="{y0}" x2="{x0 + panel}" y2="{y0}" stroke="black"/>'
-            f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>'
-            f'<text x="{x0 + panel / 2}" y="{y1 - 10}" text-anchor="middle">{label}</text>'
-            f'<text x="{x0 + panel / 2}" y="{y0 + 35}" text-anchor="middle">replicas</text>'
-        )
-        for n in counts:
-            out.append(f'<text x="{x(n)}" y="{y0 + 16}" text-anchor="middle">{n}</text>')
-        for i in range(5):
-            v = top * i / 4
-            out.append(
-                f'<text x="{x0 - 6}" y="{y(v) + 4}" text-anchor="end">{v:.0f}</text>'
-                f'<line x1="{x0}" y1="{y(v)}" x2="{x0 + panel}" y2="{y(v)}" stroke="#eee"/>'
-            )
-        for arm in arms:
-            pts = []
-            for r in sorted(results, key=lambda r: r["replicas"]):
-                value = value_of(r, cls)
-                if r["arm"] == arm and value is not None:
-                    pts.append((x(r["replicas"]), y(value)))
-            colour = COLOURS.get(arm, "black")
-            if len(pts) > 1:
-                path = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
-                out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" '
-                           'stroke-width="2"/>')  # fmt: skip
-            out += [
-                f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{colour}"/>' for px, py in pts
-            ]
-    for i, arm in enumerate(arms):
-        lx = pad + i * 140
-        colour = COLOURS.get(arm, "black")
-        out.append(
-            f'<rect x="{lx}" y="{height - 18}" width="12" height="12" fill="{colour}"/>'
-            f'<text x="{lx + 18}" y="{height - 8}">{escape(arm)}</text>'
-        )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    panels = []
+    for cls, label in (("interactive", f"interactive {of} p50 (s)"), ("batch", work)):
+        marks = [
+            plot.Mark(float(r["replicas"]), value, r["arm"])
+            for r in sorted(results, key=lambda r: r["replicas"])
+            if (value := value_of(r, cls)) is not None
+        ]
+        panels.append(plot.Panel(label, marks, "replicas", label))
+    styles = {arm: plot.Style(COLOURS.get(arm, "#000000")) for arm in arms}
+    return plot.svg(panels, title, styles, {arm: arm for arm in arms}, joined=arms)

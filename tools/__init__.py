@@ -1,0 +1,1 @@
+"""The project's tools: code generators, the chaos run and the benchmarks (tools.bench)."""
