@@ -20,10 +20,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -36,6 +35,48 @@ from luftpause.dataplane.watch import ClientWatch
 from luftpause.http_errors import Malformed
 
 log = logging.getLogger("luftpause.dataplane")
+
+
+class RequestHeaders(Mapping[str, str]):
+    """A request's headers as the turn routes read them: looked up by name in a dict made
+    once, where starlette's ``Headers`` scans the whole list (lower-casing and encoding
+    the name) on each of the dozen and more lookups a turn makes. The same answers: a
+    name's first value (names are lower case as the server passes them; a name asked
+    for in another case is lowered), and ``items()``, ``keys()`` and ``len()`` over
+    every header, repeated names included."""
+
+    __slots__ = ("_first", "raw")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.raw = raw
+        first: dict[str, str] = {}
+        for name, value in raw:
+            first.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        self._first = first
+
+    def __getitem__(self, name: str) -> str:
+        value = self._first.get(name)
+        if value is None:
+            return self._first[name.lower()]
+        return value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self._first.get(name)
+        if value is None and name != (lower := name.lower()):
+            value = self._first.get(lower)
+        return default if value is None else value
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self._first or name.lower() in self._first)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name.decode("latin-1") for name, _ in self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def items(self) -> list[tuple[str, str]]:  # type: ignore[override]
+        return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in self.raw]
 
 
 class Incoming:
@@ -61,7 +102,7 @@ class Incoming:
         self.extra_headers: list[tuple[bytes, bytes]] = []  # added to whatever is answered
         self.engine: EngineResponse | None = None  # the engine's reply, once its head is in
         self.scheduler_held_s = 0.0  # how long the scheduler held the turn for capacity
-        self.headers = Headers(scope=scope)
+        self.headers = RequestHeaders(scope["headers"])
         self.receive = receive
         self.method: str = scope["method"]
         self.path: str = scope["path"]
@@ -96,7 +137,7 @@ class DataplaneApp:
         elif scope["method"] == "POST":
             await self._turn(route, scope, receive, send)
         else:
-            run_id = early_run(Headers(scope=scope), "run")
+            run_id = early_run(RequestHeaders(scope["headers"]), "run")
             shape = self.shapes.get(scope["path"], openai_error)
             answer = not_allowed(scope["method"], scope["path"], "POST", run_id, shape)
             await answer(scope, receive, send)
@@ -162,7 +203,7 @@ def own_time(dp: Dataplane, incoming: Incoming) -> None:
     dp.metrics.own.observe(max(own, 0.0))
 
 
-def early_run(headers: Headers, prefix: str) -> str:
+def early_run(headers: Mapping[str, str], prefix: str) -> str:
     """The run an answer names before the body is read (D6: every answer names one):
     the run the client named, if usable, else a new run ID."""
     run_id = headers.get(identity.RUN_HEADER, "").strip()

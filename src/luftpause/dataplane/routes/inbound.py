@@ -7,7 +7,7 @@ if it is JSON (``read_body``).
 
 from __future__ import annotations
 
-from starlette.datastructures import Headers
+from collections.abc import Mapping
 
 from luftpause import callers
 from luftpause.callers import KeyedCaller, Principal
@@ -23,7 +23,7 @@ from luftpause.dataplane.errors import (
 )
 
 
-def authorize(dp: Dataplane, headers: Headers) -> Principal:
+def authorize(dp: Dataplane, headers: Mapping[str, str]) -> Principal:
     """Who the request is (D9, B13): with a token set, every /v1 route needs
     ``Authorization: Bearer <token>`` (the scheme is case-insensitive, as every HTTP auth
     scheme is) or, as Anthropic's clients send it, ``x-api-key: <token>``; with
