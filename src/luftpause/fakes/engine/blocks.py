@@ -12,28 +12,28 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
 
 
-@dataclass
 class BlockCache:
     """Prefix-cache blocks keyed by hash chain; unreferenced blocks are LRU-evictable.
 
     A block some retention hint keeps (``retain``) is evicted only when no other
     unreferenced block is left: kept blocks have an LRU of their own, used last."""
 
-    block_tokens: int
-    # Each cached block's reference count (admitted requests using it); a plain int per
-    # key, as every turn locks, inserts and unlocks its whole prompt's blocks.
-    _blocks: dict[int, int] = field(default_factory=dict)
-    _evictable: OrderedDict[int, None] = field(default_factory=OrderedDict)  # oldest first
-    # Retention: how many live hints keep each block, and the unreferenced kept blocks
-    # (oldest first), evicted only once ``_evictable`` is empty.
-    _kept: dict[int, int] = field(default_factory=dict)
-    _kept_lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
-    kept_evicted: int = 0  # kept blocks evicted while a hint still kept them (cumulative)
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        # Each cached block's reference count (admitted requests using it); a plain int
+        # per key, as every turn locks, inserts and unlocks its whole prompt's blocks.
+        self._blocks: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+        # Retention: how many live hints keep each block, and the unreferenced kept
+        # blocks (oldest first), evicted only once ``_evictable`` is empty.
+        self._kept: dict[int, int] = {}
+        self._kept_lru: OrderedDict[int, None] = OrderedDict()
+        self.kept_evicted = 0  # kept blocks evicted while a hint still kept them (cumulative)
 
     @property
     def tokens(self) -> int:
@@ -170,13 +170,18 @@ def block_chain(text: str, block_chars: int) -> tuple[int, ...]:
     return PromptChain(block_chars).append(text).prompt().blocks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class BlockPrompt:
     """A prompt as the engine model reads it: its tokens and its full blocks' keys."""
 
     tokens: int
     blocks: tuple[int, ...]
     block_chars: int  # the blocks' size (the engine's ``block_chars``)
+
+    def __init__(self, tokens: int, blocks: tuple[int, ...], block_chars: int) -> None:
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "blocks", blocks)
+        object.__setattr__(self, "block_chars", block_chars)
 
 
 class PromptChain:
@@ -213,8 +218,7 @@ class PromptChain:
         return -(-self.chars // CHARS_PER_TOKEN)  # count_tokens of the text
 
     def copy(self) -> PromptChain:
-        other = PromptChain.__new__(PromptChain)
-        other.block_chars = self.block_chars
+        other = PromptChain(self.block_chars)
         other.chars = self.chars
         other._blocks = self._blocks.copy()
         other._key = self._key

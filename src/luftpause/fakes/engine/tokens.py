@@ -127,11 +127,14 @@ class PromptHash(Protocol):
     def hash(self, tag: str, *after: str) -> int: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class TextHash:
     """A ``PromptHash`` of a prompt's text."""
 
     text: str
+
+    def __init__(self, text: str) -> None:
+        object.__setattr__(self, "text", text)
 
     def hash(self, tag: str, *after: str) -> int:
         return stable_hash(tag, self.text, *after)
