@@ -60,7 +60,9 @@ class BlockCache:
 
     def evictable_among(self, chain: Sequence[int]) -> int:
         # (a chain's keys are distinct: each stands for its whole prefix)
-        among = len(self._evictable.keys() & chain) + len(self._kept_lru.keys() & chain)
+        among = len(self._evictable.keys() & chain)
+        if self._kept_lru:
+            among += len(self._kept_lru.keys() & chain)
         return among * self.block_tokens
 
     def uncached(self, chain: Sequence[int]) -> int:
@@ -70,22 +72,39 @@ class BlockCache:
     def lock(self, chain: Sequence[int], insert: bool = False) -> None:
         """Reference each block of ``chain``, all cached; with ``insert``, a block that is
         not is inserted, referenced once."""
+        # (Every turn locks its whole prompt: the loops below are the engine model's
+        # hottest. An unreferenced block is in exactly one of the two LRUs, so while no
+        # block is kept one lookup finds it.)
         blocks = self._blocks
         evictable = self._evictable
         kept = self._kept_lru
-        for key in chain:
-            refs = blocks.get(key, -1)
-            if refs < 0:
-                if not insert:
-                    raise KeyError(key)
-                blocks[key] = 1
-                continue
-            blocks[key] = refs + 1
-            if not refs:
-                if key in evictable:
+        if insert:
+            for key in chain:
+                refs = blocks.get(key, -1)
+                if refs < 0:
+                    blocks[key] = 1
+                    continue
+                blocks[key] = refs + 1
+                if not refs:
+                    if key in evictable:
+                        del evictable[key]
+                    else:
+                        kept.pop(key, None)
+        elif not kept:
+            for key in chain:
+                refs = blocks[key]  # (KeyError: not cached)
+                blocks[key] = refs + 1
+                if not refs:
                     del evictable[key]
-                else:
-                    kept.pop(key, None)
+        else:
+            for key in chain:
+                refs = blocks[key]
+                blocks[key] = refs + 1
+                if not refs:
+                    if key in evictable:
+                        del evictable[key]
+                    else:
+                        kept.pop(key, None)
 
     def unlock(self, chain: Sequence[int]) -> None:
         # Release leaf first so the leaf ends up older than its parent: LRU then
@@ -93,6 +112,13 @@ class BlockCache:
         blocks = self._blocks
         evictable = self._evictable
         kept = self._kept
+        if not kept:
+            for key in reversed(chain):
+                refs = blocks[key] - 1
+                blocks[key] = refs
+                if not refs:
+                    evictable[key] = None  # a new key: it goes to the end, the newest
+            return
         for key in reversed(chain):
             refs = blocks[key] - 1
             blocks[key] = refs
@@ -100,7 +126,7 @@ class BlockCache:
                 if key in kept:
                     self._kept_lru[key] = None
                 else:
-                    evictable[key] = None  # a new key: it goes to the end, the newest
+                    evictable[key] = None
 
     def retain(self, chain: Sequence[int]) -> tuple[int, ...]:
         """Keep the cached blocks of ``chain``; returns the keys kept (for ``release``)."""

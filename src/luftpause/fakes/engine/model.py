@@ -584,6 +584,11 @@ class _Req:
         return RequestTiming(queued, prefill, decode)
 
 
+def _reason(r: _Req) -> FinishReason:
+    """Why ``r``, having produced its ``target`` tokens, finishes."""
+    return FinishReason.STOP if r.req.reply_tokens <= r.max_new else FinishReason.LENGTH
+
+
 def resolve_max_new(p: EngineParams, prompt: int, max_new_tokens: int | None) -> int:
     """The tokens a request of ``prompt`` tokens may generate (``max_new_tokens``, or the
     rest of the context when None). Raises ``SubmitError`` if it can never run on ``p``."""
@@ -925,8 +930,7 @@ class EngineModel:
         r.out += 1
         tokens.append(r.req.request_id)
         if r.out >= r.target:
-            reason = FinishReason.STOP if r.req.reply_tokens <= r.max_new else FinishReason.LENGTH
-            finished.append(self._finish(r, end, reason))
+            finished.append(self._finish(r, end, _reason(r)))
 
     def _finish(self, r: _Req, end: float, reason: FinishReason) -> FinishedRequest:
         r.decode_s += max(0.0, end - r.decode_from)
@@ -979,10 +983,14 @@ class EngineModel:
         end = now + duration
         self._allocate(len(decoding))
         self._private += len(decoding)
-        tokens: list[str] = []
+        # Each decoding request produces one token (``_produce``, inlined: every token of
+        # every reply passes here).
+        tokens = [r.req.request_id for r in decoding]
         for r in decoding:
             r.private += 1
-            self._produce(r, end, tokens, finished)
+            r.out += 1
+            if r.out >= r.target:
+                finished.append(self._finish(r, end, _reason(r)))
         return StepResult(
             StepKind.DECODE,
             now,

@@ -72,6 +72,7 @@ from luftpause.fakes.engine.tokens import (
     PromptHash,
     TextHash,
     count_tokens,
+    filler_text,
     filler_tokens,
     split_tokens,
     stable_hash,
@@ -242,12 +243,12 @@ def fill_schema(schema: Any, seed: str, *, wrong_types: bool = False) -> Any:
     """A deterministic value that fits a JSON schema (required properties only)."""
     if not isinstance(schema, Mapping):
         return _words(seed)
-    h = stable_hash("value", seed)
+    # (the hash of ``seed`` is drawn only by the kinds that use it: enum, number, boolean)
     if "const" in schema:
         return schema["const"]
     enum = schema.get("enum")
     if isinstance(enum, list) and enum:
-        return enum[h % len(enum)]
+        return enum[stable_hash("value", seed) % len(enum)]
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if isinstance(options, list) and options:
@@ -279,10 +280,10 @@ def fill_schema(schema: Any, seed: str, *, wrong_types: bool = False) -> Any:
         lo_i, hi_i = math.ceil(float(lo)), math.floor(float(hi))
         # Whole numbers for "number" too: clients declare ids and counts as "number" and
         # parse them as integers (Codex's write_stdin session_id), as a model writes them.
-        value = lo_i + h % max(1, hi_i - lo_i + 1)
+        value = lo_i + stable_hash("value", seed) % max(1, hi_i - lo_i + 1)
         return str(value) if wrong_types else value
     if kind == "boolean":
-        flag = h % 2 == 0
+        flag = stable_hash("value", seed) % 2 == 0
         return ("true" if flag else "false") if wrong_types else flag
     if kind == "null":
         return None
@@ -292,8 +293,7 @@ def fill_schema(schema: Any, seed: str, *, wrong_types: bool = False) -> Any:
 
 
 def _words(seed: str) -> str:
-    tokens = filler_tokens(4, seed)
-    return "".join(tokens).strip() or "value"
+    return filler_text(4 * CHARS_PER_TOKEN, seed).strip() or "value"  # (filler_tokens(4))
 
 
 PLAN_KEY_MAX_CHARS = 256
