@@ -25,7 +25,7 @@ VENV_MYPYC := .venv-mypyc
 PY_MYPYC := $(VENV_MYPYC)/bin/python
 CORE_TESTS := tests/unit/test_core_*.py tests/unit/test_config.py tests/unit/test_probe.py \
 	tests/unit/test_quotas.py tests/unit/test_sim.py tests/unit/test_engine_*.py \
-	tests/unit/test_sim_prompts.py
+	tests/unit/test_sim_prompts.py tests/unit/test_sim_figures.py
 
 test-compiled:
 	@test -x $(PY_MYPYC) || $(PYTHON) -m venv $(VENV_MYPYC)
