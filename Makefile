@@ -15,15 +15,17 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The compiled core (docs/development "The compiled core"): luftpause installed (not
 # editable) into its own venv with LUFTPAUSE_MYPYC=1, so that mypyc compiles
-# luftpause.scheduler.core (setup.py); then the tests that import the core run against
-# it, and fail unless the compiled build is the one loaded (LUFTPAUSE_EXPECT_CORE).
+# luftpause.scheduler.core and the simulator's engine model (setup.py); then the tests
+# that import them run against them, and fail unless the compiled build is the one
+# loaded (LUFTPAUSE_EXPECT_CORE).
 # .ci/run runs it after `make test`. (mypyc reads the core's imports' types, so immutables
 # is installed before the build.) /build is removed first: a compiled build's
 # objects there must not end up in a pure wheel built later.
 VENV_MYPYC := .venv-mypyc
 PY_MYPYC := $(VENV_MYPYC)/bin/python
 CORE_TESTS := tests/unit/test_core_*.py tests/unit/test_config.py tests/unit/test_probe.py \
-	tests/unit/test_quotas.py tests/unit/test_sim.py
+	tests/unit/test_quotas.py tests/unit/test_sim.py tests/unit/test_engine_*.py \
+	tests/unit/test_sim_prompts.py tests/unit/test_sim_figures.py
 
 test-compiled:
 	@test -x $(PY_MYPYC) || $(PYTHON) -m venv $(VENV_MYPYC)
@@ -32,8 +34,9 @@ test-compiled:
 	rm -rf build
 	LUFTPAUSE_MYPYC=1 $(PY_MYPYC) -m pip install --quiet --no-build-isolation -c constraints.txt .
 	rm -rf build
-	$(PY_MYPYC) -c "import importlib; m = importlib.import_module('luftpause.scheduler.core.decide'); \
-		assert m.__file__.endswith('.so'), m.__file__; print('compiled core:', m.__file__)"
+	$(PY_MYPYC) -c "import importlib; \
+		ms = [importlib.import_module(f'luftpause.{m}') for m in ('scheduler.core.decide', 'fakes.engine.model')]; \
+		assert all(m.__file__.endswith('.so') for m in ms), ms; print('compiled:', *(m.__file__ for m in ms))"
 	LUFTPAUSE_EXPECT_CORE=compiled $(PY_MYPYC) -m pytest -q -p no:cacheprovider $(CORE_TESTS)
 
 run: $(STAMP)

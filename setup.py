@@ -2,15 +2,17 @@
 
 Everything else about the package is in pyproject.toml. Built as it is, luftpause is a
 pure ``py3-none-any`` wheel. With ``LUFTPAUSE_MYPYC=1`` set at build or install time,
-the modules of ``luftpause.scheduler.core`` are compiled with mypyc into C extensions
-beside their source (the pattern of black's and mypy's own builds); the pure source
-stays the reference. The compiled build needs mypy (which ships mypyc, pinned in
+the modules of ``luftpause.scheduler.core`` and the simulator's engine model
+(``ENGINE_MODEL``: ``luftpause.fakes.engine``'s pure modules) are compiled with mypyc
+into C extensions beside their source (the pattern of black's and mypy's own builds);
+the pure source stays the reference. The compiled build needs mypy (which ships mypyc, pinned in
 constraints.txt) and a C compiler in the build environment:
 
     pip install -c constraints.txt mypy setuptools wheel
     LUFTPAUSE_MYPYC=1 pip install --no-build-isolation -c constraints.txt .
 
-(``make test-compiled`` does this in .venv-mypyc and runs the core's tests there.)
+(``make test-compiled`` does this in .venv-mypyc and runs the core's and the engine
+model's tests there.)
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from pathlib import Path
 from setuptools import setup
 
 CORE = Path("src/luftpause/scheduler/core")
+# The engine model the simulator steps (its server package stays interpreted).
+ENGINE = Path("src/luftpause/fakes/engine")
+ENGINE_MODEL = ("blocks", "model", "script", "tokens")
 
 
 def ext_modules() -> list[object]:
@@ -37,6 +42,7 @@ def ext_modules() -> list[object]:
             "pip install -c constraints.txt mypy, then build with --no-build-isolation"
         ) from e
     modules = sorted(str(p) for p in CORE.glob("*.py"))
+    modules += [str(ENGINE / f"{name}.py") for name in ENGINE_MODEL]
     return list(mypycify(modules, opt_level="3", debug_level="0"))
 
 

@@ -89,6 +89,13 @@ def test_token_count_is_ceil_chars_over_four() -> None:
     assert pieces == filler_tokens(37, "seed")
 
 
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 300), seed=st.text(max_size=20))
+def test_filler_text_is_the_filler_tokens_text(n: int, seed: str) -> None:
+    """H1: ``filler_text`` (tool arguments' words) is the text of ``filler_tokens``."""
+    assert tokens.filler_text(n * 4, seed) == "".join(filler_tokens(n, seed))
+
+
 def test_filler_words_are_not_programs() -> None:
     """B9: a harness runs a fake tool call's filler arguments as a shell command (Codex's
     ``exec_command``); no filler word may be a program on this machine, so every such

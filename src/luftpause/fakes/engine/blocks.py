@@ -12,28 +12,28 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from luftpause.fakes.engine.tokens import CHARS_PER_TOKEN
 
 
-@dataclass
 class BlockCache:
     """Prefix-cache blocks keyed by hash chain; unreferenced blocks are LRU-evictable.
 
     A block some retention hint keeps (``retain``) is evicted only when no other
     unreferenced block is left: kept blocks have an LRU of their own, used last."""
 
-    block_tokens: int
-    # Each cached block's reference count (admitted requests using it); a plain int per
-    # key, as every turn locks, inserts and unlocks its whole prompt's blocks.
-    _blocks: dict[int, int] = field(default_factory=dict)
-    _evictable: OrderedDict[int, None] = field(default_factory=OrderedDict)  # oldest first
-    # Retention: how many live hints keep each block, and the unreferenced kept blocks
-    # (oldest first), evicted only once ``_evictable`` is empty.
-    _kept: dict[int, int] = field(default_factory=dict)
-    _kept_lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
-    kept_evicted: int = 0  # kept blocks evicted while a hint still kept them (cumulative)
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        # Each cached block's reference count (admitted requests using it); a plain int
+        # per key, as every turn locks, inserts and unlocks its whole prompt's blocks.
+        self._blocks: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+        # Retention: how many live hints keep each block, and the unreferenced kept
+        # blocks (oldest first), evicted only once ``_evictable`` is empty.
+        self._kept: dict[int, int] = {}
+        self._kept_lru: OrderedDict[int, None] = OrderedDict()
+        self.kept_evicted = 0  # kept blocks evicted while a hint still kept them (cumulative)
 
     @property
     def tokens(self) -> int:
@@ -60,7 +60,9 @@ class BlockCache:
 
     def evictable_among(self, chain: Sequence[int]) -> int:
         # (a chain's keys are distinct: each stands for its whole prefix)
-        among = len(self._evictable.keys() & chain) + len(self._kept_lru.keys() & chain)
+        among = len(self._evictable.keys() & chain)
+        if self._kept_lru:
+            among += len(self._kept_lru.keys() & chain)
         return among * self.block_tokens
 
     def uncached(self, chain: Sequence[int]) -> int:
@@ -70,22 +72,39 @@ class BlockCache:
     def lock(self, chain: Sequence[int], insert: bool = False) -> None:
         """Reference each block of ``chain``, all cached; with ``insert``, a block that is
         not is inserted, referenced once."""
+        # (Every turn locks its whole prompt: the loops below are the engine model's
+        # hottest. An unreferenced block is in exactly one of the two LRUs, so while no
+        # block is kept one lookup finds it.)
         blocks = self._blocks
         evictable = self._evictable
         kept = self._kept_lru
-        for key in chain:
-            refs = blocks.get(key, -1)
-            if refs < 0:
-                if not insert:
-                    raise KeyError(key)
-                blocks[key] = 1
-                continue
-            blocks[key] = refs + 1
-            if not refs:
-                if key in evictable:
+        if insert:
+            for key in chain:
+                refs = blocks.get(key, -1)
+                if refs < 0:
+                    blocks[key] = 1
+                    continue
+                blocks[key] = refs + 1
+                if not refs:
+                    if key in evictable:
+                        del evictable[key]
+                    else:
+                        kept.pop(key, None)
+        elif not kept:
+            for key in chain:
+                refs = blocks[key]  # (KeyError: not cached)
+                blocks[key] = refs + 1
+                if not refs:
                     del evictable[key]
-                else:
-                    kept.pop(key, None)
+        else:
+            for key in chain:
+                refs = blocks[key]
+                blocks[key] = refs + 1
+                if not refs:
+                    if key in evictable:
+                        del evictable[key]
+                    else:
+                        kept.pop(key, None)
 
     def unlock(self, chain: Sequence[int]) -> None:
         # Release leaf first so the leaf ends up older than its parent: LRU then
@@ -93,6 +112,13 @@ class BlockCache:
         blocks = self._blocks
         evictable = self._evictable
         kept = self._kept
+        if not kept:
+            for key in reversed(chain):
+                refs = blocks[key] - 1
+                blocks[key] = refs
+                if not refs:
+                    evictable[key] = None  # a new key: it goes to the end, the newest
+            return
         for key in reversed(chain):
             refs = blocks[key] - 1
             blocks[key] = refs
@@ -100,7 +126,7 @@ class BlockCache:
                 if key in kept:
                     self._kept_lru[key] = None
                 else:
-                    evictable[key] = None  # a new key: it goes to the end, the newest
+                    evictable[key] = None
 
     def retain(self, chain: Sequence[int]) -> tuple[int, ...]:
         """Keep the cached blocks of ``chain``; returns the keys kept (for ``release``)."""
@@ -170,13 +196,18 @@ def block_chain(text: str, block_chars: int) -> tuple[int, ...]:
     return PromptChain(block_chars).append(text).prompt().blocks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class BlockPrompt:
     """A prompt as the engine model reads it: its tokens and its full blocks' keys."""
 
     tokens: int
     blocks: tuple[int, ...]
     block_chars: int  # the blocks' size (the engine's ``block_chars``)
+
+    def __init__(self, tokens: int, blocks: tuple[int, ...], block_chars: int) -> None:
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "blocks", blocks)
+        object.__setattr__(self, "block_chars", block_chars)
 
 
 class PromptChain:
@@ -213,8 +244,7 @@ class PromptChain:
         return -(-self.chars // CHARS_PER_TOKEN)  # count_tokens of the text
 
     def copy(self) -> PromptChain:
-        other = PromptChain.__new__(PromptChain)
-        other.block_chars = self.block_chars
+        other = PromptChain(self.block_chars)
         other.chars = self.chars
         other._blocks = self._blocks.copy()
         other._key = self._key

@@ -153,13 +153,22 @@ class SubmitError(ValueError):
     """The request can never run on this engine (too long, duplicate id, bad limits)."""
 
 
+# The records below (and those of ``blocks``, ``script`` and ``tokens``) are dataclasses
+# with a hand-written ``__init__`` (``init=False``), frozen ones storing each field with
+# ``object.__setattr__``, as the scheduling core's records do (``scheduler/core/types.py``
+# says why): the engine model is compiled with the core by mypyc (setup.py, docs/development
+# "The compiled core"), where that ``__init__`` becomes direct stores and the generated one
+# would stay interpreted. tests/unit/test_engine_records.py checks that every record's
+# ``__init__`` takes its fields in order with their defaults, in both builds.
+
+
 def sglang_max_running(kv_tokens: int, context_length: int) -> int:
     """SGLang's default request cap: ``clamp(kv / context * 512, 2048, 4096)``, at most kv/2."""
     estimated = max(min(int(kv_tokens / context_length * 512), 4096), 2048)
     return max(1, min(estimated, kv_tokens // 2))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class EngineParams:
     """Parameters of one replica. Defaults: Llama-3.2-1B FP8 on half of an 8 GB RTX 4060
     Laptop (two replicas share the GPU); each value's source is in docs/guides/calibration.md."""
@@ -178,6 +187,39 @@ class EngineParams:
     priority_scheduling: bool = False
     low_priority_first: bool = False
     time_scale: float = 1.0  # all durations are divided by this
+
+    def __init__(
+        self,
+        kv_tokens: int = 55_000,
+        context_length: int = 8192,
+        max_running: int | None = None,
+        chunk_tokens: int = 2048,
+        block_chars: int = 32,
+        prefill_fixed_s: float = 0.010,
+        prefill_token_s: float = 0.000085,
+        decode_fixed_s: float = 0.009,
+        decode_seq_s: float = 0.00015,
+        decode_ctx_token_s: float = 0.00000021,
+        gpu_sharers: int = 2,
+        priority_scheduling: bool = False,
+        low_priority_first: bool = False,
+        time_scale: float = 1.0,
+    ) -> None:
+        object.__setattr__(self, "kv_tokens", kv_tokens)
+        object.__setattr__(self, "context_length", context_length)
+        object.__setattr__(self, "max_running", max_running)
+        object.__setattr__(self, "chunk_tokens", chunk_tokens)
+        object.__setattr__(self, "block_chars", block_chars)
+        object.__setattr__(self, "prefill_fixed_s", prefill_fixed_s)
+        object.__setattr__(self, "prefill_token_s", prefill_token_s)
+        object.__setattr__(self, "decode_fixed_s", decode_fixed_s)
+        object.__setattr__(self, "decode_seq_s", decode_seq_s)
+        object.__setattr__(self, "decode_ctx_token_s", decode_ctx_token_s)
+        object.__setattr__(self, "gpu_sharers", gpu_sharers)
+        object.__setattr__(self, "priority_scheduling", priority_scheduling)
+        object.__setattr__(self, "low_priority_first", low_priority_first)
+        object.__setattr__(self, "time_scale", time_scale)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.kv_tokens < 64:
@@ -218,7 +260,7 @@ class EngineParams:
         return replace(self, time_scale=time_scale)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class EngineRequest:
     """One generation request as the engine sees it."""
 
@@ -235,8 +277,28 @@ class EngineRequest:
     # given, ``prompt_text`` is not read (the simulator's prompts, never written out).
     prompt: BlockPrompt | None = None
 
+    def __init__(
+        self,
+        request_id: str,
+        prompt_text: str,
+        reply_tokens: int,
+        max_new_tokens: int | None = None,
+        priority: int = 0,
+        retain_key: str = "",
+        retain_s: float = 0.0,
+        prompt: BlockPrompt | None = None,
+    ) -> None:
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "prompt_text", prompt_text)
+        object.__setattr__(self, "reply_tokens", reply_tokens)
+        object.__setattr__(self, "max_new_tokens", max_new_tokens)
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "retain_key", retain_key)
+        object.__setattr__(self, "retain_s", retain_s)
+        object.__setattr__(self, "prompt", prompt)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class RequestTiming:
     """Where a request's time went (seconds, already divided by time_scale)."""
 
@@ -244,8 +306,13 @@ class RequestTiming:
     prefill_s: float  # admitted until its prefill finished
     decode_s: float  # first token until the last
 
+    def __init__(self, queued_s: float, prefill_s: float, decode_s: float) -> None:
+        object.__setattr__(self, "queued_s", queued_s)
+        object.__setattr__(self, "prefill_s", prefill_s)
+        object.__setattr__(self, "decode_s", decode_s)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class FinishedRequest:
     request_id: str
     reason: FinishReason
@@ -254,8 +321,24 @@ class FinishedRequest:
     completion_tokens: int
     timing: RequestTiming
 
+    def __init__(
+        self,
+        request_id: str,
+        reason: FinishReason,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        timing: RequestTiming,
+    ) -> None:
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "prompt_tokens", prompt_tokens)
+        object.__setattr__(self, "cached_tokens", cached_tokens)
+        object.__setattr__(self, "completion_tokens", completion_tokens)
+        object.__setattr__(self, "timing", timing)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class StepResult:
     """What one scheduler iteration did. Effects are visible at ``end``."""
 
@@ -268,12 +351,32 @@ class StepResult:
     retracted: tuple[str, ...] = ()  # requests sent back to the waiting queue
     prefill_tokens: int = 0  # tokens computed by a prefill iteration
 
+    def __init__(
+        self,
+        kind: StepKind,
+        start: float,
+        duration: float,
+        admitted: tuple[str, ...] = (),
+        tokens: tuple[str, ...] = (),
+        finished: tuple[FinishedRequest, ...] = (),
+        retracted: tuple[str, ...] = (),
+        prefill_tokens: int = 0,
+    ) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "duration", duration)
+        object.__setattr__(self, "admitted", admitted)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "finished", finished)
+        object.__setattr__(self, "retracted", retracted)
+        object.__setattr__(self, "prefill_tokens", prefill_tokens)
+
     @property
     def end(self) -> float:
         return self.start + self.duration
 
 
-@dataclass
+@dataclass(slots=True, init=False)
 class StepTally:
     """What an engine's busy steps added up to, counted one way for the fake engine's
     ``/debug/state`` and for the simulator's replicas."""
@@ -283,6 +386,20 @@ class StepTally:
     prefill_s: float = 0.0  # of busy_s, in prefill steps (the rest decodes)
     decode_steps: int = 0
     decode_seqs: int = 0  # summed batch size over decode steps
+
+    def __init__(
+        self,
+        steps: int = 0,
+        busy_s: float = 0.0,
+        prefill_s: float = 0.0,
+        decode_steps: int = 0,
+        decode_seqs: int = 0,
+    ) -> None:
+        self.steps = steps
+        self.busy_s = busy_s
+        self.prefill_s = prefill_s
+        self.decode_steps = decode_steps
+        self.decode_seqs = decode_seqs
 
     def add(self, step: StepResult) -> None:
         self.steps += 1
@@ -294,7 +411,7 @@ class StepTally:
             self.decode_seqs += len(step.tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class EngineMetrics:
     running: int
     waiting: int
@@ -320,8 +437,48 @@ class EngineMetrics:
     retentions: int = 0
     retention_evicted_tokens: int = 0
 
+    def __init__(
+        self,
+        running: int,
+        waiting: int,
+        used_tokens: int,
+        max_tokens: int,
+        token_usage: float,
+        cached_tokens: int,
+        evictable_tokens: int,
+        cache_queries_tokens: int,
+        cache_hit_tokens: int,
+        cache_hit_rate: float,
+        new_token_ratio: float,
+        steps: int,
+        retractions: int,
+        running_gauge: int = 0,
+        queue_gauge: int = 0,
+        retained_tokens: int = 0,
+        retentions: int = 0,
+        retention_evicted_tokens: int = 0,
+    ) -> None:
+        object.__setattr__(self, "running", running)
+        object.__setattr__(self, "waiting", waiting)
+        object.__setattr__(self, "used_tokens", used_tokens)
+        object.__setattr__(self, "max_tokens", max_tokens)
+        object.__setattr__(self, "token_usage", token_usage)
+        object.__setattr__(self, "cached_tokens", cached_tokens)
+        object.__setattr__(self, "evictable_tokens", evictable_tokens)
+        object.__setattr__(self, "cache_queries_tokens", cache_queries_tokens)
+        object.__setattr__(self, "cache_hit_tokens", cache_hit_tokens)
+        object.__setattr__(self, "cache_hit_rate", cache_hit_rate)
+        object.__setattr__(self, "new_token_ratio", new_token_ratio)
+        object.__setattr__(self, "steps", steps)
+        object.__setattr__(self, "retractions", retractions)
+        object.__setattr__(self, "running_gauge", running_gauge)
+        object.__setattr__(self, "queue_gauge", queue_gauge)
+        object.__setattr__(self, "retained_tokens", retained_tokens)
+        object.__setattr__(self, "retentions", retentions)
+        object.__setattr__(self, "retention_evicted_tokens", retention_evicted_tokens)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class RequestState:
     """A request's state for /debug/state."""
 
@@ -334,8 +491,28 @@ class RequestState:
     max_new_tokens: int
     timing: RequestTiming
 
+    def __init__(
+        self,
+        request_id: str,
+        phase: Phase,
+        priority: int,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        max_new_tokens: int,
+        timing: RequestTiming,
+    ) -> None:
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "phase", phase)
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "prompt_tokens", prompt_tokens)
+        object.__setattr__(self, "cached_tokens", cached_tokens)
+        object.__setattr__(self, "completion_tokens", completion_tokens)
+        object.__setattr__(self, "max_new_tokens", max_new_tokens)
+        object.__setattr__(self, "timing", timing)
 
-@dataclass
+
+@dataclass(slots=True, init=False, eq=False)
 class _Req:
     req: EngineRequest
     seq: int
@@ -356,6 +533,46 @@ class _Req:
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
+    def __init__(
+        self,
+        req: EngineRequest,
+        seq: int,
+        prompt_tokens: int,
+        max_new: int,
+        target: int,
+        blocks: tuple[int, ...],
+        enqueued_at: float,
+        phase: Phase = Phase.WAITING,
+        out: int = 0,
+        cached_tokens: int = 0,
+        locked: tuple[int, ...] = (),
+        private: int = 0,
+        prefill_left: int = 0,
+        admitted_at: float = 0.0,
+        decode_from: float = 0.0,
+        queued_s: float = 0.0,
+        prefill_s: float = 0.0,
+        decode_s: float = 0.0,
+    ) -> None:
+        self.req = req
+        self.seq = seq
+        self.prompt_tokens = prompt_tokens
+        self.max_new = max_new
+        self.target = target
+        self.blocks = blocks
+        self.enqueued_at = enqueued_at
+        self.phase = phase
+        self.out = out
+        self.cached_tokens = cached_tokens
+        self.locked = locked
+        self.private = private
+        self.prefill_left = prefill_left
+        self.admitted_at = admitted_at
+        self.decode_from = decode_from
+        self.queued_s = queued_s
+        self.prefill_s = prefill_s
+        self.decode_s = decode_s
+
     def timing(self, now: float) -> RequestTiming:
         queued, prefill, decode = self.queued_s, self.prefill_s, self.decode_s
         if self.phase is Phase.WAITING:
@@ -365,6 +582,11 @@ class _Req:
         else:
             decode += max(0.0, now - self.decode_from)
         return RequestTiming(queued, prefill, decode)
+
+
+def _reason(r: _Req) -> FinishReason:
+    """Why ``r``, having produced its ``target`` tokens, finishes."""
+    return FinishReason.STOP if r.req.reply_tokens <= r.max_new else FinishReason.LENGTH
 
 
 def resolve_max_new(p: EngineParams, prompt: int, max_new_tokens: int | None) -> int:
@@ -708,8 +930,7 @@ class EngineModel:
         r.out += 1
         tokens.append(r.req.request_id)
         if r.out >= r.target:
-            reason = FinishReason.STOP if r.req.reply_tokens <= r.max_new else FinishReason.LENGTH
-            finished.append(self._finish(r, end, reason))
+            finished.append(self._finish(r, end, _reason(r)))
 
     def _finish(self, r: _Req, end: float, reason: FinishReason) -> FinishedRequest:
         r.decode_s += max(0.0, end - r.decode_from)
@@ -762,10 +983,14 @@ class EngineModel:
         end = now + duration
         self._allocate(len(decoding))
         self._private += len(decoding)
-        tokens: list[str] = []
+        # Each decoding request produces one token (``_produce``, inlined: every token of
+        # every reply passes here).
+        tokens = [r.req.request_id for r in decoding]
         for r in decoding:
             r.private += 1
-            self._produce(r, end, tokens, finished)
+            r.out += 1
+            if r.out >= r.target:
+                finished.append(self._finish(r, end, _reason(r)))
         return StepResult(
             StepKind.DECODE,
             now,

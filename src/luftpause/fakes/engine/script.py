@@ -72,6 +72,7 @@ from luftpause.fakes.engine.tokens import (
     PromptHash,
     TextHash,
     count_tokens,
+    filler_text,
     filler_tokens,
     split_tokens,
     stable_hash,
@@ -98,7 +99,7 @@ class ReplyKind(StrEnum):
     TEXT_TOOL_CALL = "text_tool_call"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ScriptOptions:
     tool_results: int = 3
     text_tool_calls: bool = False
@@ -106,15 +107,34 @@ class ScriptOptions:
     runaway_per_mille: int = 250  # calibrated: see docs/guides/calibration.md
     seed: int = 0
 
+    def __init__(
+        self,
+        tool_results: int = 3,
+        text_tool_calls: bool = False,
+        wrong_types: bool = False,
+        runaway_per_mille: int = 250,
+        seed: int = 0,
+    ) -> None:
+        object.__setattr__(self, "tool_results", tool_results)
+        object.__setattr__(self, "text_tool_calls", text_tool_calls)
+        object.__setattr__(self, "wrong_types", wrong_types)
+        object.__setattr__(self, "runaway_per_mille", runaway_per_mille)
+        object.__setattr__(self, "seed", seed)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class ToolCall:
     id: str
     name: str
     arguments: str  # JSON text
 
+    def __init__(self, id: str, name: str, arguments: str) -> None:
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "arguments", arguments)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class ReplyPlan:
     """The reply the engine will produce, token by token."""
 
@@ -126,6 +146,26 @@ class ReplyPlan:
     first_token_top: tuple[tuple[str, float], ...] = ()
     more_calls: tuple[ToolCall, ...] = ()  # parallel calls after ``tool_call`` (a directive)
     text: str | None = None  # the answer's text, where it is not filler (a directive's report)
+
+    def __init__(
+        self,
+        kind: ReplyKind,
+        reply_tokens: int,
+        seed: str,
+        tool_call: ToolCall | None = None,
+        first_token: str | None = None,
+        first_token_top: tuple[tuple[str, float], ...] = (),
+        more_calls: tuple[ToolCall, ...] = (),
+        text: str | None = None,
+    ) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "reply_tokens", reply_tokens)
+        object.__setattr__(self, "seed", seed)
+        object.__setattr__(self, "tool_call", tool_call)
+        object.__setattr__(self, "first_token", first_token)
+        object.__setattr__(self, "first_token_top", first_token_top)
+        object.__setattr__(self, "more_calls", more_calls)
+        object.__setattr__(self, "text", text)
 
     @property
     def tool_calls(self) -> tuple[ToolCall, ...]:
@@ -203,12 +243,12 @@ def fill_schema(schema: Any, seed: str, *, wrong_types: bool = False) -> Any:
     """A deterministic value that fits a JSON schema (required properties only)."""
     if not isinstance(schema, Mapping):
         return _words(seed)
-    h = stable_hash("value", seed)
+    # (the hash of ``seed`` is drawn only by the kinds that use it: enum, number, boolean)
     if "const" in schema:
         return schema["const"]
     enum = schema.get("enum")
     if isinstance(enum, list) and enum:
-        return enum[h % len(enum)]
+        return enum[stable_hash("value", seed) % len(enum)]
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if isinstance(options, list) and options:
@@ -240,10 +280,10 @@ def fill_schema(schema: Any, seed: str, *, wrong_types: bool = False) -> Any:
         lo_i, hi_i = math.ceil(float(lo)), math.floor(float(hi))
         # Whole numbers for "number" too: clients declare ids and counts as "number" and
         # parse them as integers (Codex's write_stdin session_id), as a model writes them.
-        value = lo_i + h % max(1, hi_i - lo_i + 1)
+        value = lo_i + stable_hash("value", seed) % max(1, hi_i - lo_i + 1)
         return str(value) if wrong_types else value
     if kind == "boolean":
-        flag = h % 2 == 0
+        flag = stable_hash("value", seed) % 2 == 0
         return ("true" if flag else "false") if wrong_types else flag
     if kind == "null":
         return None
@@ -253,8 +293,7 @@ def fill_schema(schema: Any, seed: str, *, wrong_types: bool = False) -> Any:
 
 
 def _words(seed: str) -> str:
-    tokens = filler_tokens(4, seed)
-    return "".join(tokens).strip() or "value"
+    return filler_text(4 * CHARS_PER_TOKEN, seed).strip() or "value"  # (filler_tokens(4))
 
 
 PLAN_KEY_MAX_CHARS = 256
@@ -451,7 +490,8 @@ def _directed_arguments(
         if isinstance(spec, Mapping) and spec.get("type") == "array":
             keys = (name, name[:-1]) if name.endswith("s") and len(name) > 1 else (name,)
             gathered: list[Any] = []
-            for result in reversed(results):  # (results come latest first)
+            # (results come latest first; a reversed slice: mypyc fails on reversed() here)
+            for result in results[::-1]:
                 for key in keys:
                     if key in result:
                         value = result[key]

@@ -127,11 +127,14 @@ class PromptHash(Protocol):
     def hash(self, tag: str, *after: str) -> int: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, init=False)
 class TextHash:
     """A ``PromptHash`` of a prompt's text."""
 
     text: str
+
+    def __init__(self, text: str) -> None:
+        object.__setattr__(self, "text", text)
 
     def hash(self, tag: str, *after: str) -> int:
         return stable_hash(tag, self.text, *after)
@@ -175,8 +178,12 @@ def filler_tokens(n: int, seed: str) -> list[str]:
     """``n`` deterministic four-character tokens of readable filler text."""
     if n <= 0:
         return []
+    return split_tokens(filler_text(n * CHARS_PER_TOKEN, seed))
+
+
+def filler_text(chars_needed: int, seed: str) -> str:
+    """The text of ``filler_tokens(chars_needed // 4, seed)``, ``chars_needed`` > 0."""
     start = stable_hash("filler", seed) % len(_WORDS)
-    chars_needed = n * CHARS_PER_TOKEN
     pieces: list[str] = []
     length = 0
     i = start
@@ -186,8 +193,7 @@ def filler_tokens(n: int, seed: str) -> list[str]:
         pieces.append(piece)
         length += len(piece)
         i += 1
-    text = "".join(pieces)[:chars_needed]
-    return split_tokens(text)
+    return "".join(pieces)[:chars_needed]
 
 
 def _content_text(content: Any) -> str:
