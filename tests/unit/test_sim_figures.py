@@ -17,9 +17,9 @@ from dataclasses import replace
 import pytest
 
 from luftpause.fakes.engine.model import EngineParams
-from luftpause.loadgen.mix import Group
-from luftpause.loadgen.workload import PROFILES
-from luftpause.sim.main import SimConfig, simulate
+from luftpause.measure.mix import Group
+from luftpause.measure.workload import PROFILES
+from luftpause.sim.run import SimConfig, simulate
 
 MIXED = (Group("chat", 2, "interactive", "chat"), Group("crowd", 40, "batch", "crowd"))
 CODING = (
