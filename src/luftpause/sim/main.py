@@ -62,6 +62,7 @@ from luftpause.sim.arms import (
     VllmRouterArm,
 )
 from luftpause.sim.fleet import Replica
+from luftpause.sim.partition import Engines, engines
 from luftpause.sim.placement import SMG_LOAD_POLL_S, SMG_POLICIES, smg_placement
 from luftpause.sim.shaped import ShapedAgent
 from luftpause.sim.world import World
@@ -114,6 +115,9 @@ class SimConfig:
     # Prompts rendered and hashed as text at every turn, as the fake engine reads them
     # (True), or carried as block chains (agents.py, shaped.py): the same runs.
     text_prompts: bool = False
+    # Processes that step the engine models (sim.partition): 1 steps them in this
+    # process; any number gives the same report.
+    workers: int = 1
 
 
 @dataclass
@@ -228,8 +232,24 @@ def simulate(
     """One arm under the configured load; the load generator's summary plus the run's
     own figures (virtual and wall time, events)."""
     world = World()
+    fleet = engines(world, config.engine, config.replicas, config.workers)
+    try:
+        return _simulate(config, arm_name, progress, trace, records, world, fleet)
+    finally:
+        fleet.close()  # the worker processes stop whatever happened
+
+
+def _simulate(
+    config: SimConfig,
+    arm_name: str,
+    progress: Callable[[float, int], None] | None,
+    trace: Trace | None,
+    records: Records | None,
+    world: World,
+    fleet: Engines,
+) -> dict[str, Any]:
     replicas = [
-        Replica(f"engine-{i}", config.engine, world, config.first_chunk_tokens)
+        Replica(f"engine-{i}", config.engine, world, config.first_chunk_tokens, fleet)
         for i in range(config.replicas)
     ]
     arm = make_arm(arm_name, world, replicas, config, trace)
@@ -279,6 +299,7 @@ def simulate(
             world.run(end, report)
         ends = [r.end_s for r in records.runs] + [e.at_s for e in records.errors]
         end = min(end, max([config.warmup_s, *ends]))
+    fleet.finish()  # every model's last iterations and metrics, then the workers stop
     wall = time.perf_counter() - started
     window = (config.warmup_s, max(end, config.warmup_s + 1e-3))
     summary = stats.summarise(
@@ -577,6 +598,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "reproduce a tools/bench/flood.py run, its --time-scale (the flood speeds up the "
         "engines and tools, not vLLM's router)",
     )
+    sim.add_argument(
+        "--workers",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        help="processes that step the engine models, the replicas dealt among them "
+        "(default: the machine's cores, %(default)s); 1: no worker processes, every "
+        "model stepped in this one. The report is the same for any number",
+    )
     sim.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     plan = parser.add_argument_group("capacity planning")
     plan.add_argument(
@@ -674,6 +703,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         plan_seed=args.plan_seed,
         vllm_clock_scale=args.vllm_clock_scale,
         text_prompts=args.text_prompts,
+        workers=args.workers,
     )
 
 
