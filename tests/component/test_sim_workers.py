@@ -97,7 +97,7 @@ def test_the_flag_says_what_one_worker_means(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         main(["sim", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--workers" in text and "1: no worker processes" in text
+    assert "--workers" in text and "1 (default): no worker processes" in text
     with pytest.raises(SystemExit) as exit_:
         main(["sim", "--agents", "2", "--workers", "0"])
     assert exit_.value.code == 2

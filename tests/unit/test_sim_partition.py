@@ -3,6 +3,7 @@ whatever the shards, refusals decided where a request is sent, the clock's hold.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from dataclasses import replace
@@ -277,3 +278,14 @@ def test_partitioned_replicas_do_what_replicas_stepped_in_place_did(seed: int) -
     reference = play(direct, seed)
     assert len([e for e in reference if e[1] == "end"]) > 300
     assert play(partitioned, seed) == reference
+
+
+def test_a_simulation_collects_young_objects_less_often_and_puts_it_back() -> None:
+    """B12: while a simulation runs, the young generation is collected every
+    ``GC_YOUNG`` allocations instead of CPython's 700; afterwards as before."""
+    before = gc.get_threshold()
+    during: list[tuple[int, int, int]] = []
+    simulate(replace(SMALL, duration_s=2.0, warmup_s=0.0), "router",
+             lambda t, events: during.append(gc.get_threshold()))  # fmt: skip
+    assert during and {d[0] for d in during} == {partition.GC_YOUNG}
+    assert gc.get_threshold() == before

@@ -61,6 +61,7 @@ calls it in a ``finally``); a worker that dies or fails is reported as a
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import signal
 import traceback
@@ -92,6 +93,11 @@ _OPS, _SYNC, _STOP = "ops", "sync", "stop"
 EARLY_OPS = 64  # a shard gets its ops before the flush once this many wait
 POLL_S = 0.5  # how often a wait for a worker checks that it is alive
 REPLY_TIMEOUT_S = 600.0  # a worker silent this long (and alive) is taken as hung
+# Objects allocated between two young-generation collections while a simulation runs
+# (CPython's default: 700). A simulation allocates millions of objects and keeps most:
+# at 100 replicas x 10,000 runs over 60 s the default collects 897 times, 3.6 s of the
+# 19 s; this, 11 times, 0.6 s. gc.freeze() after the setup saved no more beside it.
+GC_YOUNG = 50_000
 
 
 class WorkerError(RuntimeError):
@@ -271,6 +277,7 @@ def serve(conn: Connection, params: EngineParams, replicas: int) -> None:
     """A worker process: one shard, driven by the messages on ``conn`` until told to stop
     (or the main process is gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
     shard = Shard(params, replicas)
     failure: str | None = None
     while True:
