@@ -289,3 +289,15 @@ def test_a_simulation_collects_young_objects_less_often_and_puts_it_back() -> No
              lambda t, events: during.append(gc.get_threshold()))  # fmt: skip
     assert during and {d[0] for d in during} == {partition.GC_YOUNG}
     assert gc.get_threshold() == before
+
+
+def test_replicas_join_the_engines_before_the_shards_are_made() -> None:
+    """B1: the shards are made with the replicas they hold when the first op travels; a
+    replica that comes later is refused, not given a model no shard has."""
+    world = World()
+    params = EngineParams()
+    fleet = LocalEngines(world, params, shards=2)
+    first = Replica("engine-0", params, world, engines=fleet)
+    assert first.metrics().running == 0
+    with pytest.raises(RuntimeError, match="before they first step"):
+        Replica("engine-1", params, world, engines=fleet)

@@ -164,11 +164,13 @@ class Engines:
         # iterations started and not yet answered, per shard, in the order they started
         self._started: list[deque[tuple[Replica, int]]] = [deque() for _ in range(shards)]
         self._unresolved = 0
-        self.exchanges = 0  # answers asked of the shards (each shard counts once)
+        self._sealed = False  # the shards are made (on the first op sent): no more replicas
         self.closed = False
 
     def attach(self, replica: Replica) -> tuple[int, int, list[Op]]:
         """Place ``replica`` on the next shard in turn: (shard, index there, its ops)."""
+        if self._sealed:
+            raise RuntimeError("replicas join a simulation's engines before they first step")
         count = sum(len(m) for m in self._members)
         shard = count % self.shards
         self._members[shard].append(replica)
@@ -183,6 +185,7 @@ class Engines:
         self._unresolved += 1
         ops = self._ops[shard]
         if len(ops) >= EARLY_OPS:
+            self._sealed = True
             self._send(shard, ops)
             ops.clear()
 
@@ -218,8 +221,8 @@ class Engines:
         if self.closed:
             raise RuntimeError("the simulation's engines are closed")
         asks = [(s, self._ops[s], metrics.get(s)) for s in shards]
+        self._sealed = True
         answers = self._ask(asks)
-        self.exchanges += len(shards)
         for (shard, ops, wanted), (results, known) in zip(asks, answers, strict=True):
             ops.clear()
             started = self._started[shard]
