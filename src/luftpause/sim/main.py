@@ -609,7 +609,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes that step the engine models, the replicas dealt among them; 1 "
         "(default): no worker processes, every model stepped in this one. The report is "
         "the same for any number; more than 1 is slower on a 2-core machine (the models "
-        "are about 40 %% of the work, exchanged with them every few ms of virtual time)",
+        "are about 40 %% of the work, and their results are awaited every ~30 ms of virtual "
+        "time)",
     )
     sim.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     plan = parser.add_argument_group("capacity planning")
