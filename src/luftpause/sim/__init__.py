@@ -1,11 +1,13 @@
 """``luftpause sim``: the scheduler's pure core and the engine model in virtual time (B1).
 
-Nothing here opens a socket, sleeps or reads a clock. A discrete-event loop
+Nothing here opens a network socket, sleeps or reads a clock (``--workers`` talks to
+its worker processes over local pipes). A discrete-event loop
 (``world.World``) moves a virtual clock from one event to the next; the engine
 replicas are the same ``EngineModel`` the fake engines serve
 (``fleet.Replica`` steps it, as ``fakes.engine.server.driver`` does in real
-time); own-loop agents (``agents.Agent``) build their conversations with the same
-content, tools and reply script as ``luftpause loadgen`` and the fake engine; and
+time, in this process or in worker processes: ``partition``); own-loop agents
+(``agents.Agent``) build their conversations with the same content, tools and reply
+script as ``luftpause loadgen`` and the fake engine; and
 an *arm* (``arms``) decides where and when each turn enters an engine:
 
 * ``luftpause``: the scheduler's ``decide`` itself, fed the events the real

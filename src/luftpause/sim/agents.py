@@ -264,7 +264,7 @@ class Agent:
         head, notes = content.task_parts(chars, key, plan)
         stand_in = head + " " * notes
         messages = content.conversation(chars, stand_in)
-        block_chars = next(iter(self.replicas.values())).model.params.block_chars
+        block_chars = next(iter(self.replicas.values())).params.block_chars
         base, base_hash = _shared_prompt(chars, block_chars, hashed=plan is None)
         chain = base.copy()
         hashes = None if base_hash is None else base_hash.copy()

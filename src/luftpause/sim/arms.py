@@ -313,7 +313,7 @@ class LuftpauseArm:
     def finished(self, ask: Ask, end: TurnEnd) -> None:
         if self.state.params.kv_retention and not end.paused_on_tool:
             for replica in self.replicas:  # the run's last turn: it ends (B8's release)
-                replica.model.release(ask.run_id)
+                replica.release(ask.run_id)
         self._apply(
             TurnFinished(
                 at=self.world.now,

@@ -9,6 +9,7 @@ command line) and ``sim.sweep`` (replica counts and targets) run it.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ from luftpause.sim.arms import (
     VllmRouterArm,
 )
 from luftpause.sim.fleet import Replica
+from luftpause.sim.partition import GC_YOUNG, Engines, engines
 from luftpause.sim.placement import SMG_LOAD_POLL_S, smg_placement
 from luftpause.sim.shaped import ShapedAgent
 from luftpause.sim.world import World
@@ -89,6 +91,9 @@ class SimConfig:
     # Prompts rendered and hashed as text at every turn, as the fake engine reads them
     # (True), or carried as block chains (agents.py, shaped.py): the same runs.
     text_prompts: bool = False
+    # Processes that step the engine models (sim.partition): 1 steps them in this
+    # process; any number gives the same report.
+    workers: int = 1
 
 
 @dataclass
@@ -203,8 +208,27 @@ def simulate(
     """One arm under the configured load; the load generator's summary plus the run's
     own figures (virtual and wall time, events)."""
     world = World()
+    fleet = engines(world, config.engine, config.replicas, config.workers)
+    threshold = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG, *threshold[1:])  # (restored on the way out)
+    try:
+        return _simulate(config, arm_name, progress, trace, records, world, fleet)
+    finally:
+        fleet.close()  # the worker processes stop whatever happened
+        gc.set_threshold(*threshold)
+
+
+def _simulate(
+    config: SimConfig,
+    arm_name: str,
+    progress: Callable[[float, int], None] | None,
+    trace: Trace | None,
+    records: Records | None,
+    world: World,
+    fleet: Engines,
+) -> dict[str, Any]:
     replicas = [
-        Replica(f"engine-{i}", config.engine, world, config.first_chunk_tokens)
+        Replica(f"engine-{i}", config.engine, world, config.first_chunk_tokens, fleet)
         for i in range(config.replicas)
     ]
     arm = make_arm(arm_name, world, replicas, config, trace)
@@ -254,6 +278,7 @@ def simulate(
             world.run(end, report)
         ends = [r.end_s for r in records.runs] + [e.at_s for e in records.errors]
         end = min(end, max([config.warmup_s, *ends]))
+    fleet.finish()  # every model's last iterations and metrics, then the workers stop
     wall = time.perf_counter() - started
     window = (config.warmup_s, max(end, config.warmup_s + 1e-3))
     summary = stats.summarise(

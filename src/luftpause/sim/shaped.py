@@ -195,7 +195,7 @@ class ShapedAgent:
     def _chain(self, plan: RunPlan, key: str, tokens: int) -> PromptChain | None:
         if self.text_prompts:
             return None
-        block_chars = next(iter(self.replicas.values())).model.params.block_chars
+        block_chars = next(iter(self.replicas.values())).params.block_chars
         return first_chain(plan, key, tokens, block_chars)
 
     def _turn(self, play: _Play) -> None:

@@ -618,6 +618,25 @@ def resolve_max_new(p: EngineParams, prompt: int, max_new_tokens: int | None) ->
     return max_new
 
 
+def check_request(p: EngineParams, request: EngineRequest) -> int:
+    """The request's prompt tokens, or the ``SubmitError`` ``EngineModel.submit`` raises
+    for a request no engine of ``p`` can run (every reason but a duplicate id), without
+    a model: a driver that steps its models elsewhere decides a refusal where it sends."""
+    if not (math.isfinite(request.retain_s) and request.retain_s >= 0):
+        raise SubmitError("a retention time must be a finite number of seconds >= 0")
+    if request.retain_s > 0 and not request.retain_key:
+        raise SubmitError("a retention time needs a retention key")
+    given = request.prompt
+    if given is not None and given.block_chars != p.block_chars:
+        raise SubmitError(
+            f"the prompt's blocks are {given.block_chars} characters; "
+            f"this engine's are {p.block_chars}"
+        )
+    prompt = max(1, count_tokens(request.prompt_text) if given is None else given.tokens)
+    resolve_max_new(p, prompt, request.max_new_tokens)
+    return prompt
+
+
 class EngineModel:
     """One replica. See the module docstring for the rules."""
 
