@@ -60,7 +60,7 @@ class Replica:
         self.first_chunk_tokens = first_chunk_tokens
         self.world = world
         self._engines = LocalEngines(world, params) if engines is None else engines
-        self._shard, self._local, self._ops = self._engines.attach(self)
+        self.shard, self.local, self._ops = self._engines.attach(self)
         self._requests: dict[str, _Waiting] = {}
         self._stepping = False
         self._tally = StepTally()  # its busy steps, as the fake engine counts them
@@ -75,13 +75,13 @@ class Replica:
     @property
     def tally(self) -> StepTally:
         """Every iteration started so far, as the fake engine counts its busy steps."""
-        self._engines.settle(self._shard)
+        self._engines.settle(self.shard)
         return self._tally
 
     def metrics(self) -> EngineMetrics:
         """The model's metrics now (after everything it was sent)."""
         if self.known is None:
-            self._engines.read(self._shard)
+            self._engines.read(self.shard)
         assert self.known is not None
         return self.known
 
@@ -96,7 +96,7 @@ class Replica:
         if request.request_id in self._requests:
             raise SubmitError(f"duplicate request id {request.request_id!r}")
         check_request(self.params, request)
-        self._ops.append((SUBMIT, self._local, self.world.now, request))
+        self._ops.append((SUBMIT, self.local, self.world.now, request))
         self.known = None
         self._requests[request.request_id] = _Waiting(on_first_token, on_finished)
         if not self._stepping:
@@ -104,17 +104,17 @@ class Replica:
 
     def release(self, key: str) -> None:
         """End the retention kept under ``key`` early (the model's ``release``)."""
-        self._ops.append((RELEASE, self._local, self.world.now, key))
+        self._ops.append((RELEASE, self.local, self.world.now, key))
         self.known = None
 
     def _step(self) -> None:
         self.known = None
         if not self._requests:  # the model has no work either
-            self._ops.append((IDLE, self._local, self.world.now))  # refreshes the gauges
+            self._ops.append((IDLE, self.local, self.world.now))  # refreshes the gauges
             self._stepping = False
             return
         self._stepping = True
-        self._ops.append((STEP, self._local, self.world.now))
+        self._ops.append((STEP, self.local, self.world.now))
         self._engines.started(self, self.world.reserve())
 
     def stepped(self, step: StepResult, seq: int) -> None:

@@ -69,7 +69,7 @@ from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from luftpause.fakes.engine.model import (
     EngineMetrics,
@@ -80,8 +80,18 @@ from luftpause.fakes.engine.model import (
 )
 from luftpause.sim.world import World
 
-if TYPE_CHECKING:
-    from luftpause.sim.fleet import Replica
+
+class Replica(Protocol):
+    """What the engines ask of a replica (``fleet.Replica``): where it was placed (its
+    shard, and its index there), the model's metrics it knows (None: changed since), and
+    to be handed each of its iterations' results."""
+
+    shard: int
+    local: int
+    known: EngineMetrics | None
+
+    def stepped(self, step: StepResult, seq: int) -> None: ...
+
 
 # Ops: (kind, replica's index on its shard, virtual time, argument)
 SUBMIT, RELEASE, STEP, IDLE = 0, 1, 2, 3
@@ -178,7 +188,7 @@ class Engines:
 
     def started(self, replica: Replica, seq: int) -> None:
         """``replica`` appended a STEP op: its result is owed before now + lookahead."""
-        shard = replica._shard
+        shard = replica.shard
         self._started[shard].append((replica, seq))
         if not self._unresolved:
             self.world.hold(self.world.now + self.lookahead, self.flush)
@@ -200,14 +210,14 @@ class Engines:
 
     def read(self, shard: int) -> None:
         """Bring ``shard`` up to date and learn the metrics of its replicas that changed."""
-        changed = [r._local for r in self._members[shard] if r.known is None]
+        changed = [r.local for r in self._members[shard] if r.known is None]
         self._exchange([shard], {shard: changed})
 
     def finish(self) -> None:
         """Bring every shard up to date with every replica's metrics, then ``close``: the
         replicas' tallies and metrics stay readable."""
         shards = list(range(self.shards))
-        wanted = {s: [r._local for r in self._members[s] if r.known is None] for s in shards}
+        wanted = {s: [r.local for r in self._members[s] if r.known is None] for s in shards}
         self._exchange([s for s in shards if self._ops[s] or self._started[s] or wanted[s]], wanted)
         self.close()
 
