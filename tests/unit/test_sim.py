@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree
 
 import pytest
@@ -31,7 +32,7 @@ from luftpause.scheduler.core import (
 from luftpause.scheduler.service.host import Host
 from luftpause.scheduler.service.main import core_params
 from luftpause.sim.arms import counted_median
-from luftpause.sim.run import MODEL, SimConfig, Trace, simulate
+from luftpause.sim.run import MODEL, SimConfig, Trace, scheduler_line, simulate
 from luftpause.sim.sweep import fewest, parse_sweep
 from luftpause.sim.world import World
 
@@ -493,3 +494,28 @@ def test_target_arm_names_set_the_options_they_name() -> None:
         assert slowdown_arm(bad) is None
         with pytest.raises(ValueError, match="unknown arm"):
             make_arm(bad, world, replicas, config)
+
+
+def test_the_scheduler_line_names_each_replica_of_a_pool_and_a_fleet_s_spread() -> None:
+    """B1, B12: the report's scheduler line gives each replica's figures for a pool, and
+    for a fleet (more than 16 replicas) the least, median and most, so a report of 1,000
+    replicas stays a line to read."""
+
+    def figures(n: int) -> dict[str, Any]:
+        replicas = {
+            f"engine-{i}": {
+                "capacity": float(10 + i % 7),
+                "batch_limit_from_pace": None,
+                "in_flight": float(i % 3),
+            }
+            for i in range(n)
+        }
+        return {"replicas": replicas, "held": 4.0}
+
+    pool = scheduler_line(figures(3))
+    assert "per replica" in pool and "cap 10.0 / 11.0 / 12.0" in pool
+    fleet = scheduler_line(figures(1000))
+    assert "least / median / most of 1000 replicas" in fleet
+    assert "cap 10.0 / 13.0 / 16.0" in fleet and "in flight 0.0 / 1.0 / 2.0" in fleet
+    assert "decode pace – (– : none limited)" in fleet and "held 4.0" in fleet
+    assert len(fleet) < 400

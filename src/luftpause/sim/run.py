@@ -10,6 +10,7 @@ command line) and ``sim.sweep`` (replica counts and targets) run it.
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -343,11 +344,32 @@ def engines_line(figures: Mapping[str, Any]) -> str:
     )
 
 
+# Up to this many replicas the scheduler's line names each one's figures; above it, a
+# fleet's spread (the least, the median and the most).
+EACH_REPLICA_UP_TO = 16
+
+
 def scheduler_line(figures: Mapping[str, Any]) -> str:
-    """The scheduler over the window (medians of a reading every second), per replica."""
+    """The scheduler over the window (medians of a reading every second), per replica, or
+    for a fleet the least, median and most of them."""
     if not figures:
         return ""
     replicas = figures["replicas"]
+    if len(replicas) > EACH_REPLICA_UP_TO:
+
+        def spread(key: str) -> str:
+            values = sorted(v for v in (replicas[n][key] for n in replicas) if v is not None)
+            if not values:
+                return "–"
+            middle = statistics.median(values)
+            return " / ".join(cell(v) for v in (values[0], middle, values[-1]))
+
+        return (
+            f"Scheduler over the window (medians of a reading every second; least / median / "
+            f"most of {len(replicas)} replicas): cap {spread('capacity')}, batch limit from "
+            f"the decode pace {spread('batch_limit_from_pace')} (– : none limited), in flight "
+            f"{spread('in_flight')}, held {cell(figures['held'])}"
+        )
 
     def each(key: str) -> str:
         return " / ".join(cell(replicas[name][key]) for name in replicas)
