@@ -618,10 +618,11 @@ def resolve_max_new(p: EngineParams, prompt: int, max_new_tokens: int | None) ->
     return max_new
 
 
-def check_request(p: EngineParams, request: EngineRequest) -> int:
-    """The request's prompt tokens, or the ``SubmitError`` ``EngineModel.submit`` raises
-    for a request no engine of ``p`` can run (every reason but a duplicate id), without
-    a model: a driver that steps its models elsewhere decides a refusal where it sends."""
+def check_request(p: EngineParams, request: EngineRequest) -> tuple[int, int]:
+    """The request's prompt tokens and the most it may generate, or the ``SubmitError``
+    for a request no engine of ``p`` can run (every reason ``EngineModel.submit`` has but
+    a duplicate id; it asks here), without a model: a driver that steps its models
+    elsewhere decides a refusal where it sends."""
     if not (math.isfinite(request.retain_s) and request.retain_s >= 0):
         raise SubmitError("a retention time must be a finite number of seconds >= 0")
     if request.retain_s > 0 and not request.retain_key:
@@ -633,8 +634,7 @@ def check_request(p: EngineParams, request: EngineRequest) -> int:
             f"this engine's are {p.block_chars}"
         )
     prompt = max(1, count_tokens(request.prompt_text) if given is None else given.tokens)
-    resolve_max_new(p, prompt, request.max_new_tokens)
-    return prompt
+    return prompt, resolve_max_new(p, prompt, request.max_new_tokens)
 
 
 class EngineModel:
@@ -671,19 +671,8 @@ class EngineModel:
         p = self.params
         if request.request_id in self._by_id:
             raise SubmitError(f"duplicate request id {request.request_id!r}")
-        if not (math.isfinite(request.retain_s) and request.retain_s >= 0):
-            raise SubmitError("a retention time must be a finite number of seconds >= 0")
-        if request.retain_s > 0 and not request.retain_key:
-            raise SubmitError("a retention time needs a retention key")
+        prompt, max_new = check_request(p, request)
         given = request.prompt
-        if given is not None and given.block_chars != p.block_chars:
-            raise SubmitError(
-                f"the prompt's blocks are {given.block_chars} characters; "
-                f"this engine's are {p.block_chars}"
-            )
-        tokens = count_tokens(request.prompt_text) if given is None else given.tokens
-        prompt = max(1, tokens)
-        max_new = resolve_max_new(p, prompt, request.max_new_tokens)
         r = _Req(
             req=request,
             seq=self._seq,
