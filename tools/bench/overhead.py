@@ -10,7 +10,8 @@
 Starts two fake engines with a fixed short reply (16 tokens, time-scaled so the
 engine itself takes almost no time), the scheduler and the dataplane, and the
 real SGLang router (``cache_aware``) in front of the same engines. Then, in one
-run, with arms alternated block by block:
+run (the latency phases in blocks, the throughput runs in repetitions, the arms
+alternated as [Methodology](docs/benchmarks/methodology.md#alternation) describes):
 
 (a) latency of a streamed turn (request sent → ``[DONE]`` read) in five arms:
     straight to an engine, through one dataplane, through two dataplane processes
@@ -37,14 +38,12 @@ run, with arms alternated block by block:
     worker opens them, and the workers start 40 ms apart, so the measured turns are
     those of streams already running and out of phase.
 
-Everything runs on this machine. So that the added latency is the hop's own time
-and not the CPU it competes for with the load generator and the engines, the
-processes are pinned (``--no-pin`` to leave them to the kernel): this process
-(the load generator) and the engines on the first CPU, the scheduler, the
-dataplanes and the router on the second, so whichever of them an arm uses has a
-core to itself. The load generator is one ``aiohttp`` session. The table reports
-the pinning, the load average and each process's CPU seconds. Timings are
-measured, never asserted.
+Everything runs on this machine, pinned as the methodology says (``--no-pin`` to
+leave the processes to the kernel): this process (the load generator) and the
+engines on the first CPU, the scheduler, the dataplanes, the router and the
+floor on the second, so whichever of them an arm uses has a core to itself. The
+load generator is one ``aiohttp`` session. The table reports the pinning, the
+load average and each process's CPU seconds.
 
 With ``--tracing`` the scheduler and the dataplane run with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointed at an OTLP/HTTP sink in this process
