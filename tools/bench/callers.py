@@ -18,6 +18,9 @@ prefixes or counters):
    were before keys;
 4. ``honest-batch-keys``: mallory's agents honest (batch, their own name, mallory's key).
 
+With ``--reps`` the repetitions alternate the arms' order
+([Methodology](docs/benchmarks/methodology.md#alternation)).
+
 The stack: one fake engine (``--priority-scheduling``, the floods' calibrated model), so
 28 agents of about 8,000-character contexts saturate it as 48 batch agents saturate the
 floods' two engines; fake MCP tools; a scheduler with the floods' defaults (the probe

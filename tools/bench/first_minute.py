@@ -14,9 +14,11 @@ Two arms: ``ramp`` (the scheduler's default ``initial_cap``) and ``no-ramp``
 
 ``--flood`` starts fresh fake engines, fake tools, a scheduler and a dataplane for every
 run (a flood from idle needs cold engines and a scheduler that has learned no cap) and
-runs ``luftpause loadgen`` through them at ``--time-scale`` (default 5); the arms
-alternate, their order reversed every repetition. Output: a Markdown table (``--out``)
-and every figure as JSON (``--json``); timings are never asserted anywhere.
+runs ``luftpause loadgen`` through them at ``--time-scale`` (default 5), the arms
+alternated repetition by repetition at each load as
+[Methodology](docs/benchmarks/methodology.md#alternation) describes, their runs pooled
+over repetitions. Output: a Markdown table (``--out``) and every figure as JSON
+(``--json``).
 """
 
 from __future__ import annotations

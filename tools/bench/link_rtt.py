@@ -8,8 +8,9 @@ Starts one scheduler (this working tree) with one endpoint that needs no probing
 and two of the dataplane's scheduler links in this process (on uvloop, as a
 dataplane runs): one over the Link over TCP, one over the Link rpc. Then asks for
 admission one turn at a time, each turn's report riding with the next request as
-a dataplane's does, alternating the links block by block. Reports each link's
-p50, p90 and mean per block and overall. Timings are measured, never asserted.
+a dataplane's does, the links alternated block by block as
+[Methodology](docs/benchmarks/methodology.md#alternation) describes. Reports each
+link's p50 per block and its p50, p90 and mean over all blocks.
 
 ``--bare`` measures what the transports cost before any of our code runs: a
 120-byte message echoed by a child process (on uvloop, as the services run), over

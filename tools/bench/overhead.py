@@ -4,11 +4,14 @@
     python tools/bench/overhead.py --quick    # fewer turns, shorter runs
     python tools/bench/overhead.py --tracing  # the same, the dataplane and scheduler
                                               # exporting spans to a local OTLP sink
+    python tools/bench/overhead.py --report-from run.json  # re-print a --json run's
+                                              # report, byte for byte; starts nothing
 
 Starts two fake engines with a fixed short reply (16 tokens, time-scaled so the
 engine itself takes almost no time), the scheduler and the dataplane, and the
 real SGLang router (``cache_aware``) in front of the same engines. Then, in one
-run, with arms alternated block by block:
+run (the latency phases in blocks, the throughput runs in repetitions, the arms
+alternated as [Methodology](docs/benchmarks/methodology.md#alternation) describes):
 
 (a) latency of a streamed turn (request sent → ``[DONE]`` read) in five arms:
     straight to an engine, through one dataplane, through two dataplane processes
@@ -35,14 +38,12 @@ run, with arms alternated block by block:
     worker opens them, and the workers start 40 ms apart, so the measured turns are
     those of streams already running and out of phase.
 
-Everything runs on this machine. So that the added latency is the hop's own time
-and not the CPU it competes for with the load generator and the engines, the
-processes are pinned (``--no-pin`` to leave them to the kernel): this process
-(the load generator) and the engines on the first CPU, the scheduler, the
-dataplanes and the router on the second, so whichever of them an arm uses has a
-core to itself. The load generator is one ``aiohttp`` session. The table reports
-the pinning, the load average and each process's CPU seconds. Timings are
-measured, never asserted.
+Everything runs on this machine, pinned as the methodology says (``--no-pin`` to
+leave the processes to the kernel): this process (the load generator) and the
+engines on the first CPU, the scheduler, the dataplanes, the router and the
+floor on the second, so whichever of them an arm uses has a core to itself. The
+load generator is one ``aiohttp`` session. The table reports the pinning, the
+load average and each process's CPU seconds.
 
 With ``--tracing`` the scheduler and the dataplane run with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointed at an OTLP/HTTP sink in this process
@@ -460,7 +461,74 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
     }
 
 
-def render(result: dict[str, Any], args: argparse.Namespace) -> str:
+FULL = {
+    "sequential_turns": 300,
+    "concurrent_turns": 1200,
+    "blocks": 6,
+    "seconds": 10.0,
+    "repeat": 3,
+    "throughput_concurrency": 64,
+    "paced_turns": 1200,
+}
+QUICK = {
+    **FULL,
+    "sequential_turns": 100,
+    "concurrent_turns": 400,
+    "blocks": 4,
+    "seconds": 5.0,
+    "repeat": 2,
+    "paced_turns": 400,
+}
+
+
+def command(quick: bool, tracing: bool, pinned: bool) -> str:
+    """The command line that runs these settings."""
+    flags = (" --quick" if quick else "") + (" --tracing" if tracing else "")
+    return f"python tools/bench/overhead.py{flags}" + ("" if pinned else " --no-pin")
+
+
+def saved_settings(result: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings (``result["settings"]``). A result saved before it kept them:
+    the plan (full or ``--quick``) whose turns one at a time equal the direct arm's
+    ``n`` there, with the repetitions and concurrency the throughput figures show."""
+    if "settings" in result:
+        settings: dict[str, Any] = result["settings"]
+        return settings
+    n = result["latency"]["1"]["engine (direct)"]["n"]
+    quick = n == (QUICK["sequential_turns"] // QUICK["blocks"]) * QUICK["blocks"]
+    plan = QUICK if quick else FULL
+    rates = next(iter(result["throughput"].values()))
+    concurrency = [k for k in result["dataplane_own"] if k.isdigit() and k not in ("1", "20")]
+    return {
+        **plan,
+        "repeat": len(rates),
+        "throughput_concurrency": int(concurrency[0]) if concurrency else 64,
+        "quick": quick,
+        "tracing": "otlp_exports" in result,
+        "pin": result["pinning"] != "Not pinned.",
+    }
+
+
+def this_machine() -> dict[str, Any]:
+    """What the report says of the machine: its cores and the load average now."""
+    return {"cores": os.cpu_count(), "loadavg_end": list(os.getloadavg())}
+
+
+def render(result: dict[str, Any]) -> str:
+    """The printed report of a run (what ``--json`` saved), a function of ``result``
+    alone: the same result renders the same bytes. A result saved before ``settings``,
+    ``machine`` and ``command`` were kept gets the settings :func:`saved_settings`
+    infers, the command line they make, and this machine's cores and load average."""
+    settings = saved_settings(result)
+    host = result.get("machine") or this_machine()
+    cmd = result.get("command") or command(settings["quick"], settings["tracing"], settings["pin"])
+    head = f"Command: {cmd}\n\n"
+    if "otlp_exports" in result:
+        head += f"Tracing on: {result['otlp_exports']} OTLP exports received by the sink.\n\n"
+    return head + _table(result, settings, host) + "\n"
+
+
+def _table(result: dict[str, Any], settings: dict[str, Any], host: dict[str, Any]) -> str:
     lines = [
         "## Added latency (streamed turn, request → [DONE]; 16 tokens at once, or 8-48 "
         "tokens at the model's speed in the *20, paced* rows; *warm*: each block warmed first "
@@ -501,8 +569,8 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
         "relay's work while the engine still replies (a lower bound). p50/p99 are "
         "interpolated within buckets, the shares are exact.",
         "",
-        f"## Throughput ({args.throughput_concurrency} concurrent streams, "
-        f"{args.seconds:.0f} s per arm, {args.repeat} repetitions)",
+        f"## Throughput ({settings['throughput_concurrency']} concurrent streams, "
+        f"{settings['seconds']:.0f} s per arm, {settings['repeat']} repetitions)",
         "",
     ]
     lines.append(
@@ -548,8 +616,8 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
         + ", ".join(f"{k} {v:.1f}" for k, v in result["cpu_s_during_throughput"].items())
     )
     lines.append(
-        f"Machine: {os.cpu_count()} cores; load average at the end "
-        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}. {result['pinning']}"
+        f"Machine: {host['cores']} cores; load average at the end "
+        f"{', '.join(f'{x:.2f}' for x in host['loadavg_end'])}. {result['pinning']}"
     )
     c1, c20 = result["latency"]["1"], result["latency"]["20"]
     added1 = c1["dataplane"]["p50_ms"] - c1["engine (direct)"]["p50_ms"]
@@ -646,7 +714,17 @@ def start_sink() -> tuple[ThreadingHTTPServer, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns, shorter runs")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the results as JSON here (what --report-from re-renders)",
+    )
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        metavar="JSON",
+        help="only print the report of a run saved with --json; starts nothing",
+    )
     parser.add_argument("--logs", metavar="DIR", help="keep every process's log in DIR")
     parser.add_argument(
         "--tracing",
@@ -660,19 +738,24 @@ def main() -> int:
         help="leave every process to the kernel's scheduler instead of pinning them",
     )
     args = parser.parse_args()
+    if args.report_from:
+        try:
+            saved = json.loads(args.report_from.read_text())
+            text = render(saved)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            what = f"{type(exc).__name__}: {exc}"
+            parser.error(f"--report-from {args.report_from}: not a saved run ({what})")
+        sys.stdout.write(text)
+        return 0
     if args.pin and (os.cpu_count() or 1) < 2:
         print("one CPU: nothing to pin to; running unpinned", file=sys.stderr)
         args.pin = False
     near, far = {0}, {1}  # load generator and engines; the hop under test
     if args.pin:
         pin(0, near)
-    args.sequential_turns = 100 if args.quick else 300
-    args.concurrent_turns = 400 if args.quick else 1200
-    args.blocks = 4 if args.quick else 6
-    args.seconds = 5.0 if args.quick else 10.0
-    args.repeat = 2 if args.quick else 3
-    args.throughput_concurrency = 64
-    args.paced_turns = 400 if args.quick else 1200
+    settings = {**(QUICK if args.quick else FULL)}
+    settings.update(quick=args.quick, tracing=args.tracing, pin=args.pin)
+    vars(args).update(settings)
     with tempfile.TemporaryDirectory(prefix="luftpause-bench-") as tmp_s:
         tmp = Path(args.logs) if args.logs else Path(tmp_s)
         tmp.mkdir(parents=True, exist_ok=True)
@@ -795,17 +878,14 @@ def main() -> int:
             stop_all(started)
             if sink is not None:
                 sink.shutdown()
-    table = render(result, args)
-    flags = (
-        (" --quick" if args.quick else "")
-        + (" --tracing" if args.tracing else "")
-        + ("" if args.pin else " --no-pin")
-    )
-    print(f"Command: python tools/bench/overhead.py{flags}\n")
+    # Everything the report reads, kept in the result so that it re-renders byte for
+    # byte (--report-from); the load average is read once the stack has stopped.
+    result["settings"] = settings
+    result["machine"] = this_machine()
+    result["command"] = command(args.quick, args.tracing, args.pin)
     if args.tracing:
-        print(f"Tracing on: {_Sink.exports} OTLP exports received by the sink.\n")
         result["otlp_exports"] = _Sink.exports
-    print(table)
+    sys.stdout.write(render(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
