@@ -775,7 +775,7 @@ def main() -> int:
             started.append(svc)
             svc.wait_ready(60)
             if args.pin:
-                pin(svc.pid, near if name.startswith("engine") else far)
+                pin(svc.pid, near if name.startswith(("engine", "paced")) else far)
             return svc
 
         def start_floor(name: str, urls: list[str]) -> ServiceProcess:
