@@ -32,7 +32,7 @@ from luftpause.dataplane.routes.engine import (
     read_whole,
     reply_headers_of,
 )
-from luftpause.dataplane.routes.inbound import DENIED, authorize, read_body, served_class
+from luftpause.dataplane.routes.inbound import authorize, read_body, served_class
 from luftpause.dataplane.routes.placing import serve_placing_again
 from luftpause.dataplane.runs import TurnRecord
 from luftpause.dataplane.turn import Turn
@@ -55,9 +55,7 @@ async def decide_route(dp: Dataplane, incoming: Incoming) -> Response:
             raise UnknownModel(f"no SinglePass replica serves model {shown(model)}")
         payload = decide.engine_body(model)
         caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes, principal)
-        cls, denied = served_class(dp, principal, cls)  # (D7's turns ask for interactive)
-        if denied is not None:
-            incoming.extra_headers.append((DENIED, denied.encode()))
+        cls = served_class(dp, incoming, principal, cls)  # (D7's turns ask for interactive)
         turn_id = new_turn_id()
         span = tracing.start_turn(
             incoming.headers,

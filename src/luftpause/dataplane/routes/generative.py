@@ -28,7 +28,7 @@ from luftpause.dataplane.request import (
     with_members,
 )
 from luftpause.dataplane.routes.chat import forward_chat
-from luftpause.dataplane.routes.inbound import DENIED, authorize, read_body, served_class
+from luftpause.dataplane.routes.inbound import authorize, read_body, served_class
 from luftpause.dataplane.routes.placing import serve_placing_again
 from luftpause.dataplane.routes.translated import api_request, forward_api
 from luftpause.dataplane.runs import TurnRecord
@@ -47,7 +47,6 @@ async def generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) -
     if api is not None:
         incoming.shape = api.error_body
     cls = "batch"
-    denied: str | None = None
     translated: Translated | None = None
     chat: ChatRequest | None = None
     try:
@@ -67,9 +66,7 @@ async def generative(dp: Dataplane, incoming: Incoming, api: ClientApi | None) -
             caller = identity.caller(incoming.headers, dp.settings.caller_max_bytes, principal)
         except identity.BadHeader as exc:
             raise BadRequest(str(exc)) from None
-        cls, denied = served_class(dp, principal, cls)
-        if denied is not None:  # B13: served in a class its key may use, and told so
-            incoming.extra_headers.append((DENIED, denied.encode()))
+        cls = served_class(dp, incoming, principal, cls)  # B13: one its key may use
         incoming.run_id = run_id
         model = dp.served_model(asked)
         if api is not None and translated is not None and translated.image_at is not None:

@@ -41,8 +41,10 @@ def authorize(dp: Dataplane, headers: Mapping[str, str]) -> Principal:
     )
 
 
-def served_class(dp: Dataplane, principal: Principal, asked: str) -> tuple[str, str | None]:
-    """The class a turn is served in and the class its key may not use (B13), counted."""
+def served_class(dp: Dataplane, incoming: Incoming, principal: Principal, asked: str) -> str:
+    """The class a turn is served in (B13). A class its key may not use is counted, and
+    either refused or downgraded; a downgraded answer says so
+    (``x-luftpause-class-denied``, among the request's extra headers)."""
     try:
         served, denied = callers.served_class(principal, asked)
     except callers.ClassDenied as exc:
@@ -52,10 +54,11 @@ def served_class(dp: Dataplane, principal: Principal, asked: str) -> tuple[str, 
     if denied is not None:
         assert isinstance(principal, KeyedCaller)
         dp.metrics.class_denied(principal.name, "downgraded").inc()
-    return served, denied
+        incoming.extra_headers.append((_DENIED, denied.encode()))
+    return served
 
 
-DENIED = callers.DENIED_HEADER.encode()
+_DENIED = callers.DENIED_HEADER.encode()
 
 
 async def read_body(incoming: Incoming, limit: int) -> bytes:
