@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _records import check_fields_in_order, check_frozen_value, field_names
 from immutables import Map
 
 import luftpause.scheduler.core as core
@@ -120,23 +121,12 @@ def _value(ann: str, i: int, variant: bool) -> Any:
 def values(cls: type, vary: int = -1) -> list[Any]:
     """One value per field of ``cls``, in order; field number ``vary`` gets its variant."""
     fields = ANNOTATIONS[(cls.__module__.rsplit(".", 1)[1], cls.__qualname__)]
-    assert [name for name, _ in fields] == _names(cls)
+    assert [name for name, _ in fields] == field_names(cls)
     return [_value(ann, i, i == vary) for i, (_, ann) in enumerate(fields)]
 
 
 def sample(cls: type, vary: int = -1) -> Any:
     return cls(*values(cls, vary))
-
-
-def _names(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-def _default(f: dataclasses.Field[Any]) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    assert f.default_factory is not dataclasses.MISSING, f.name
-    return f.default_factory()
 
 
 def test_every_record_of_the_core_is_found() -> None:
@@ -151,23 +141,7 @@ def test_every_record_of_the_core_is_found() -> None:
 def test_a_record_takes_its_fields_in_order_with_their_defaults(cls: type) -> None:
     """S1: a record's ``__init__`` is its dataclass ``__init__``: fields in order, by
     position or by name, each one stored where it belongs, defaults as declared."""
-    names = _names(cls)
-    for vary in range(-1, len(names)):
-        vals = values(cls, vary)
-        by_position = cls(*vals)
-        by_name = cls(**dict(zip(names, vals, strict=True)))
-        for name, v in zip(names, vals, strict=True):
-            assert getattr(by_position, name) == v, (vary, name)
-            assert getattr(by_name, name) == v, (vary, name)
-    required = {
-        f.name: v
-        for f, v in zip(dataclasses.fields(cls), values(cls), strict=True)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    built = cls(**required)
-    for f in dataclasses.fields(cls):
-        expected = required[f.name] if f.name in required else _default(f)
-        assert getattr(built, f.name) == expected, f.name
+    check_fields_in_order(cls, values)
 
 
 @pytest.mark.parametrize("cls", RECORDS, ids=lambda c: c.__name__)
@@ -175,22 +149,8 @@ def test_a_record_is_frozen_hashed_and_compared_by_value(cls: type) -> None:
     """S1: state and events are immutable values: no field can be assigned or deleted
     (nor a new attribute added), two records built alike are equal with equal hashes,
     one differing in any field is not equal, and the repr is the dataclass's."""
-    a, b = sample(cls), sample(cls)
-    assert a is not b and a == b and hash(a) == hash(b)
-    for name in _names(cls):
-        before = getattr(a, name)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(a, name, before)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            delattr(a, name)
-        assert getattr(a, name) == before
-    with pytest.raises((dataclasses.FrozenInstanceError, AttributeError, TypeError)):
-        a.not_a_field = 1
+    a = check_frozen_value(cls, values)
     assert not hasattr(a, "__dict__")
-    for vary in range(len(_names(cls))):
-        assert a != sample(cls, vary), _names(cls)[vary]
-    shown = ", ".join(f"{f.name}={getattr(a, f.name)!r}" for f in dataclasses.fields(cls) if f.repr)
-    assert repr(a) == f"{cls.__qualname__}({shown})"
 
 
 @pytest.mark.parametrize(("build", "cls"), BUILDERS, ids=lambda x: getattr(x, "__name__", ""))
@@ -198,7 +158,7 @@ def test_a_builder_takes_every_field_in_order_and_builds_the_same_frozen_record(
     build: Callable[..., Any], cls: type
 ) -> None:
     """S1: ``new_*`` builds what the constructor builds, field by field."""
-    names = _names(cls)
+    names = field_names(cls)
     assert list(inspect.signature(build).parameters) == names
     for vary in range(-1, len(names)):
         vals = values(cls, vary)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _records import check_fields_in_order, check_frozen_value, field_names
 
 from luftpause.fakes.engine import blocks, model, script, tokens
 
@@ -96,16 +97,12 @@ RECORD = {cls.__name__: cls for cls in RECORDS}
 def values(cls: type, vary: int = -1) -> list[Any]:
     """One value per field of ``cls``, in order; field number ``vary`` gets its variant."""
     fields = ANNOTATIONS[_key(cls)]
-    assert [name for name, _ in fields] == _names(cls)
+    assert [name for name, _ in fields] == field_names(cls)
     return [_value(ann, i, i == vary) for i, (_, ann) in enumerate(fields)]
 
 
 def sample(cls: type, vary: int = -1) -> Any:
     return cls(*values(cls, vary))
-
-
-def _names(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
 
 
 def test_every_record_of_the_engine_model_is_found() -> None:
@@ -121,23 +118,7 @@ def test_every_record_of_the_engine_model_is_found() -> None:
 def test_a_record_takes_its_fields_in_order_with_their_defaults(cls: type) -> None:
     """H1: a record's ``__init__`` is its dataclass ``__init__``: fields in order, by
     position or by name, each one stored where it belongs, defaults as declared."""
-    names = _names(cls)
-    for vary in range(-1, len(names)):
-        vals = values(cls, vary)
-        by_position = cls(*vals)
-        by_name = cls(**dict(zip(names, vals, strict=True)))
-        for name, v in zip(names, vals, strict=True):
-            assert getattr(by_position, name) == v, (vary, name)
-            assert getattr(by_name, name) == v, (vary, name)
-    required = {
-        f.name: v
-        for f, v in zip(dataclasses.fields(cls), values(cls), strict=True)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    built = cls(**required)
-    for f in dataclasses.fields(cls):
-        expected = required.get(f.name, f.default)
-        assert getattr(built, f.name) == expected, f.name
+    built = check_fields_in_order(cls, values)
     assert not hasattr(built, "__dict__")
 
 
@@ -147,24 +128,10 @@ def test_a_frozen_record_is_frozen_hashed_and_compared_by_value(cls: type) -> No
     deleted (nor a new attribute added), two records built alike are equal with equal
     hashes, one differing in any field is not equal, and the repr is the dataclass's;
     ``dataclasses.replace`` builds a changed copy."""
-    a, b = sample(cls), sample(cls)
-    assert a is not b and a == b and hash(a) == hash(b)
-    for name in _names(cls):
-        before = getattr(a, name)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(a, name, before)
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            delattr(a, name)
-        assert getattr(a, name) == before
-    with pytest.raises((dataclasses.FrozenInstanceError, AttributeError, TypeError)):
-        a.not_a_field = 1
-    for vary in range(len(_names(cls))):
+    a = check_frozen_value(cls, values)
+    for vary, name in enumerate(field_names(cls)):
         changed = sample(cls, vary)
-        assert a != changed, _names(cls)[vary]
-        name = _names(cls)[vary]
         assert dataclasses.replace(a, **{name: getattr(changed, name)}) == changed
-    shown = ", ".join(f"{f.name}={getattr(a, f.name)!r}" for f in dataclasses.fields(cls) if f.repr)
-    assert repr(a) == f"{cls.__qualname__}({shown})"
 
 
 def test_engine_params_are_checked_however_they_are_built() -> None:
