@@ -25,7 +25,7 @@ from setuptools import setup
 CORE = Path("src/luftpause/scheduler/core")
 # The engine model the simulator steps (its server package stays interpreted).
 ENGINE = Path("src/luftpause/fakes/engine")
-ENGINE_MODEL = ("blocks", "model", "script", "tokens")
+ENGINE_MODEL = ("blocks", "model", "results", "script", "tokens")
 
 
 def ext_modules() -> list[object]:

@@ -22,13 +22,10 @@ from luftpause.fakes.engine.model import (
     EngineModel,
     EngineParams,
     EngineRequest,
-    FinishReason,
-    Phase,
-    StepKind,
-    StepResult,
     SubmitError,
     sglang_max_running,
 )
+from luftpause.fakes.engine.results import FinishReason, Phase, StepKind, StepResult
 from luftpause.fakes.engine.script import (
     ANSWER_MAX_TOKENS,
     RUNAWAY_TOKENS,

@@ -23,13 +23,8 @@ from dataclasses import replace
 import pytest
 
 from luftpause.fakes.engine.blocks import PromptChain
-from luftpause.fakes.engine.model import (
-    EngineMetrics,
-    EngineModel,
-    EngineParams,
-    EngineRequest,
-    SubmitError,
-)
+from luftpause.fakes.engine.model import EngineModel, EngineParams, EngineRequest, SubmitError
+from luftpause.fakes.engine.results import EngineMetrics
 
 PARAMS = EngineParams(
     kv_tokens=3000,

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from _records import check_fields_in_order, check_frozen_value, field_names
 
-from luftpause.fakes.engine import blocks, model, script, tokens
+from luftpause.fakes.engine import blocks, model, results, script, tokens
 
-MODULES = [blocks, model, script, tokens]
+MODULES = [blocks, model, results, script, tokens]
 RECORDS: list[type] = [
     obj
     for mod in MODULES
@@ -152,7 +152,7 @@ def test_engine_params_are_checked_however_they_are_built() -> None:
 def test_mutable_records_compare_as_before() -> None:
     """H1: ``StepTally`` is compared by value (the simulator copies it with
     ``replace``); the model's ``_Req`` by identity (two are never the same request)."""
-    a = model.StepTally(1, 2.0, 1.0, 3, 4)
+    a = results.StepTally(1, 2.0, 1.0, 3, 4)
     b = dataclasses.replace(a)
     assert a == b and a is not b
     b.steps += 1

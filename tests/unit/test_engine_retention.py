@@ -13,14 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from luftpause.fakes.engine.blocks import block_chain
-from luftpause.fakes.engine.model import (
-    EngineModel,
-    EngineParams,
-    EngineRequest,
-    Phase,
-    StepResult,
-    SubmitError,
-)
+from luftpause.fakes.engine.model import EngineModel, EngineParams, EngineRequest, SubmitError
+from luftpause.fakes.engine.results import Phase, StepResult
 
 SMALL = EngineParams(
     kv_tokens=700, context_length=512, chunk_tokens=4096, block_chars=32, max_running=8

@@ -33,7 +33,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from luftpause.fakes.engine.model import EngineModel, EngineParams, EngineRequest, StepKind
+from luftpause.fakes.engine.model import EngineModel, EngineParams, EngineRequest
+from luftpause.fakes.engine.results import StepKind
 from luftpause.fakes.engine.script import ReplyKind, ScriptOptions, plan_reply
 from luftpause.fakes.engine.tokens import filler_tokens, render_messages
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from luftpause.fakes.engine.blocks import BlockPrompt, PromptChain
-from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
+from luftpause.fakes.engine.model import EngineRequest, SubmitError
+from luftpause.fakes.engine.results import FinishedRequest
 from luftpause.fakes.engine.script import (
     ReplyKind,
     ScriptOptions,

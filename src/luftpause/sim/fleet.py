@@ -24,16 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from luftpause.fakes.engine.model import (
-    EngineMetrics,
-    EngineParams,
-    EngineRequest,
-    FinishedRequest,
-    StepResult,
-    StepTally,
-    SubmitError,
-    check_request,
-)
+from luftpause.fakes.engine.model import EngineParams, EngineRequest, SubmitError, check_request
+from luftpause.fakes.engine.results import EngineMetrics, FinishedRequest, StepResult, StepTally
 from luftpause.sim.partition import IDLE, RELEASE, STEP, SUBMIT, Engines, LocalEngines
 from luftpause.sim.world import World
 

@@ -71,13 +71,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from luftpause.fakes.engine.model import (
-    EngineMetrics,
-    EngineModel,
-    EngineParams,
-    StepKind,
-    StepResult,
-)
+from luftpause.fakes.engine.model import EngineModel, EngineParams
+from luftpause.fakes.engine.results import EngineMetrics, StepKind, StepResult
 from luftpause.sim.world import World
 
 

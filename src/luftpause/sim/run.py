@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from luftpause.config import parse_interactive_target
-from luftpause.fakes.engine.model import EngineParams, StepTally
+from luftpause.fakes.engine.model import EngineParams
+from luftpause.fakes.engine.results import StepTally
 from luftpause.fakes.engine.script import ScriptOptions
 from luftpause.measure import stats
 from luftpause.measure.mix import CLASSES, Group

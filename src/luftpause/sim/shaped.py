@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from luftpause.fakes.engine.blocks import PromptChain
-from luftpause.fakes.engine.model import FinishedRequest
+from luftpause.fakes.engine.results import FinishedRequest
 from luftpause.measure.mix import Group
 from luftpause.measure.shaped import pad, shared_text
 from luftpause.measure.stats import ErrorRecord, RunRecord

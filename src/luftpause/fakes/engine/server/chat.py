@@ -17,7 +17,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from luftpause.fakes.engine.model import EngineRequest, FinishedRequest, SubmitError
+from luftpause.fakes.engine.model import EngineRequest, SubmitError
+from luftpause.fakes.engine.results import FinishedRequest
 from luftpause.fakes.engine.script import plan_key_in, plan_reply
 from luftpause.fakes.engine.server.driver import EngineDriver, Event, collect, collect_half
 from luftpause.fakes.engine.server.faults import (

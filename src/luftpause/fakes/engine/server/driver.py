@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from luftpause.fakes.engine.model import EngineModel, EngineRequest, FinishedRequest, StepTally
+from luftpause.fakes.engine.model import EngineModel, EngineRequest
+from luftpause.fakes.engine.results import FinishedRequest, StepTally
 
 log = logging.getLogger("luftpause.fake_engine")
 

@@ -13,7 +13,7 @@ from typing import Literal
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from luftpause.fakes.engine.model import EngineMetrics
+from luftpause.fakes.engine.results import EngineMetrics
 from luftpause.fakes.engine.server.driver import EngineDriver
 
 Dialect = Literal["sglang", "vllm"]

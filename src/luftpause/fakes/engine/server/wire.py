@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from luftpause.fakes.engine.model import FinishedRequest
+from luftpause.fakes.engine.results import FinishedRequest
 from luftpause.fakes.engine.script import PLAN_KEY_MAX_CHARS, ReplyKind, ReplyPlan, token_logprobs
 from luftpause.fakes.engine.server.driver import timing_json
 
